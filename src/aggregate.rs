@@ -1,0 +1,469 @@
+//! Aggregate functions: one trait for built-ins and user aggregates, shaped
+//! like Spark's `Aggregator` (`zero`, `reduce`, `merge`, `finish`) with a
+//! serializable accumulator.
+
+use crate::error::{Error, Result};
+use crate::row::Value;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::sync::Arc;
+
+/// An aggregate function over one input value per row.
+///
+/// Implement this for a user aggregate; wrap it with [`AggregateFn::custom`].
+///
+/// ```
+/// use tidemark::aggregate::{Aggregator, AggregateFn};
+/// use tidemark::row::Value;
+///
+/// /// Counts rows whose value is an even long.
+/// struct CountEven;
+/// impl Aggregator for CountEven {
+///     type Acc = i64;
+///     fn zero(&self) -> i64 { 0 }
+///     fn reduce(&self, acc: &mut i64, v: &Value) { if matches!(v, Value::Long(x) if x % 2 == 0) { *acc += 1 } }
+///     fn merge(&self, acc: &mut i64, other: &i64) { *acc += other }
+///     fn finish(&self, acc: &i64) -> Value { Value::Long(*acc) }
+/// }
+/// let f = AggregateFn::custom("count_even", CountEven);
+/// let mut acc = f.zero();
+/// for v in [2i64, 3, 4] { f.reduce(&mut acc, &Value::Long(v)); }
+/// assert_eq!(f.finish(&acc), Value::Long(2));
+/// ```
+pub trait Aggregator: Send + Sync + 'static {
+    /// The running state; serializable so that it can be checkpointed.
+    type Acc: Clone + Serialize + DeserializeOwned + Send + 'static;
+    /// The state of an empty group.
+    fn zero(&self) -> Self::Acc;
+    /// Folds one input value in.
+    fn reduce(&self, acc: &mut Self::Acc, input: &Value);
+    /// Folds another partial state in (session merges, partial aggregation).
+    fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
+    /// The result.
+    fn finish(&self, acc: &Self::Acc) -> Value;
+}
+
+/// A type-erased accumulator.
+pub struct Accumulator(Box<dyn Any + Send>);
+
+impl std::fmt::Debug for Accumulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Accumulator")
+    }
+}
+
+trait ErasedAggregator: Send + Sync {
+    fn zero(&self) -> Accumulator;
+    fn reduce(&self, acc: &mut Accumulator, input: &Value);
+    fn merge(&self, acc: &mut Accumulator, other: &Accumulator);
+    fn finish(&self, acc: &Accumulator) -> Value;
+    fn clone_acc(&self, acc: &Accumulator) -> Accumulator;
+    fn encode(&self, acc: &Accumulator) -> Vec<u8>;
+    fn decode(&self, bytes: &[u8]) -> Result<Accumulator>;
+}
+
+impl<A: Aggregator> ErasedAggregator for A {
+    fn zero(&self) -> Accumulator {
+        Accumulator(Box::new(Aggregator::zero(self)))
+    }
+    fn reduce(&self, acc: &mut Accumulator, input: &Value) {
+        if let Some(a) = acc.0.downcast_mut::<A::Acc>() {
+            Aggregator::reduce(self, a, input)
+        }
+    }
+    fn merge(&self, acc: &mut Accumulator, other: &Accumulator) {
+        if let (Some(a), Some(b)) = (
+            acc.0.downcast_mut::<A::Acc>(),
+            other.0.downcast_ref::<A::Acc>(),
+        ) {
+            Aggregator::merge(self, a, b)
+        }
+    }
+    fn finish(&self, acc: &Accumulator) -> Value {
+        acc.0
+            .downcast_ref::<A::Acc>()
+            .map(|a| Aggregator::finish(self, a))
+            .unwrap_or(Value::Null)
+    }
+    fn clone_acc(&self, acc: &Accumulator) -> Accumulator {
+        match acc.0.downcast_ref::<A::Acc>() {
+            Some(a) => Accumulator(Box::new(a.clone())),
+            None => ErasedAggregator::zero(self),
+        }
+    }
+    fn encode(&self, acc: &Accumulator) -> Vec<u8> {
+        acc.0
+            .downcast_ref::<A::Acc>()
+            .and_then(|a| serde_json::to_vec(a).ok())
+            .unwrap_or_default()
+    }
+    fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
+        let acc: A::Acc = serde_json::from_slice(bytes)
+            .map_err(|e| Error::Source(format!("corrupt accumulator: {e}")))?;
+        Ok(Accumulator(Box::new(acc)))
+    }
+}
+
+/// A named aggregate function, built-in or user-defined.
+#[derive(Clone)]
+pub struct AggregateFn {
+    name: Arc<str>,
+    inner: Arc<dyn ErasedAggregator>,
+}
+
+impl std::fmt::Debug for AggregateFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AggregateFn({})", self.name)
+    }
+}
+
+/// Names of the built-in aggregates, for error messages.
+pub const BUILT_IN_NAMES: &str =
+    "count, sum, avg, min, max, stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop";
+
+impl AggregateFn {
+    /// Wraps a user aggregate.
+    pub fn custom(name: &str, aggregator: impl Aggregator) -> Self {
+        AggregateFn {
+            name: Arc::from(name),
+            inner: Arc::new(aggregator),
+        }
+    }
+
+    /// A built-in aggregate by its Spark name.
+    pub fn built_in(name: &str) -> Result<Self> {
+        let f = |a: Arc<dyn ErasedAggregator>| AggregateFn {
+            name: Arc::from(name),
+            inner: a,
+        };
+        Ok(match name {
+            "count" => f(Arc::new(Count)),
+            "sum" => f(Arc::new(Sum)),
+            "avg" | "mean" => f(Arc::new(Moments(MomentsResult::Mean))),
+            "min" => f(Arc::new(Extreme { max: false })),
+            "max" => f(Arc::new(Extreme { max: true })),
+            "stddev" | "stddev_samp" | "std" => f(Arc::new(Moments(MomentsResult::StddevSamp))),
+            "stddev_pop" => f(Arc::new(Moments(MomentsResult::StddevPop))),
+            "variance" | "var_samp" => f(Arc::new(Moments(MomentsResult::VarSamp))),
+            "var_pop" => f(Arc::new(Moments(MomentsResult::VarPop))),
+            other => {
+                return Err(Error::config(
+                    "fn",
+                    format!("unknown aggregate `{other}`; allowed: {BUILT_IN_NAMES}"),
+                ))
+            }
+        })
+    }
+
+    /// The function's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The state of an empty group.
+    pub fn zero(&self) -> Accumulator {
+        self.inner.zero()
+    }
+    /// Folds one value in.
+    pub fn reduce(&self, acc: &mut Accumulator, input: &Value) {
+        self.inner.reduce(acc, input)
+    }
+    /// Folds another partial state in.
+    pub fn merge(&self, acc: &mut Accumulator, other: &Accumulator) {
+        self.inner.merge(acc, other)
+    }
+    /// The result.
+    pub fn finish(&self, acc: &Accumulator) -> Value {
+        self.inner.finish(acc)
+    }
+    /// A copy of an accumulator.
+    pub fn clone_acc(&self, acc: &Accumulator) -> Accumulator {
+        self.inner.clone_acc(acc)
+    }
+    /// The accumulator's bytes, for checkpoints and changelogs.
+    pub fn encode(&self, acc: &Accumulator) -> Vec<u8> {
+        self.inner.encode(acc)
+    }
+    /// An accumulator from its bytes.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
+        self.inner.decode(bytes)
+    }
+}
+
+/// `count(col)` counts non-null values; `count(*)` is fed a non-null marker.
+struct Count;
+impl Aggregator for Count {
+    type Acc = i64;
+    fn zero(&self) -> i64 {
+        0
+    }
+    fn reduce(&self, acc: &mut i64, input: &Value) {
+        if !input.is_null() {
+            *acc += 1;
+        }
+    }
+    fn merge(&self, acc: &mut i64, other: &i64) {
+        *acc += other;
+    }
+    fn finish(&self, acc: &i64) -> Value {
+        Value::Long(*acc)
+    }
+}
+
+/// Spark's sum: long in, long out; double in, double out; NULL over nothing.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+enum SumAcc {
+    #[default]
+    Empty,
+    Long(i64),
+    Double(f64),
+}
+
+struct Sum;
+impl Aggregator for Sum {
+    type Acc = SumAcc;
+    fn zero(&self) -> SumAcc {
+        SumAcc::Empty
+    }
+    fn reduce(&self, acc: &mut SumAcc, input: &Value) {
+        let add = match input {
+            Value::Long(v) => SumAcc::Long(*v),
+            Value::Double(v) => SumAcc::Double(*v),
+            _ => return,
+        };
+        Aggregator::merge(self, acc, &add);
+    }
+    fn merge(&self, acc: &mut SumAcc, other: &SumAcc) {
+        *acc = match (*acc, *other) {
+            (a, SumAcc::Empty) => a,
+            (SumAcc::Empty, b) => b,
+            (SumAcc::Long(a), SumAcc::Long(b)) => SumAcc::Long(a.wrapping_add(b)),
+            (SumAcc::Long(a), SumAcc::Double(b)) | (SumAcc::Double(b), SumAcc::Long(a)) => {
+                SumAcc::Double(a as f64 + b)
+            }
+            (SumAcc::Double(a), SumAcc::Double(b)) => SumAcc::Double(a + b),
+        };
+    }
+    fn finish(&self, acc: &SumAcc) -> Value {
+        match acc {
+            SumAcc::Empty => Value::Null,
+            SumAcc::Long(v) => Value::Long(*v),
+            SumAcc::Double(v) => Value::Double(*v),
+        }
+    }
+}
+
+/// Count, mean and sum of squared deviations (Welford / Chan's parallel
+/// merge): numerically stable and mergeable.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct MomentsAcc {
+    n: f64,
+    mean: f64,
+    m2: f64,
+}
+
+#[derive(Clone, Copy)]
+enum MomentsResult {
+    Mean,
+    VarSamp,
+    VarPop,
+    StddevSamp,
+    StddevPop,
+}
+
+struct Moments(MomentsResult);
+impl Aggregator for Moments {
+    type Acc = MomentsAcc;
+    fn zero(&self) -> MomentsAcc {
+        MomentsAcc::default()
+    }
+    fn reduce(&self, acc: &mut MomentsAcc, input: &Value) {
+        if matches!(input, Value::Timestamp(_)) {
+            return;
+        }
+        if let Some(x) = input.as_f64() {
+            acc.n += 1.0;
+            let delta = x - acc.mean;
+            acc.mean += delta / acc.n;
+            acc.m2 += delta * (x - acc.mean);
+        }
+    }
+    fn merge(&self, acc: &mut MomentsAcc, other: &MomentsAcc) {
+        if other.n == 0.0 {
+            return;
+        }
+        let n = acc.n + other.n;
+        let delta = other.mean - acc.mean;
+        acc.m2 += other.m2 + delta * delta * acc.n * other.n / n;
+        acc.mean += delta * other.n / n;
+        acc.n = n;
+    }
+    fn finish(&self, acc: &MomentsAcc) -> Value {
+        // Spark: stddev_samp/var_samp of one row is NULL, var_pop of one row 0.
+        let value = match self.0 {
+            _ if acc.n == 0.0 => return Value::Null,
+            MomentsResult::Mean => acc.mean,
+            MomentsResult::VarPop => acc.m2 / acc.n,
+            MomentsResult::StddevPop => (acc.m2 / acc.n).sqrt(),
+            _ if acc.n < 2.0 => return Value::Null,
+            MomentsResult::VarSamp => acc.m2 / (acc.n - 1.0),
+            MomentsResult::StddevSamp => (acc.m2 / (acc.n - 1.0)).sqrt(),
+        };
+        Value::Double(value)
+    }
+}
+
+/// Minimum or maximum, kept as the original value so that the type is
+/// preserved (long stays long, timestamp stays timestamp).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub enum ExtremeAcc {
+    /// No value yet.
+    #[default]
+    Empty,
+    /// A long.
+    Long(i64),
+    /// A double.
+    Double(f64),
+    /// A string.
+    Str(String),
+    /// A timestamp in microseconds.
+    Timestamp(i64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl ExtremeAcc {
+    fn from_value(v: &Value) -> Self {
+        match v {
+            Value::Long(x) => ExtremeAcc::Long(*x),
+            Value::Double(x) => ExtremeAcc::Double(*x),
+            Value::Str(s) => ExtremeAcc::Str(s.to_string()),
+            Value::Timestamp(t) => ExtremeAcc::Timestamp(*t),
+            Value::Bool(b) => ExtremeAcc::Bool(*b),
+            Value::Null => ExtremeAcc::Empty,
+        }
+    }
+    fn to_value(&self) -> Value {
+        match self {
+            ExtremeAcc::Empty => Value::Null,
+            ExtremeAcc::Long(x) => Value::Long(*x),
+            ExtremeAcc::Double(x) => Value::Double(*x),
+            ExtremeAcc::Str(s) => Value::from(s.as_str()),
+            ExtremeAcc::Timestamp(t) => Value::Timestamp(*t),
+            ExtremeAcc::Bool(b) => Value::Bool(*b),
+        }
+    }
+}
+
+struct Extreme {
+    max: bool,
+}
+impl Aggregator for Extreme {
+    type Acc = ExtremeAcc;
+    fn zero(&self) -> ExtremeAcc {
+        ExtremeAcc::Empty
+    }
+    fn reduce(&self, acc: &mut ExtremeAcc, input: &Value) {
+        if input.is_null() {
+            return;
+        }
+        let current = acc.to_value();
+        let replace = match current.sql_cmp(input) {
+            None => current.is_null(),
+            Some(ord) => {
+                (ord == std::cmp::Ordering::Less) == self.max && ord != std::cmp::Ordering::Equal
+            }
+        };
+        if replace {
+            *acc = ExtremeAcc::from_value(input);
+        }
+    }
+    fn merge(&self, acc: &mut ExtremeAcc, other: &ExtremeAcc) {
+        Aggregator::reduce(self, acc, &other.to_value());
+    }
+    fn finish(&self, acc: &ExtremeAcc) -> Value {
+        acc.to_value()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(name: &str, values: &[Value]) -> Value {
+        let f = AggregateFn::built_in(name).unwrap();
+        let mut acc = f.zero();
+        for v in values {
+            f.reduce(&mut acc, v);
+        }
+        f.finish(&acc)
+    }
+
+    #[test]
+    fn spark_edge_cases() {
+        let one = [Value::Double(4.0)];
+        assert_eq!(run("stddev_samp", &one), Value::Null);
+        assert_eq!(run("var_pop", &one), Value::Double(0.0));
+        assert_eq!(run("sum", &[]), Value::Null);
+        assert_eq!(run("count", &[Value::Null, Value::Long(1)]), Value::Long(1));
+        assert_eq!(
+            run("sum", &[Value::Long(2), Value::Long(3)]),
+            Value::Long(5)
+        );
+        assert_eq!(
+            run("min", &[Value::Long(2), Value::Null, Value::Long(-3)]),
+            Value::Long(-3)
+        );
+        assert_eq!(
+            run(
+                "max",
+                &[Value::from("a"), Value::from("c"), Value::from("b")]
+            ),
+            Value::from("c")
+        );
+        assert_eq!(
+            run("avg", &[Value::Long(1), Value::Long(2)]),
+            Value::Double(1.5)
+        );
+    }
+
+    #[test]
+    fn merge_equals_sequential() {
+        let values: Vec<Value> = (0..50)
+            .map(|i| Value::Double((i * 7 % 13) as f64))
+            .collect();
+        for name in [
+            "var_samp",
+            "stddev_pop",
+            "sum",
+            "min",
+            "max",
+            "avg",
+            "count",
+        ] {
+            let f = AggregateFn::built_in(name).unwrap();
+            let (mut a, mut b) = (f.zero(), f.zero());
+            for v in &values[..20] {
+                f.reduce(&mut a, v);
+            }
+            for v in &values[20..] {
+                f.reduce(&mut b, v);
+            }
+            f.merge(&mut a, &b);
+            let merged = f.finish(&a).as_f64().unwrap();
+            let sequential = run(name, &values).as_f64().unwrap();
+            assert!(
+                (merged - sequential).abs() < 1e-9,
+                "{name}: {merged} vs {sequential}"
+            );
+            let round_trip = f.decode(&f.encode(&a)).unwrap();
+            assert_eq!(f.finish(&round_trip), f.finish(&a));
+        }
+    }
+
+    #[test]
+    fn unknown_name_lists_allowed() {
+        let err = AggregateFn::built_in("median").unwrap_err().to_string();
+        assert!(err.contains("allowed: count"), "{err}");
+    }
+}

@@ -1,0 +1,76 @@
+//! The one error type of the core crate.
+
+use crate::record::SourcePosition;
+
+/// Errors raised by the tidemark engine.
+///
+/// Record-level errors carry the record's [`SourcePosition`] so that a
+/// dead-letter entry or a log line names exactly which input failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is invalid; names the key and what is allowed.
+    #[error("invalid configuration `{key}`: {reason}")]
+    Config {
+        /// The configuration key, e.g. `watermark` or `source.kind`.
+        key: String,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
+    /// A record could not be decoded or evaluated.
+    #[error("bad record at {position}: field `{field}`: {reason}")]
+    BadRecord {
+        /// Where the record came from.
+        position: SourcePosition,
+        /// The field (or `<value>` for the whole payload).
+        field: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An expression could not be parsed.
+    #[error("invalid expression `{expression}`: {reason}")]
+    Expression {
+        /// The expression text.
+        expression: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A source failed (connection, read, commit).
+    #[error("source error: {0}")]
+    Source(String),
+    /// A sink failed (write, flush, commit).
+    #[error("sink error: {0}")]
+    Sink(String),
+    /// State could not be read or written.
+    #[error("state error: {0}")]
+    State(#[from] tidemark_state::StateError),
+    /// An I/O error with the path or resource involved.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::Config`].
+    pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::Io`].
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Result type of the core crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

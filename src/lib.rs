@@ -1,0 +1,60 @@
+//! # tidemark
+//!
+//! Stateful stream processing on Apache Kafka with Spark Structured
+//! Streaming's event-time semantics: watermarks, output modes, tumbling,
+//! sliding and session windows, in micro-batch or available-now triggers.
+//!
+//! ```
+//! use tidemark::prelude::*;
+//! use tidemark::runtime::testing::{CollectSink, VecSource};
+//!
+//! let query = Query::builder("clicks-per-user")
+//!     .event_time("ts")
+//!     .watermark("1 minute").unwrap()
+//!     .window_aggregate(["user"], WindowSpec::tumbling("1 minute").unwrap(), vec![
+//!         AggregateSpec::new(AggregateFn::built_in("count").unwrap(), AggregateInput::Star),
+//!     ])
+//!     .trigger(Trigger::AvailableNow)
+//!     .build().unwrap();
+//! let mut source = VecSource::json_batches(vec![
+//!     vec![r#"{"ts": "2026-01-01T00:00:10Z", "user": "u1"}"#],
+//!     vec![r#"{"ts": "2026-01-01T00:05:00Z", "user": "u1"}"#],
+//! ]);
+//! let mut sink = CollectSink::default();
+//! query.run(&mut source, &mut sink).unwrap();
+//! // The 00:00-00:01 window closed once the watermark passed its end.
+//! assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
+//! ```
+#![warn(missing_docs)]
+
+pub mod aggregate;
+pub mod decode;
+pub mod duration;
+pub mod error;
+pub mod expr;
+pub mod operators;
+pub mod pipeline;
+pub mod progress;
+pub mod record;
+pub mod row;
+pub mod runtime;
+pub mod schema;
+pub mod time;
+pub mod typed;
+pub mod watermark;
+pub mod window;
+mod yaml_paths;
+
+pub use error::{Error, Result};
+
+/// The names most programs need.
+pub mod prelude {
+    pub use crate::aggregate::{AggregateFn, Aggregator};
+    pub use crate::operators::{AggregateInput, AggregateSpec, OutputMode};
+    pub use crate::progress::QueryProgress;
+    pub use crate::row::{Row, Value};
+    pub use crate::runtime::{Clock, Query, Sink, Source, Trigger};
+    pub use crate::schema::{FieldType, Schema};
+    pub use crate::watermark::WatermarkPolicy;
+    pub use crate::window::WindowSpec;
+}

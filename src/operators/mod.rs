@@ -1,0 +1,108 @@
+//! Operators: what a task applies to each row, and at the end of each batch.
+//!
+//! An operator never talks to Kafka or to a sink: it sees rows, the batch's
+//! watermarks and processing time through [`BatchContext`], and emits rows.
+//! Nothing here assumes micro-batches beyond `on_batch_end`, which real-time
+//! mode will call at each watermark advance instead.
+
+mod stateless;
+mod window_aggregate;
+
+pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
+pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
+
+use crate::error::Result;
+use crate::progress::StateOperatorProgress;
+use crate::row::Row;
+use crate::time::TimestampMicros;
+
+/// What an operator knows about the batch being processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchContext {
+    /// The batch id, from 0.
+    pub batch_id: u64,
+    /// The batch's processing time (virtual under a replay clock).
+    pub processing_time: TimestampMicros,
+    /// Rows whose window ends at or before this are late (Spark: the
+    /// watermark in effect in the previous batch).
+    pub late_threshold: TimestampMicros,
+    /// Windows ending at or before this are emitted and evicted (Spark: the
+    /// watermark in effect in this batch).
+    pub watermark: TimestampMicros,
+}
+
+/// Spark's output modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputMode {
+    /// Each result once, when final (needs a watermark with aggregations).
+    #[default]
+    Append,
+    /// Every result that changed in the batch.
+    Update,
+    /// The whole result table every batch; state is never evicted.
+    Complete,
+}
+
+impl std::str::FromStr for OutputMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "append" => Ok(OutputMode::Append),
+            "update" => Ok(OutputMode::Update),
+            "complete" => Ok(OutputMode::Complete),
+            other => Err(format!(
+                "unknown output mode `{other}`; allowed: append, update, complete"
+            )),
+        }
+    }
+}
+
+/// One step of a pipeline.
+pub trait Operator: Send {
+    /// A short description for `describe` and progress reports.
+    fn describe(&self) -> String;
+
+    /// Processes one row, pushing any output to `out`.
+    fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()>;
+
+    /// Ends a batch: emits what the watermark or output mode releases.
+    fn on_batch_end(&mut self, _ctx: &BatchContext, _out: &mut Vec<Row>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Progress of a stateful operator for this batch; `None` if stateless.
+    fn state_progress(&mut self) -> Option<StateOperatorProgress> {
+        None
+    }
+}
+
+/// Encodes key values into bytes that compare and hash as the values do.
+pub(crate) fn encode_key(values: &[crate::row::Value]) -> Vec<u8> {
+    use crate::row::Value;
+    let mut out = Vec::with_capacity(values.len() * 9);
+    for v in values {
+        match v {
+            Value::Null => out.push(0),
+            Value::Bool(b) => out.extend([1, *b as u8]),
+            Value::Long(x) => {
+                out.push(2);
+                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+            }
+            Value::Double(x) => {
+                out.push(3);
+                out.extend(x.to_bits().to_be_bytes());
+            }
+            Value::Timestamp(x) => {
+                out.push(4);
+                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+            }
+            Value::Str(s) => {
+                out.push(5);
+                out.extend(s.as_bytes());
+                out.push(0);
+            }
+        }
+    }
+    out
+}

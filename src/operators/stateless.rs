@@ -1,0 +1,173 @@
+//! Stateless steps: filter, select/rename, computed columns, typed map and
+//! flat_map.
+
+use super::{BatchContext, Operator};
+use crate::error::{Error, Result};
+use crate::expr::Expr;
+use crate::row::Row;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Keeps rows whose condition is true.
+pub struct Filter {
+    condition: Expr,
+    text: String,
+}
+
+impl Filter {
+    /// A filter from an expression such as `amount >= 0 and id != 'x'`.
+    pub fn new(condition: &str) -> Result<Self> {
+        Ok(Filter {
+            condition: Expr::parse(condition)?,
+            text: condition.to_string(),
+        })
+    }
+}
+
+impl Operator for Filter {
+    fn describe(&self) -> String {
+        format!("Filter [{}]", self.text)
+    }
+    fn on_row(&mut self, row: Row, _: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        if self.condition.matches(&row) {
+            out.push(row);
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the listed columns, in order, each optionally renamed.
+pub struct Select {
+    columns: Vec<(Arc<str>, Arc<str>)>,
+}
+
+impl Select {
+    /// `columns` are `(source, output name)` pairs.
+    pub fn new<S: Into<Arc<str>>, T: Into<Arc<str>>>(
+        columns: impl IntoIterator<Item = (S, T)>,
+    ) -> Self {
+        Select {
+            columns: columns
+                .into_iter()
+                .map(|(s, t)| (s.into(), t.into()))
+                .collect(),
+        }
+    }
+}
+
+impl Operator for Select {
+    fn describe(&self) -> String {
+        let cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|(s, t)| {
+                if s == t {
+                    s.to_string()
+                } else {
+                    format!("{s} AS {t}")
+                }
+            })
+            .collect();
+        format!("Project [{}]", cols.join(", "))
+    }
+    fn on_row(&mut self, row: Row, _: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let mut projected = Row::new();
+        for (source, target) in &self.columns {
+            projected.set(
+                target.clone(),
+                row.get(source).cloned().unwrap_or(crate::row::Value::Null),
+            );
+        }
+        out.push(projected);
+        Ok(())
+    }
+}
+
+/// Adds (or replaces) a column computed from an expression.
+pub struct WithColumn {
+    name: Arc<str>,
+    expr: Expr,
+    text: String,
+}
+
+impl WithColumn {
+    /// `name = expression`, e.g. `("amount_cents", "amount * 100")`.
+    pub fn new(name: &str, expression: &str) -> Result<Self> {
+        Ok(WithColumn {
+            name: Arc::from(name),
+            expr: Expr::parse(expression)?,
+            text: expression.to_string(),
+        })
+    }
+}
+
+impl Operator for WithColumn {
+    fn describe(&self) -> String {
+        format!("WithColumn [{} = {}]", self.name, self.text)
+    }
+    fn on_row(&mut self, mut row: Row, _: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let value = self.expr.eval(&row);
+        row.set(self.name.clone(), value);
+        out.push(row);
+        Ok(())
+    }
+}
+
+/// A closure over rows: the typed API's map and flat_map land here.
+pub struct MapRows {
+    name: String,
+    f: Box<dyn FnMut(Row) -> Result<Vec<Row>> + Send>,
+}
+
+impl MapRows {
+    /// Wraps a row function that returns zero or more rows.
+    pub fn new(name: &str, f: impl FnMut(Row) -> Result<Vec<Row>> + Send + 'static) -> Self {
+        MapRows {
+            name: name.to_string(),
+            f: Box::new(f),
+        }
+    }
+}
+
+impl Operator for MapRows {
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+    fn on_row(&mut self, row: Row, _: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        out.extend((self.f)(row)?);
+        Ok(())
+    }
+}
+
+/// Builds [`MapRows`] from a function over the user's serde types.
+pub struct FlatMapTyped;
+
+impl FlatMapTyped {
+    /// `f` receives each row deserialized as `In` and returns `Out` values,
+    /// which become rows again. A row that does not deserialize is an error
+    /// naming the type and the reason, and goes to the dead-letter output.
+    pub fn build<In, Out, I>(name: &str, f: Arc<dyn Fn(In) -> I + Send + Sync>) -> MapRows
+    where
+        In: DeserializeOwned + 'static,
+        Out: Serialize + 'static,
+        I: IntoIterator<Item = Out> + 'static,
+    {
+        let type_name = std::any::type_name::<In>();
+        MapRows::new(name, move |row| {
+            let input: In = crate::typed::from_row(&row).map_err(|reason| Error::Expression {
+                expression: format!("deserialize row into {type_name}"),
+                reason,
+            })?;
+            f(input)
+                .into_iter()
+                .map(|o| {
+                    crate::typed::to_row(&o).map_err(|reason| Error::Expression {
+                        expression: "serialize output row".into(),
+                        reason,
+                    })
+                })
+                .collect()
+        })
+    }
+}

@@ -1,0 +1,880 @@
+//! The pipeline file: a YAML description of a query that the `tidemark` CLI
+//! runs without any Rust. See `docs/pipeline-file.md` for every key.
+//!
+//! Values are checked while the file is read, so an error names the line and
+//! column of the offending key together with what is allowed.
+
+use crate::aggregate::AggregateFn;
+use crate::duration::parse_duration;
+use crate::error::{Error, Result};
+use crate::operators::{AggregateInput, AggregateSpec, OutputMode};
+use crate::runtime::{Clock, QueryBuilder, Trigger};
+use crate::schema::{FieldType, Schema};
+use crate::watermark::WatermarkPolicy;
+use crate::window::WindowSpec;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// A whole pipeline file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineFile {
+    /// The query's name (progress reports, consumer group default).
+    pub name: String,
+    /// Where records come from.
+    pub source: SourceSpec,
+    /// Optional virtual processing time per batch.
+    #[serde(default)]
+    pub clock: Option<ClockSpec>,
+    /// The event-time column.
+    #[serde(default)]
+    pub event_time: Option<String>,
+    /// The watermark delay.
+    #[serde(default)]
+    pub watermark: Option<DurationSpec>,
+    /// `min` (default) or `max`.
+    #[serde(default)]
+    pub multiple_watermark_policy: WatermarkPolicy,
+    /// After this long without records, an input stops holding the
+    /// watermark back.
+    #[serde(default)]
+    pub idle_timeout: Option<DurationSpec>,
+    /// Steps in order.
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+    /// `append` (default), `update` or `complete`.
+    #[serde(default)]
+    pub output_mode: OutputMode,
+    /// `available_now` or `{micro_batch: <duration>}`.
+    #[serde(default)]
+    pub trigger: TriggerSpec,
+    /// Where rows go.
+    pub sink: SinkSpec,
+    /// Where bad records go (default: a Kafka topic `<name>-dlq` for a Kafka
+    /// source, a file `<name>.dead-letter.jsonl` for the files source).
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterSpec>,
+    /// Caps the records of one batch.
+    #[serde(default)]
+    pub max_records_per_batch: Option<usize>,
+    /// `{prometheus: "127.0.0.1:9000"}` serves metrics over HTTP.
+    #[serde(default)]
+    pub metrics: Option<MetricsSpec>,
+}
+
+/// A duration written as a Spark interval string; checked on read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationSpec(pub Duration);
+
+impl DurationSpec {
+    /// The duration as a string the parser accepts.
+    pub fn to_spark_string(self) -> String {
+        crate::duration::format_duration(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text)
+            .map(DurationSpec)
+            .map_err(|e| de::Error::custom(strip_config_prefix(&e)))
+    }
+}
+
+fn strip_config_prefix(e: &Error) -> String {
+    match e {
+        Error::Config { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Data format of a source or sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// One JSON object per record (or line).
+    #[default]
+    Json,
+    /// Avro in the Confluent wire format.
+    Avro,
+}
+
+/// `schema: {column: type, ...}` in order; types are checked on read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchemaSpec(pub Schema);
+
+impl<'de> Deserialize<'de> for SchemaSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct SchemaVisitor;
+        impl<'de> Visitor<'de> for SchemaVisitor {
+            type Value = SchemaSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a map of column name to type ({})", FieldType::NAMES)
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<SchemaSpec, A::Error> {
+                let mut fields = Vec::new();
+                while let Some((name, ty)) = map.next_entry::<String, String>()? {
+                    let ty: FieldType = ty
+                        .parse()
+                        .map_err(|e: String| de::Error::custom(format!("column `{name}`: {e}")))?;
+                    fields.push((name, ty));
+                }
+                Ok(SchemaSpec(Schema::new(fields)))
+            }
+        }
+        d.deserialize_map(SchemaVisitor)
+    }
+}
+
+/// Which source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// A directory whose files are each one micro-batch of JSON lines.
+    Files,
+    /// A Kafka consumer group.
+    Kafka,
+}
+
+/// The `source:` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// `files` or `kafka`.
+    pub kind: SourceKind,
+    /// files: the directory.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// kafka: bootstrap servers (default: `KAFKA_BOOTSTRAP`, else
+    /// `127.0.0.1:9092`).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
+    /// kafka: the topic, or a list of co-partitioned topics.
+    #[serde(default)]
+    pub topic: Option<TopicList>,
+    /// kafka: the consumer group (default: the pipeline's name).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// kafka: `earliest` (default) or `latest` when the group has no offset.
+    #[serde(default)]
+    pub starting_offsets: Option<StartingOffsets>,
+    /// `json` (default) or `avro`.
+    #[serde(default)]
+    pub format: Format,
+    /// Column types; empty keeps every JSON field with its inferred type.
+    #[serde(default)]
+    pub schema: SchemaSpec,
+    /// avro: a Confluent schema registry URL.
+    #[serde(default)]
+    pub schema_registry: Option<String>,
+    /// avro: local `.avsc` files by schema id (`{1: schemas/order.avsc}`).
+    #[serde(default)]
+    pub avro_schemas: BTreeMap<u32, String>,
+    /// Extra librdkafka properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Where a new consumer group starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartingOffsets {
+    /// From the beginning.
+    Earliest,
+    /// Only new records.
+    Latest,
+}
+
+/// One topic or several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicList(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for TopicList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TopicList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a topic name or a list of topic names")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<TopicList, E> {
+                Ok(TopicList(vec![v.to_string()]))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<TopicList, A::Error> {
+                let mut out = Vec::new();
+                while let Some(t) = seq.next_element::<String>()? {
+                    out.push(t);
+                }
+                Ok(TopicList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `clock: {batch_times: [...]}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockSpec {
+    /// RFC 3339 processing time of batch 0, 1, ...
+    pub batch_times: Vec<TimestampSpec>,
+}
+
+/// An RFC 3339 timestamp, checked on read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimestampSpec(pub i64);
+
+impl<'de> Deserialize<'de> for TimestampSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::time::parse_rfc3339(&text)
+            .map(TimestampSpec)
+            .ok_or_else(|| {
+                de::Error::custom(format!(
+                    "`{text}` is not an RFC 3339 timestamp (e.g. 2026-01-01T10:00:00Z)"
+                ))
+            })
+    }
+}
+
+/// An expression, checked on read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExprSpec(pub String);
+
+impl<'de> Deserialize<'de> for ExprSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::expr::Expr::parse(&text).map_err(|e| de::Error::custom(e.to_string()))?;
+        Ok(ExprSpec(text))
+    }
+}
+
+/// One step.
+#[derive(Debug, Clone)]
+pub enum StepSpec {
+    /// `filter: "amount >= 0 and id != 'x'"`.
+    Filter(ExprSpec),
+    /// `select: [a, b]` or `select: {a: a, total: amount}` (output: source).
+    Select(SelectSpec),
+    /// `with_column: {name: cents, expr: "amount * 100"}`.
+    WithColumn(WithColumnSpec),
+    /// Windowed aggregation.
+    WindowAggregate(WindowAggregateSpec),
+}
+
+const STEP_NAMES: &str = "filter, select, with_column, window_aggregate";
+
+impl<'de> Deserialize<'de> for StepSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StepSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a step: a map with one key, one of {STEP_NAMES}")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<StepSpec, A::Error> {
+                let key: String = map
+                    .next_key()?
+                    .ok_or_else(|| de::Error::custom(format!("empty step; steps: {STEP_NAMES}")))?;
+                let step = match key.as_str() {
+                    "filter" => StepSpec::Filter(map.next_value()?),
+                    "select" => StepSpec::Select(map.next_value()?),
+                    "with_column" => StepSpec::WithColumn(map.next_value()?),
+                    "window_aggregate" => StepSpec::WindowAggregate(map.next_value()?),
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown step `{other}`; steps: {STEP_NAMES}"
+                        )))
+                    }
+                };
+                if let Some(extra) = map.next_key::<String>()? {
+                    return Err(de::Error::custom(format!(
+                        "a step has exactly one key; write `{extra}` as a separate `- {extra}: ...` item"
+                    )));
+                }
+                Ok(step)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `select` as a list of columns, or a map of output name to source column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SelectSpec(pub Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for SelectSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SelectSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of columns, or a map of output name to source column")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<SelectSpec, A::Error> {
+                let mut out = Vec::new();
+                while let Some(c) = seq.next_element::<String>()? {
+                    out.push((c.clone(), c));
+                }
+                Ok(SelectSpec(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<SelectSpec, A::Error> {
+                let mut out = Vec::new();
+                while let Some((target, source)) = map.next_entry::<String, String>()? {
+                    out.push((source, target));
+                }
+                Ok(SelectSpec(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `with_column: {name, expr}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WithColumnSpec {
+    /// The new column.
+    pub name: String,
+    /// Its expression.
+    pub expr: ExprSpec,
+}
+
+/// `window_aggregate: {keys, window, aggregates}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowAggregateSpec {
+    /// Grouping columns besides the window.
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// The window.
+    pub window: WindowYaml,
+    /// The aggregates.
+    pub aggregates: Vec<AggregateYaml>,
+}
+
+/// `{tumbling: d}`, `{sliding: d, slide: d}` or `{session: d}`, with an
+/// optional `start_offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowYaml(pub WindowSpec);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WindowFields {
+    tumbling: Option<DurationSpec>,
+    sliding: Option<DurationSpec>,
+    slide: Option<DurationSpec>,
+    session: Option<DurationSpec>,
+    start_offset: Option<DurationSpec>,
+}
+
+impl<'de> Deserialize<'de> for WindowYaml {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let w = WindowFields::deserialize(d)?;
+        let s = |d: DurationSpec| d.to_spark_string();
+        let spec = match (w.tumbling, w.sliding, w.slide, w.session) {
+            (Some(size), None, None, None) => WindowSpec::tumbling(&s(size)),
+            (None, Some(size), Some(slide), None) => WindowSpec::sliding(&s(size), &s(slide)),
+            (None, Some(_), None, None) => {
+                return Err(de::Error::custom("a sliding window needs `slide`, e.g. {sliding: 6 hours, slide: 1 hour}"))
+            }
+            (None, None, None, Some(gap)) => WindowSpec::session(&s(gap)),
+            _ => {
+                return Err(de::Error::custom(
+                    "write exactly one of {tumbling: <size>}, {sliding: <size>, slide: <slide>}, {session: <gap>}",
+                ))
+            }
+        }
+        .and_then(|spec| match w.start_offset {
+            Some(o) => spec.with_offset(&s(o)),
+            None => Ok(spec),
+        })
+        .map_err(|e| de::Error::custom(strip_config_prefix(&e)))?;
+        Ok(WindowYaml(spec))
+    }
+}
+
+/// `{fn: sum, column: amount, as: total}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregateYaml {
+    /// The function (checked on read).
+    #[serde(rename = "fn")]
+    pub function: AggregateName,
+    /// Its input column; omitted for `count` = `count(*)`.
+    #[serde(default)]
+    pub column: Option<String>,
+    /// The output name (default as Spark: `sum(amount)`).
+    #[serde(default, rename = "as")]
+    pub alias: Option<String>,
+}
+
+/// A built-in aggregate's name, checked on read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AggregateName(pub String);
+
+impl<'de> Deserialize<'de> for AggregateName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        AggregateFn::built_in(&name).map_err(|e| de::Error::custom(strip_config_prefix(&e)))?;
+        Ok(AggregateName(name))
+    }
+}
+
+/// `available_now` or `{micro_batch: 1 second}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TriggerSpec(pub Trigger);
+
+impl Default for TriggerSpec {
+    fn default() -> Self {
+        TriggerSpec(Trigger::default())
+    }
+}
+
+impl<'de> Deserialize<'de> for TriggerSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        const ALLOWED: &str = "allowed: available_now, {micro_batch: <interval>}";
+        impl<'de> Visitor<'de> for V {
+            type Value = TriggerSpec;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a trigger; {ALLOWED}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<TriggerSpec, E> {
+                match v {
+                    "available_now" => Ok(TriggerSpec(Trigger::AvailableNow)),
+                    other => Err(E::custom(format!("unknown trigger `{other}`; {ALLOWED}"))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<TriggerSpec, A::Error> {
+                let key: String = map
+                    .next_key()?
+                    .ok_or_else(|| de::Error::custom(format!("empty trigger; {ALLOWED}")))?;
+                match key.as_str() {
+                    "micro_batch" => {
+                        let d: DurationSpec = map.next_value()?;
+                        Ok(TriggerSpec(Trigger::MicroBatch { interval: d.0 }))
+                    }
+                    "real_time" => Err(de::Error::custom(
+                        "the real-time trigger is not available in this version; use {micro_batch: <interval>}",
+                    )),
+                    other => Err(de::Error::custom(format!("unknown trigger `{other}`; {ALLOWED}"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Which sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// A JSON-lines file: `batch_id`, then the row's columns.
+    Jsonl,
+    /// A Kafka topic.
+    Kafka,
+    /// Standard output, one JSON object per line.
+    Stdout,
+}
+
+/// The `sink:` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSpec {
+    /// `jsonl`, `kafka` or `stdout`.
+    pub kind: SinkKind,
+    /// jsonl: the file.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// kafka: the topic.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// kafka: bootstrap servers (default as the source).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
+    /// kafka: `json` (default) or `avro`.
+    #[serde(default)]
+    pub format: Format,
+    /// kafka: columns whose values form the record key.
+    #[serde(default)]
+    pub key: Vec<String>,
+    /// kafka avro: the schema file and the id to write in the wire header.
+    #[serde(default)]
+    pub avro_schema: Option<String>,
+    /// kafka avro: the schema id written in the Confluent header.
+    #[serde(default)]
+    pub avro_schema_id: Option<u32>,
+    /// Extra librdkafka properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Where bad records go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSpec {
+    /// `kafka` or `file`.
+    pub kind: DeadLetterKind,
+    /// kafka: the topic.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// file: the JSON-lines file.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// Dead-letter output kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadLetterKind {
+    /// A Kafka topic; error and position in headers.
+    Kafka,
+    /// A JSON-lines file.
+    File,
+}
+
+/// `metrics: {prometheus: "127.0.0.1:9000"}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSpec {
+    /// Address of the Prometheus scrape endpoint.
+    pub prometheus: String,
+}
+
+/// A pipeline-file error with its place in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PipelineError {
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for PipelineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: {}", self.message),
+            (Some(l), None) => write!(f, "line {l}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for PipelineError {}
+
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    let needle = format!("{key}:");
+    text.lines()
+        .position(|l| l.trim_start().trim_start_matches("- ").starts_with(&needle))
+        .map(|i| i + 1)
+}
+
+impl PipelineFile {
+    /// Reads and checks a pipeline file's text.
+    ///
+    /// ```
+    /// let file = tidemark::pipeline::PipelineFile::parse(r#"
+    /// name: demo
+    /// source: {kind: files, path: batches/}
+    /// sink: {kind: stdout}
+    /// watermark: 10 fortnights
+    /// "#).unwrap_err();
+    /// assert_eq!(file.line, Some(5));
+    /// assert!(file.message.contains("unknown unit"));
+    /// ```
+    pub fn parse(text: &str) -> std::result::Result<PipelineFile, PipelineError> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let file: PipelineFile = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let (_, message) = split_yaml_message(&inner.to_string());
+            // serde_yaml loses the place of errors raised while checking a
+            // value (it reports 1:1); the path finds the key's line instead.
+            let by_path = (path != ".")
+                .then(|| crate::yaml_paths::position_of(text, &path))
+                .flatten();
+            let by_serde = inner
+                .location()
+                .filter(|l| (l.line(), l.column()) != (1, 1))
+                .map(|l| (l.line(), l.column()));
+            let place = match (by_path, by_serde) {
+                (Some(p), Some(s)) => Some(if s.0 >= p.0 { s } else { p }),
+                (p, s) => p.or(s),
+            };
+            PipelineError {
+                line: place.map(|p| p.0),
+                column: place.map(|p| p.1),
+                message: if path == "." {
+                    message
+                } else {
+                    format!("`{path}`: {message}")
+                },
+            }
+        })?;
+        file.check().map_err(|(key, message)| PipelineError {
+            line: line_of_key(text, key.rsplit('.').next().unwrap_or(&key)),
+            column: None,
+            message: format!("`{key}`: {message}"),
+        })?;
+        Ok(file)
+    }
+
+    fn check(&self) -> std::result::Result<(), (String, String)> {
+        let err = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
+        match self.source.kind {
+            SourceKind::Files if self.source.path.is_none() => {
+                return err("source.path", "the files source needs `path: <directory>`")
+            }
+            SourceKind::Kafka if self.source.topic.is_none() => {
+                return err("source.topic", "the kafka source needs `topic: <name>`")
+            }
+            _ => {}
+        }
+        if self.source.format == Format::Avro
+            && self.source.schema_registry.is_none()
+            && self.source.avro_schemas.is_empty()
+        {
+            return err(
+                "source.format",
+                "avro needs `schema_registry: <url>` or `avro_schemas: {<id>: <file.avsc>}`",
+            );
+        }
+        match self.sink.kind {
+            SinkKind::Jsonl if self.sink.path.is_none() => {
+                return err("sink.path", "the jsonl sink needs `path: <file>`")
+            }
+            SinkKind::Kafka if self.sink.topic.is_none() => {
+                return err("sink.topic", "the kafka sink needs `topic: <name>`")
+            }
+            SinkKind::Kafka
+                if self.sink.format == Format::Avro && self.sink.avro_schema.is_none() =>
+            {
+                return err(
+                    "sink.format",
+                    "the avro format needs `avro_schema: <file.avsc>`",
+                )
+            }
+            _ => {}
+        }
+        if self.watermark.is_some() && self.event_time.is_none() {
+            return err("watermark", "a watermark needs `event_time: <column>`");
+        }
+        if let (Some(col), false) = (&self.event_time, self.source.schema.0.is_empty()) {
+            match self.source.schema.0.field_type(col) {
+                None => return err("event_time", &format!("column `{col}` is not in `source.schema`")),
+                Some(FieldType::Timestamp) | Some(FieldType::Long) => {}
+                Some(other) => {
+                    return err(
+                        "event_time",
+                        &format!("column `{col}` is {other}; the event time must be a timestamp or long (epoch ms)"),
+                    )
+                }
+            }
+        }
+        if let Some(d) = &self.dead_letter {
+            match d.kind {
+                DeadLetterKind::Kafka if d.topic.is_none() => {
+                    return err("dead_letter.topic", "needs `topic`")
+                }
+                DeadLetterKind::File if d.path.is_none() => {
+                    return err("dead_letter.path", "needs `path`")
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The source's schema (empty: infer).
+    pub fn schema(&self) -> Schema {
+        self.source.schema.0.clone()
+    }
+
+    /// Builds the query from the file's settings and steps. Source, sink,
+    /// decoder and dead-letter output are the connectors' part.
+    pub fn query_builder(&self) -> Result<QueryBuilder> {
+        let mut b = crate::runtime::Query::builder(&self.name)
+            .watermark_policy(self.multiple_watermark_policy)
+            .output_mode(self.output_mode)
+            .trigger(self.trigger.0);
+        if let Some(c) = &self.event_time {
+            b = b.event_time(c);
+        }
+        if let Some(w) = self.watermark {
+            b = b.watermark(&w.to_spark_string())?;
+        }
+        if let Some(t) = self.idle_timeout {
+            b = b.idle_timeout(t.0);
+        }
+        if let Some(clock) = &self.clock {
+            b = b.clock(Clock::Virtual(
+                clock.batch_times.iter().map(|t| t.0).collect(),
+            ));
+        }
+        if let Some(m) = self.max_records_per_batch {
+            b = b.max_records_per_batch(m);
+        }
+        for step in &self.steps {
+            b = match step {
+                StepSpec::Filter(e) => b.filter(&e.0)?,
+                StepSpec::Select(s) => b.select(&s.0),
+                StepSpec::WithColumn(w) => b.with_column(&w.name, &w.expr.0)?,
+                StepSpec::WindowAggregate(w) => {
+                    let aggregates = w
+                        .aggregates
+                        .iter()
+                        .map(|a| {
+                            let f = AggregateFn::built_in(&a.function.0)?;
+                            let input = match &a.column {
+                                Some(c) => AggregateInput::Column(c.as_str().into()),
+                                None if a.function.0 == "count" => AggregateInput::Star,
+                                None => {
+                                    return Err(Error::config(
+                                        "aggregates.column",
+                                        format!("`{}` needs `column`", a.function.0),
+                                    ))
+                                }
+                            };
+                            let spec = AggregateSpec::new(f, input);
+                            Ok(match &a.alias {
+                                Some(n) => spec.alias(n),
+                                None => spec,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    b.window_aggregate(&w.keys, w.window.0.clone(), aggregates)
+                }
+            };
+        }
+        Ok(b)
+    }
+}
+
+/// Splits serde_yaml's `path: message at line L column C` into its parts.
+fn split_yaml_message(raw: &str) -> (Option<String>, String) {
+    let without_place = match raw.rfind(" at line ") {
+        Some(i) => &raw[..i],
+        None => raw,
+    };
+    match without_place.split_once(": ") {
+        Some((path, message))
+            if !path.contains(' ') && !path.is_empty() && !path.starts_with('`') =>
+        {
+            (Some(path.to_string()), message.to_string())
+        }
+        _ => (None, without_place.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"name: tumbling-count
+source:
+  kind: files
+  path: batches/
+  format: json
+  schema: {event_time: timestamp, id: string, amount: double}
+clock: {batch_times: ["2026-01-01T10:00:00Z", "2026-01-01T10:01:00Z"]}
+event_time: event_time
+watermark: 10 minutes
+multiple_watermark_policy: min
+steps:
+  - filter: "amount >= 0"
+  - window_aggregate:
+      keys: [id]
+      window: {tumbling: 5 minutes}
+      aggregates:
+        - {fn: count, as: count}
+        - {fn: sum, column: amount, as: total}
+output_mode: append
+trigger: available_now
+sink: {kind: jsonl, path: out.jsonl}
+"#;
+
+    #[test]
+    fn reads_the_documented_example() {
+        let file = PipelineFile::parse(GOOD).unwrap();
+        assert_eq!(file.steps.len(), 2);
+        assert_eq!(file.trigger.0, Trigger::AvailableNow);
+        let query = file.query_builder().unwrap().build().unwrap();
+        assert_eq!(query.describe().len(), 2);
+    }
+
+    fn error_for(from: &str, to: &str) -> PipelineError {
+        let text = GOOD.replace(from, to);
+        assert_ne!(text, GOOD, "replacement `{from}` not found");
+        PipelineError::clone(&PipelineFile::parse(&text).unwrap_err())
+    }
+
+    #[test]
+    fn errors_name_line_and_fix() {
+        let e = error_for("watermark: 10 minutes", "watermark: 10 fortnights");
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.message.contains("unknown unit"), "{e}");
+
+        let e = error_for(
+            "multiple_watermark_policy: min",
+            "multiple_watermark_polcy: min",
+        );
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.contains("unknown field"), "{e}");
+
+        let e = error_for("amount: double", "amount: decimal");
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.message.contains("allowed: string"), "{e}");
+
+        let e = error_for("{fn: count, as: count}", "{fn: median, as: count}");
+        assert_eq!(e.line, Some(17), "{e}");
+
+        let e = error_for(
+            "{tumbling: 5 minutes}",
+            "{sliding: 5 minutes, slide: 10 minutes}",
+        );
+        assert_eq!(e.line, Some(15), "{e}");
+        assert!(e.message.contains("slide"), "{e}");
+
+        let e = error_for("\"amount >= 0\"", "\"amount >= \"");
+        assert_eq!(e.line, Some(12), "{e}");
+
+        let e = error_for("watermark: 10 minutes", "watermark: 1 month");
+        assert!(e.message.contains("months and years"), "{e}");
+    }
+
+    #[test]
+    fn missing_source_is_reported() {
+        let text: String = GOOD
+            .lines()
+            .filter(|l| !l.starts_with("source") && !l.starts_with("  "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let e = PipelineFile::parse(&text).unwrap_err();
+        assert!(e.message.contains("missing field `source`"), "{e}");
+    }
+}

@@ -1,0 +1,148 @@
+//! Progress reports with Spark's `StreamingQueryProgress` field names, and
+//! their mirror in `metrics`.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One batch's report, serialized with Spark's field names.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QueryProgress {
+    /// Stable query id (survives restarts of the same pipeline).
+    pub id: String,
+    /// Id of this run.
+    pub run_id: String,
+    /// The query's name.
+    pub name: String,
+    /// When the batch started (RFC 3339, UTC).
+    pub timestamp: String,
+    /// The batch id, from 0.
+    pub batch_id: u64,
+    /// Rows read in the batch (bad records included).
+    pub num_input_rows: u64,
+    /// Input rate over the interval since the previous batch started.
+    pub input_rows_per_second: f64,
+    /// Rows per second of this batch's processing.
+    pub processed_rows_per_second: f64,
+    /// Phase durations in milliseconds (`triggerExecution`, `getBatch`,
+    /// `addBatch`, `commitOffsets`).
+    pub duration_ms: BTreeMap<String, u64>,
+    /// Event-time statistics of the batch and the watermark used in it
+    /// (`min`, `max`, `avg`, `watermark`, RFC 3339).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub event_time: BTreeMap<String, String>,
+    /// One entry per stateful operator.
+    pub state_operators: Vec<StateOperatorProgress>,
+    /// One entry per source.
+    pub sources: Vec<SourceProgress>,
+    /// The sink.
+    pub sink: SinkProgress,
+}
+
+/// Spark's `StateOperatorProgress`.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StateOperatorProgress {
+    /// e.g. `stateStoreSave`.
+    pub operator_name: String,
+    /// State rows after the batch.
+    pub num_rows_total: u64,
+    /// State rows written in the batch.
+    pub num_rows_updated: u64,
+    /// State rows evicted in the batch.
+    pub num_rows_removed: u64,
+    /// Late (key, window) groups dropped, counted after per-batch
+    /// aggregation, as Spark counts them.
+    pub num_rows_dropped_by_watermark: u64,
+    /// Estimated bytes of state.
+    pub memory_used_bytes: u64,
+    /// Extra counters; `numLateInputRows` counts raw late input rows.
+    pub custom_metrics: BTreeMap<String, u64>,
+}
+
+/// Spark's `SourceProgress`.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceProgress {
+    /// What the source reads.
+    pub description: String,
+    /// Offsets before the batch (`{"topic":{"0":12}}` for Kafka).
+    pub start_offset: serde_json::Value,
+    /// Offsets after the batch.
+    pub end_offset: serde_json::Value,
+    /// Rows read in the batch.
+    pub num_input_rows: u64,
+    /// Input rate.
+    pub input_rows_per_second: f64,
+    /// Processing rate.
+    pub processed_rows_per_second: f64,
+    /// Records sent to the dead-letter output in the batch (tidemark).
+    pub num_bad_records: u64,
+    /// Source-specific metrics, e.g. `offsetsBehindLatest` (consumer lag).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, String>,
+}
+
+/// Spark's `SinkProgress`.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SinkProgress {
+    /// What the sink writes.
+    pub description: String,
+    /// Rows written in the batch.
+    pub num_output_rows: u64,
+}
+
+impl QueryProgress {
+    /// The report as JSON, as Spark's `progress.json` prints it.
+    pub fn json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Mirrors the report in `metrics` counters, gauges and histograms.
+    pub fn record_metrics(&self) {
+        let name = self.name.clone();
+        metrics::counter!("tidemark_input_rows_total", "query" => name.clone())
+            .increment(self.num_input_rows);
+        metrics::counter!("tidemark_output_rows_total", "query" => name.clone())
+            .increment(self.sink.num_output_rows);
+        metrics::counter!("tidemark_batches_total", "query" => name.clone()).increment(1);
+        let bad: u64 = self.sources.iter().map(|s| s.num_bad_records).sum();
+        metrics::counter!("tidemark_bad_records_total", "query" => name.clone()).increment(bad);
+        metrics::gauge!("tidemark_input_rows_per_second", "query" => name.clone())
+            .set(self.input_rows_per_second);
+        if let Some(ms) = self.duration_ms.get("triggerExecution") {
+            metrics::histogram!("tidemark_batch_duration_seconds", "query" => name.clone())
+                .record(*ms as f64 / 1000.0);
+        }
+        if let Some(wm) = self
+            .event_time
+            .get("watermark")
+            .and_then(|w| crate::time::parse_rfc3339(w))
+        {
+            metrics::gauge!("tidemark_watermark_seconds", "query" => name.clone())
+                .set(wm as f64 / 1e6);
+        }
+        for op in &self.state_operators {
+            let labels = [
+                ("query", name.clone()),
+                ("operator", op.operator_name.clone()),
+            ];
+            metrics::gauge!("tidemark_state_rows", &labels).set(op.num_rows_total as f64);
+            metrics::counter!("tidemark_rows_dropped_by_watermark_total", &labels)
+                .increment(op.num_rows_dropped_by_watermark);
+        }
+    }
+}
+
+/// Receives each batch's progress (Spark's `StreamingQueryListener`).
+pub trait ProgressListener: Send {
+    /// Called after each batch commits.
+    fn on_progress(&mut self, progress: &QueryProgress);
+}
+
+impl<F: FnMut(&QueryProgress) + Send> ProgressListener for F {
+    fn on_progress(&mut self, progress: &QueryProgress) {
+        self(progress)
+    }
+}

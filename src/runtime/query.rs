@@ -1,0 +1,701 @@
+//! The query: an operator graph per task, and the trigger loop.
+
+use super::{BatchRequest, Clock, DeadLetter, Decoder, Sink, Source, Trigger};
+use crate::error::{Error, Result};
+use crate::operators::{BatchContext, Operator, OutputMode};
+use crate::progress::{ProgressListener, QueryProgress, SinkProgress, SourceProgress};
+use crate::record::Record;
+use crate::row::{Row, Value};
+use crate::time::{format_rfc3339, TimestampMicros};
+use crate::watermark::{WatermarkPolicy, WatermarkTracker};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Builds one operator for one task; every task gets its own instances.
+pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + Sync>;
+
+/// Builds a [`Query`].
+///
+/// ```
+/// use tidemark::prelude::*;
+/// use tidemark::runtime::testing::{CollectSink, VecSource};
+///
+/// let query = Query::builder("demo")
+///     .event_time("event_time")
+///     .watermark("10 minutes").unwrap()
+///     .filter("amount >= 0").unwrap()
+///     .window_aggregate(["id"], WindowSpec::tumbling("5 minutes").unwrap(), vec![
+///         AggregateSpec::new(AggregateFn::built_in("count").unwrap(), AggregateInput::Star),
+///     ])
+///     .output_mode(OutputMode::Update)
+///     .trigger(Trigger::AvailableNow)
+///     .build()
+///     .unwrap();
+/// let mut source = VecSource::json_batches(vec![vec![
+///     r#"{"event_time": "2026-01-01T10:01:00Z", "id": "a", "amount": 1}"#,
+/// ]]);
+/// let mut sink = CollectSink::default();
+/// query.run(&mut source, &mut sink).unwrap();
+/// assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
+/// ```
+pub struct QueryBuilder {
+    name: String,
+    id: Option<String>,
+    event_time: Option<Arc<str>>,
+    watermark: Option<Duration>,
+    policy: WatermarkPolicy,
+    idle_timeout: Option<Duration>,
+    steps: Vec<OperatorFactory>,
+    stateful_steps: usize,
+    output_mode: OutputMode,
+    trigger: Trigger,
+    clock: Clock,
+    max_records_per_batch: usize,
+    decoder: Option<Box<dyn Decoder>>,
+    dead_letter: Option<Box<dyn DeadLetter>>,
+    listeners: Vec<Box<dyn ProgressListener>>,
+}
+
+impl Query {
+    /// Starts building a query named `name`.
+    pub fn builder(name: &str) -> QueryBuilder {
+        QueryBuilder {
+            name: name.to_string(),
+            id: None,
+            event_time: None,
+            watermark: None,
+            policy: WatermarkPolicy::Min,
+            idle_timeout: None,
+            steps: Vec::new(),
+            stateful_steps: 0,
+            output_mode: OutputMode::Append,
+            trigger: Trigger::default(),
+            clock: Clock::System,
+            max_records_per_batch: 100_000,
+            decoder: None,
+            dead_letter: None,
+            listeners: Vec::new(),
+        }
+    }
+}
+
+impl QueryBuilder {
+    /// A stable id (default: derived from the name), Spark's `id`.
+    pub fn id(mut self, id: &str) -> Self {
+        self.id = Some(id.to_string());
+        self
+    }
+
+    /// The event-time column (a timestamp; RFC 3339 or epoch ms on input).
+    pub fn event_time(mut self, column: &str) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self
+    }
+
+    /// The watermark delay, as a Spark duration string.
+    pub fn watermark(mut self, delay: &str) -> Result<Self> {
+        let d = crate::duration::parse_duration(delay)
+            .map_err(|e| Error::config("watermark", e.to_string()))?;
+        self.watermark = Some(d);
+        Ok(self)
+    }
+
+    /// How inputs' watermarks combine (`min` default, `max`).
+    pub fn watermark_policy(mut self, policy: WatermarkPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After this long without records, an input stops holding the
+    /// watermark back.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// Appends a step built by `factory` once per task.
+    pub fn step(mut self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
+        self.steps.push(Arc::new(move |_| factory()));
+        self
+    }
+
+    /// Keeps rows for which `condition` is true.
+    pub fn filter(self, condition: &str) -> Result<Self> {
+        crate::operators::Filter::new(condition)?;
+        let condition = condition.to_string();
+        Ok(self
+            .step(move || Box::new(crate::operators::Filter::new(&condition).expect("validated"))))
+    }
+
+    /// Keeps `(column, output name)` pairs, in order.
+    pub fn select<S: AsRef<str>>(self, columns: &[(S, S)]) -> Self {
+        let cols: Vec<(String, String)> = columns
+            .iter()
+            .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
+            .collect();
+        self.step(move || Box::new(crate::operators::Select::new(cols.clone())))
+    }
+
+    /// Adds a computed column.
+    pub fn with_column(self, name: &str, expression: &str) -> Result<Self> {
+        crate::operators::WithColumn::new(name, expression)?;
+        let (n, e) = (name.to_string(), expression.to_string());
+        Ok(self
+            .step(move || Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))))
+    }
+
+    /// A typed filter over the user's serde type; rows that do not
+    /// deserialize go to the dead-letter output.
+    pub fn filter_typed<T>(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize + 'static,
+    {
+        self.flat_map_typed::<T, T, Option<T>>(move |t| if f(&t) { Some(t) } else { None })
+    }
+
+    /// A typed map from `In` to `Out`.
+    pub fn map_typed<In, Out>(self, f: impl Fn(In) -> Out + Send + Sync + 'static) -> Self
+    where
+        In: serde::de::DeserializeOwned + 'static,
+        Out: serde::Serialize + 'static,
+    {
+        self.flat_map_typed::<In, Out, Option<Out>>(move |i| Some(f(i)))
+    }
+
+    /// A typed flat_map: each `In` gives zero or more `Out`.
+    pub fn flat_map_typed<In, Out, I>(self, f: impl Fn(In) -> I + Send + Sync + 'static) -> Self
+    where
+        In: serde::de::DeserializeOwned + 'static,
+        Out: serde::Serialize + 'static,
+        I: IntoIterator<Item = Out> + 'static,
+    {
+        let f: Arc<dyn Fn(In) -> I + Send + Sync> = Arc::new(f);
+        let name = format!(
+            "FlatMap [{} -> {}]",
+            std::any::type_name::<In>(),
+            std::any::type_name::<Out>()
+        );
+        self.step(move || {
+            Box::new(crate::operators::FlatMapTyped::build::<In, Out, I>(
+                &name,
+                f.clone(),
+            ))
+        })
+    }
+
+    /// Groups by `keys` and a window over the event-time column (or
+    /// processing time when no event time is set) and folds `aggregates`.
+    pub fn window_aggregate<K: AsRef<str>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+        window: crate::window::WindowSpec,
+        aggregates: Vec<crate::operators::AggregateSpec>,
+    ) -> Self {
+        let keys: Vec<Arc<str>> = keys.into_iter().map(|k| Arc::from(k.as_ref())).collect();
+        let time = match &self.event_time {
+            Some(c) => crate::operators::TimeColumn::EventTime(c.clone()),
+            None => crate::operators::TimeColumn::ProcessingTime,
+        };
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |mode| {
+            Box::new(crate::operators::WindowAggregate::new(
+                keys.clone(),
+                time.clone(),
+                window.clone(),
+                aggregates.clone(),
+                mode,
+            ))
+        }));
+        self
+    }
+
+    /// Spark's output mode (default append).
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = mode;
+        self
+    }
+
+    /// When batches run.
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// The processing-time clock (virtual for deterministic replays).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Caps the records of one batch (Spark's `maxOffsetsPerTrigger`).
+    pub fn max_records_per_batch(mut self, max: usize) -> Self {
+        self.max_records_per_batch = max.max(1);
+        self
+    }
+
+    /// How records become rows (default: JSON objects, types inferred).
+    pub fn decoder(mut self, decoder: impl Decoder + 'static) -> Self {
+        self.decoder = Some(Box::new(decoder));
+        self
+    }
+
+    /// Where records that fail go (default: logged and counted).
+    pub fn dead_letter(mut self, dead_letter: impl DeadLetter + 'static) -> Self {
+        self.dead_letter = Some(Box::new(dead_letter));
+        self
+    }
+
+    /// Receives each batch's [`QueryProgress`].
+    pub fn on_progress(mut self, listener: impl ProgressListener + 'static) -> Self {
+        self.listeners.push(Box::new(listener));
+        self
+    }
+
+    /// Checks the query as Spark's analyzer would and builds it.
+    pub fn build(self) -> Result<Query> {
+        if self.stateful_steps == 0 && self.output_mode == OutputMode::Complete {
+            return Err(Error::config(
+                "output_mode",
+                "complete mode needs an aggregation (as in Spark); use append or update",
+            ));
+        }
+        if self.stateful_steps > 0
+            && self.output_mode == OutputMode::Append
+            && self.watermark.is_none()
+        {
+            return Err(Error::config(
+                "output_mode",
+                "append mode with an aggregation needs a watermark (as in Spark): set `watermark`, or use update or complete",
+            ));
+        }
+        if self.watermark.is_some() && self.event_time.is_none() {
+            return Err(Error::config(
+                "watermark",
+                "a watermark needs an `event_time` column",
+            ));
+        }
+        let id = self.id.clone().unwrap_or_else(|| {
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, self.name.as_bytes()).to_string()
+        });
+        Ok(Query {
+            id,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            builder: self,
+            stop: StopHandle::default(),
+        })
+    }
+}
+
+/// A built query: run it against a source and a sink.
+pub struct Query {
+    id: String,
+    run_id: String,
+    builder: QueryBuilder,
+    stop: StopHandle,
+}
+
+/// Stops a running query from another thread, after the current batch.
+#[derive(Debug, Clone, Default)]
+pub struct StopHandle(Arc<AtomicBool>);
+
+impl StopHandle {
+    /// Asks the query to stop.
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst)
+    }
+    /// Whether a stop was asked for.
+    pub fn is_stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Batches run (data and no-data).
+    pub batches: u64,
+    /// Records read.
+    pub input_records: u64,
+    /// Rows written to the sink.
+    pub output_rows: u64,
+    /// Records sent to the dead-letter output.
+    pub bad_records: u64,
+}
+
+/// One task: the operator chain and watermark of one partition (or group of
+/// co-partitioned partitions).
+struct Task {
+    operators: Vec<Box<dyn Operator>>,
+    watermark: Option<WatermarkTracker>,
+}
+
+impl Task {
+    /// Pushes `rows` into the chain at operator `from`.
+    fn push(
+        &mut self,
+        from: usize,
+        rows: Vec<Row>,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let mut current = rows;
+        for op in &mut self.operators[from..] {
+            let mut next = Vec::with_capacity(current.len());
+            for row in current {
+                op.on_row(row, ctx, &mut next)?;
+            }
+            current = next;
+        }
+        out.extend(current);
+        Ok(())
+    }
+
+    fn finish_batch(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        for i in 0..self.operators.len() {
+            let mut emitted = Vec::new();
+            self.operators[i].on_batch_end(ctx, &mut emitted)?;
+            if !emitted.is_empty() {
+                self.push(i + 1, emitted, ctx, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn context(&self, batch_id: u64, processing_time: TimestampMicros) -> BatchContext {
+        let (late_threshold, watermark) = match &self.watermark {
+            Some(w) => (w.late_threshold(), w.in_effect()),
+            None => (0, 0),
+        };
+        BatchContext {
+            batch_id,
+            processing_time,
+            late_threshold,
+            watermark,
+        }
+    }
+}
+
+/// Decodes JSON objects with types inferred (the default decoder).
+struct InferJsonDecoder;
+
+impl Decoder for InferJsonDecoder {
+    fn decode(&mut self, record: &Record) -> Result<Row> {
+        crate::decode::JsonDecoder::new(crate::schema::Schema::default()).decode(record)
+    }
+}
+
+impl Query {
+    /// A handle that stops this query after its current batch.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// The query's stable id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The operator graph, one line per step (for `tidemark describe`).
+    pub fn describe(&self) -> Vec<String> {
+        self.builder
+            .steps
+            .iter()
+            .map(|f| f(self.builder.output_mode).describe())
+            .collect()
+    }
+
+    fn new_task(&self) -> Task {
+        let b = &self.builder;
+        Task {
+            operators: b.steps.iter().map(|f| f(b.output_mode)).collect(),
+            watermark: b.watermark.map(|d| {
+                WatermarkTracker::new(
+                    d.as_micros() as i64,
+                    b.policy,
+                    b.idle_timeout.map(|t| t.as_micros() as i64),
+                )
+            }),
+        }
+    }
+
+    /// Runs until the source is exhausted (available-now) or
+    /// [`StopHandle::stop`] is called.
+    pub fn run(mut self, source: &mut dyn Source, sink: &mut dyn Sink) -> Result<RunSummary> {
+        let mut decoder = self
+            .builder
+            .decoder
+            .take()
+            .unwrap_or_else(|| Box::new(InferJsonDecoder));
+        let mut dead_letter = self
+            .builder
+            .dead_letter
+            .take()
+            .unwrap_or_else(|| Box::new(super::LogDeadLetter::default()));
+        let mut listeners = std::mem::take(&mut self.builder.listeners);
+        let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
+        let mut summary = RunSummary::default();
+        let mut batch_id: u64 = 0;
+        let mut previous_trigger_start: Option<Instant> = None;
+        let available_now = self.builder.trigger == Trigger::AvailableNow;
+        let interval = match self.builder.trigger {
+            Trigger::MicroBatch { interval } => interval,
+            Trigger::AvailableNow => Duration::from_millis(200),
+        };
+        let event_time = self.builder.event_time.clone();
+        let mut exhausted = false;
+
+        while !self.stop.is_stopped() {
+            let trigger_start = Instant::now();
+            let start_offsets = source.offsets();
+            let (batch, get_batch_ms) = if exhausted {
+                (
+                    super::SourceBatch {
+                        exhausted: true,
+                        ..Default::default()
+                    },
+                    0,
+                )
+            } else {
+                let request = BatchRequest {
+                    deadline: trigger_start + interval,
+                    max_records: self.builder.max_records_per_batch,
+                    available_now,
+                };
+                let t = Instant::now();
+                let batch = source.next_batch(&request)?;
+                (batch, t.elapsed().as_millis() as u64)
+            };
+            exhausted |= batch.exhausted;
+            for p in &batch.revoked_partitions {
+                if tasks.remove(p).is_some() {
+                    tracing::info!(partition = p, "partition revoked; task closed");
+                }
+            }
+            let watermark_pending = tasks.values().any(|t| {
+                t.watermark
+                    .as_ref()
+                    .is_some_and(|w| w.in_effect() != w.late_threshold())
+            });
+            if batch.records.is_empty() && !watermark_pending {
+                if exhausted {
+                    break;
+                }
+                continue;
+            }
+
+            // ---- process the batch
+            let processing_time = self.builder.clock.batch_time(batch_id);
+            let add_batch_start = Instant::now();
+            let mut outputs: Vec<Row> = Vec::new();
+            let mut bad_records = 0u64;
+            let (mut min_et, mut max_et, mut sum_et, mut n_et) = (i64::MAX, i64::MIN, 0i128, 0u64);
+            let num_input = batch.records.len() as u64;
+            let mut contexts: BTreeMap<i32, BatchContext> = BTreeMap::new();
+            for record in &batch.records {
+                let partition = record.position.partition;
+                if !tasks.contains_key(&partition) {
+                    tasks.insert(partition, self.new_task());
+                }
+                let task = tasks.get_mut(&partition).expect("inserted above");
+                let ctx = *contexts
+                    .entry(partition)
+                    .or_insert_with(|| task.context(batch_id, processing_time));
+                let result = decoder.decode(record).and_then(|mut row| {
+                    if let Some(column) = &event_time {
+                        let t = event_time_of(&row, column).map_err(|reason| Error::BadRecord {
+                            position: record.position.clone(),
+                            field: column.to_string(),
+                            reason,
+                        })?;
+                        // Normalise RFC 3339 strings and epoch millis so
+                        // that every operator sees a timestamp.
+                        row.set(column.clone(), Value::Timestamp(t));
+                        min_et = min_et.min(t);
+                        max_et = max_et.max(t);
+                        sum_et += t as i128;
+                        n_et += 1;
+                        if let Some(w) = task.watermark.as_mut() {
+                            let input = format!("{}/{}", record.position.topic, partition);
+                            w.observe(&input, t, processing_time);
+                        }
+                    }
+                    task.push(0, vec![row], &ctx, &mut outputs)
+                        .map_err(|e| match e {
+                            Error::BadRecord { .. } => e,
+                            other => Error::BadRecord {
+                                position: record.position.clone(),
+                                field: "<step>".into(),
+                                reason: other.to_string(),
+                            },
+                        })
+                });
+                if let Err(error) = result {
+                    bad_records += 1;
+                    dead_letter.send(record, &error)?;
+                }
+            }
+            let mut state_operators = Vec::new();
+            let mut watermark_used: Option<TimestampMicros> = None;
+            for (partition, task) in tasks.iter_mut() {
+                let ctx = contexts
+                    .get(partition)
+                    .copied()
+                    .unwrap_or_else(|| task.context(batch_id, processing_time));
+                task.finish_batch(&ctx, &mut outputs)?;
+                if task.watermark.is_some() {
+                    watermark_used =
+                        Some(watermark_used.map_or(ctx.watermark, |w: i64| w.min(ctx.watermark)));
+                }
+                for op in task.operators.iter_mut() {
+                    if let Some(p) = op.state_progress() {
+                        state_operators.push(p);
+                    }
+                }
+                if let Some(w) = task.watermark.as_mut() {
+                    w.finish_batch(processing_time);
+                }
+            }
+            let state_operators = merge_state_progress(state_operators);
+            sink.write(batch_id, &outputs)?;
+            let add_batch_ms = add_batch_start.elapsed().as_millis() as u64;
+
+            // ---- commit: sink, dead letters, then source offsets
+            let commit_start = Instant::now();
+            sink.commit(batch_id)?;
+            dead_letter.flush()?;
+            source.commit()?;
+            let commit_ms = commit_start.elapsed().as_millis() as u64;
+
+            // ---- progress
+            let trigger_ms = trigger_start.elapsed().as_millis() as u64;
+            let since_previous = previous_trigger_start
+                .map(|p| trigger_start.duration_since(p).as_secs_f64())
+                .unwrap_or(0.0);
+            previous_trigger_start = Some(trigger_start);
+            let input_rate = if since_previous > 0.0 {
+                num_input as f64 / since_previous
+            } else {
+                0.0
+            };
+            let processed_rate = if trigger_ms > 0 {
+                num_input as f64 * 1000.0 / trigger_ms as f64
+            } else {
+                num_input as f64 * 1000.0
+            };
+            let mut event_time_stats = BTreeMap::new();
+            if n_et > 0 {
+                event_time_stats.insert("min".into(), format_rfc3339(min_et));
+                event_time_stats.insert("max".into(), format_rfc3339(max_et));
+                event_time_stats
+                    .insert("avg".into(), format_rfc3339((sum_et / n_et as i128) as i64));
+            }
+            if let Some(w) = watermark_used {
+                event_time_stats.insert("watermark".into(), format_rfc3339(w));
+            }
+            let mut source_metrics = BTreeMap::new();
+            if let Some(lag) = source.lag() {
+                source_metrics.insert("offsetsBehindLatest".into(), lag.to_string());
+            }
+            let progress = QueryProgress {
+                id: self.id.clone(),
+                run_id: self.run_id.clone(),
+                name: self.builder.name.clone(),
+                timestamp: format_rfc3339(crate::time::now_micros() / 1000 * 1000),
+                batch_id,
+                num_input_rows: num_input,
+                input_rows_per_second: input_rate,
+                processed_rows_per_second: processed_rate,
+                duration_ms: [
+                    ("triggerExecution".to_string(), trigger_ms),
+                    ("getBatch".to_string(), get_batch_ms),
+                    ("addBatch".to_string(), add_batch_ms),
+                    ("commitOffsets".to_string(), commit_ms),
+                ]
+                .into_iter()
+                .collect(),
+                event_time: event_time_stats,
+                state_operators,
+                sources: vec![SourceProgress {
+                    description: source.describe(),
+                    start_offset: start_offsets,
+                    end_offset: source.offsets(),
+                    num_input_rows: num_input,
+                    input_rows_per_second: input_rate,
+                    processed_rows_per_second: processed_rate,
+                    num_bad_records: bad_records,
+                    metrics: source_metrics,
+                }],
+                sink: SinkProgress {
+                    description: sink.describe(),
+                    num_output_rows: outputs.len() as u64,
+                },
+            };
+            progress.record_metrics();
+            tracing::debug!(progress = %progress.json(), "batch done");
+            for listener in listeners.iter_mut() {
+                listener.on_progress(&progress);
+            }
+            summary.batches += 1;
+            summary.input_records += num_input;
+            summary.output_rows += outputs.len() as u64;
+            summary.bad_records += bad_records;
+            batch_id += 1;
+
+            if !available_now {
+                if let Some(rest) =
+                    (trigger_start + interval).checked_duration_since(Instant::now())
+                {
+                    // A source returns early only when it has nothing more;
+                    // wait out the interval so batches keep their cadence.
+                    if batch.records.is_empty() {
+                        std::thread::sleep(rest.min(interval));
+                    }
+                }
+            }
+        }
+        Ok(summary)
+    }
+}
+
+fn event_time_of(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
+    match row.get(column) {
+        Some(Value::Timestamp(t)) => Ok(*t),
+        Some(Value::Long(ms)) => ms
+            .checked_mul(1000)
+            .ok_or_else(|| "epoch milliseconds out of range".to_string()),
+        Some(Value::Str(s)) => crate::time::parse_rfc3339(s).ok_or_else(|| {
+            format!("expected an RFC 3339 timestamp or epoch milliseconds, got `{s}`")
+        }),
+        Some(Value::Null) | None => Err("the event-time column is missing or null".into()),
+        Some(other) => Err(format!("expected a timestamp, got {}", other.type_name())),
+    }
+}
+
+/// Sums the per-task reports of the same operator into one entry, as Spark
+/// sums its per-partition state store metrics.
+fn merge_state_progress(
+    reports: Vec<crate::progress::StateOperatorProgress>,
+) -> Vec<crate::progress::StateOperatorProgress> {
+    let mut merged: Vec<crate::progress::StateOperatorProgress> = Vec::new();
+    for r in reports {
+        match merged
+            .iter_mut()
+            .find(|m| m.operator_name == r.operator_name)
+        {
+            Some(m) => {
+                m.num_rows_total += r.num_rows_total;
+                m.num_rows_updated += r.num_rows_updated;
+                m.num_rows_removed += r.num_rows_removed;
+                m.num_rows_dropped_by_watermark += r.num_rows_dropped_by_watermark;
+                m.memory_used_bytes += r.memory_used_bytes;
+                for (k, v) in r.custom_metrics {
+                    *m.custom_metrics.entry(k).or_default() += v;
+                }
+            }
+            None => merged.push(r),
+        }
+    }
+    merged
+}

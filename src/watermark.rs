@@ -1,0 +1,193 @@
+//! Event-time watermarks with Spark's micro-batch rules.
+//!
+//! Each input (a Kafka partition, or the file source) tracks the largest event
+//! time it has delivered. Its watermark is that maximum minus the delay. The
+//! tracker combines its inputs by [`WatermarkPolicy`] and never moves back.
+//!
+//! As in Spark (SPARK-40925), a micro-batch sees two watermarks: rows are judged
+//! late against the watermark in effect in the *previous* batch, while emission
+//! and eviction use the watermark in effect in *this* batch — the one computed
+//! at the end of the previous batch.
+
+use crate::time::TimestampMicros;
+use std::collections::BTreeMap;
+
+/// How the watermarks of several inputs combine
+/// (`spark.sql.streaming.multipleWatermarkPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatermarkPolicy {
+    /// The slowest input sets the pace (Spark's default): nothing is dropped
+    /// because one input ran ahead.
+    #[default]
+    Min,
+    /// The fastest input sets the pace: lower latency, but the slower inputs'
+    /// rows may be dropped as late.
+    Max,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct InputProgress {
+    max_event_time: TimestampMicros,
+    last_active_processing_time: TimestampMicros,
+}
+
+/// Tracks inputs' event times and the watermarks of the current batch.
+///
+/// ```
+/// use tidemark::watermark::{WatermarkPolicy, WatermarkTracker};
+/// let mut wm = WatermarkTracker::new(10_000_000, WatermarkPolicy::Min, None);
+/// wm.observe("in/0", 60_000_000, 0);
+/// assert_eq!(wm.in_effect(), 0); // the first batch runs with no watermark
+/// wm.finish_batch(0);
+/// assert_eq!(wm.in_effect(), 50_000_000);
+/// assert_eq!(wm.late_threshold(), 0);
+/// ```
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WatermarkTracker {
+    delay_micros: i64,
+    policy: WatermarkPolicy,
+    idle_timeout_micros: Option<i64>,
+    inputs: BTreeMap<String, InputProgress>,
+    in_effect: TimestampMicros,
+    previous: TimestampMicros,
+}
+
+impl WatermarkTracker {
+    /// A tracker with `delay` (microseconds), a combining policy and an
+    /// optional idle timeout after which a silent input stops holding the
+    /// watermark back (Flink's idleness).
+    pub fn new(
+        delay_micros: i64,
+        policy: WatermarkPolicy,
+        idle_timeout_micros: Option<i64>,
+    ) -> Self {
+        WatermarkTracker {
+            delay_micros,
+            policy,
+            idle_timeout_micros,
+            inputs: BTreeMap::new(),
+            in_effect: 0,
+            previous: 0,
+        }
+    }
+
+    /// Records that `input` delivered a row with `event_time` at
+    /// `processing_time`.
+    pub fn observe(
+        &mut self,
+        input: &str,
+        event_time: TimestampMicros,
+        processing_time: TimestampMicros,
+    ) {
+        match self.inputs.get_mut(input) {
+            Some(p) => {
+                p.max_event_time = p.max_event_time.max(event_time);
+                p.last_active_processing_time = processing_time;
+            }
+            None => {
+                self.inputs.insert(
+                    input.to_string(),
+                    InputProgress {
+                        max_event_time: event_time,
+                        last_active_processing_time: processing_time,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The watermark in effect in this batch: emission and eviction use it.
+    pub fn in_effect(&self) -> TimestampMicros {
+        self.in_effect
+    }
+
+    /// The watermark in effect in the previous batch: rows whose window
+    /// ends at or before it are late.
+    pub fn late_threshold(&self) -> TimestampMicros {
+        self.previous
+    }
+
+    /// The watermark the inputs support now, before it takes effect.
+    pub fn candidate(&self, processing_time: TimestampMicros) -> Option<TimestampMicros> {
+        let active = self
+            .inputs
+            .values()
+            .filter(|p| match self.idle_timeout_micros {
+                Some(timeout) => processing_time - p.last_active_processing_time < timeout,
+                None => true,
+            });
+        let per_input = active.map(|p| p.max_event_time.saturating_sub(self.delay_micros));
+        match self.policy {
+            WatermarkPolicy::Min => per_input.min(),
+            WatermarkPolicy::Max => per_input.max(),
+        }
+    }
+
+    /// Ends a batch: the watermark computed now takes effect in the next
+    /// batch. Returns whether it moved (Spark then runs a no-data batch so
+    /// that windows can close).
+    pub fn finish_batch(&mut self, processing_time: TimestampMicros) -> bool {
+        self.previous = self.in_effect;
+        if let Some(candidate) = self.candidate(processing_time) {
+            self.in_effect = self.in_effect.max(candidate);
+        }
+        self.in_effect != self.previous
+    }
+
+    /// Whether the next batch would move the watermark even with no data.
+    pub fn would_advance(&self, processing_time: TimestampMicros) -> bool {
+        self.candidate(processing_time)
+            .is_some_and(|c| c > self.in_effect)
+            || self.in_effect != self.previous
+    }
+
+    /// The delay in microseconds.
+    pub fn delay_micros(&self) -> i64 {
+        self.delay_micros
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000_000;
+
+    #[test]
+    fn lags_one_batch_and_never_moves_back() {
+        let mut wm = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None);
+        wm.observe("p0", 30 * MIN, 0);
+        assert_eq!((wm.late_threshold(), wm.in_effect()), (0, 0));
+        assert!(wm.finish_batch(0));
+        assert_eq!((wm.late_threshold(), wm.in_effect()), (0, 20 * MIN));
+        wm.observe("p0", 25 * MIN, 0);
+        assert!(!wm.finish_batch(0) || wm.in_effect() == 20 * MIN);
+        assert_eq!((wm.late_threshold(), wm.in_effect()), (20 * MIN, 20 * MIN));
+    }
+
+    #[test]
+    fn policies_combine_inputs() {
+        let mut min = WatermarkTracker::new(0, WatermarkPolicy::Min, None);
+        let mut max = WatermarkTracker::new(0, WatermarkPolicy::Max, None);
+        for wm in [&mut min, &mut max] {
+            wm.observe("a", 10, 0);
+            wm.observe("b", 50, 0);
+            wm.finish_batch(0);
+        }
+        assert_eq!(min.in_effect(), 10);
+        assert_eq!(max.in_effect(), 50);
+    }
+
+    #[test]
+    fn idle_input_stops_holding_back() {
+        let mut wm = WatermarkTracker::new(0, WatermarkPolicy::Min, Some(5 * MIN));
+        wm.observe("quiet", 10, 0);
+        wm.observe("busy", 50, 0);
+        wm.finish_batch(MIN);
+        assert_eq!(wm.in_effect(), 10);
+        wm.observe("busy", 90, 10 * MIN);
+        wm.finish_batch(10 * MIN);
+        assert_eq!(wm.in_effect(), 90);
+    }
+}
