@@ -1,1 +1,241 @@
-fn main() {}
+//! `tidemark`: run, validate and describe pipeline files.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use tidemark::pipeline::PipelineFile;
+use tidemark::progress::QueryProgress;
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Stateful stream processing on Apache Kafka"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a pipeline file until its source is exhausted (available_now) or Ctrl-C.
+    Run {
+        /// The pipeline file (YAML).
+        file: PathBuf,
+        /// Print each batch's progress JSON to stderr.
+        #[arg(long)]
+        progress: bool,
+    },
+    /// Check a pipeline file; errors name the line and the fix (exit code 2).
+    Validate {
+        /// The pipeline file (YAML).
+        file: PathBuf,
+    },
+    /// Print the operator graph of a pipeline file.
+    Describe {
+        /// The pipeline file (YAML).
+        file: PathBuf,
+    },
+}
+
+fn load(path: &Path) -> Result<(String, PipelineFile), ExitCode> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: cannot read: {e}", path.display());
+            return Err(ExitCode::from(2));
+        }
+    };
+    match PipelineFile::parse(&text) {
+        Ok(file) => Ok((text, file)),
+        Err(e) => {
+            eprintln!(
+                "{}:{}: error: {}",
+                path.display(),
+                e.line.map(|l| l.to_string()).unwrap_or_default(),
+                e.message
+            );
+            if let Some(line) = e.line.and_then(|l| text.lines().nth(l - 1)) {
+                eprintln!("  {:>4} | {line}", e.line.unwrap_or_default());
+                if let Some(col) = e.column {
+                    eprintln!("       | {}^", " ".repeat(col.saturating_sub(1)));
+                }
+            }
+            eprintln!("  fix: {}", fix_hint(&e.message));
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+fn fix_hint(message: &str) -> String {
+    if message.contains("unknown field") {
+        if let Some(expected) = message.split("expected one of ").nth(1) {
+            return format!("use one of the keys {expected}; see docs/pipeline-file.md");
+        }
+        return "remove or rename the key; see docs/pipeline-file.md".into();
+    }
+    if message.contains("missing field") {
+        return "add the missing section; see docs/pipeline-file.md for its keys".into();
+    }
+    if message.contains("unit") || message.contains("months") {
+        return "write a duration such as \"10 minutes\", \"5 seconds\", \"250 milliseconds\""
+            .into();
+    }
+    if let Some(allowed) = message.split("allowed: ").nth(1) {
+        return format!("use one of: {allowed}");
+    }
+    "see docs/pipeline-file.md".into()
+}
+
+fn describe(file: &PipelineFile) -> anyhow::Result<Vec<String>> {
+    let query = file.query_builder()?.build()?;
+    let mut lines = vec![format!(
+        "Source [{:?}: {}]",
+        file.source.kind,
+        source_target(file)
+    )];
+    if let (Some(et), Some(wm)) = (&file.event_time, file.watermark) {
+        lines.push(format!(
+            "EventTimeWatermark [{et}, delay {}, policy {:?}]",
+            wm.to_spark_string(),
+            file.multiple_watermark_policy
+        ));
+    }
+    lines.extend(query.describe());
+    lines.push(format!(
+        "Sink [{:?}] output mode {:?}, trigger {:?}",
+        file.sink.kind, file.output_mode, file.trigger.0
+    ));
+    Ok(lines)
+}
+
+fn source_target(file: &PipelineFile) -> String {
+    match (&file.source.path, &file.source.topic) {
+        (Some(p), _) => p.clone(),
+        (_, Some(t)) => t.0.join(","),
+        _ => String::new(),
+    }
+}
+
+struct StatusLine {
+    terminal: bool,
+    print_json: bool,
+}
+
+impl StatusLine {
+    fn show(&self, p: &QueryProgress) {
+        if self.print_json {
+            eprintln!("{}", p.json());
+        }
+        if self.terminal {
+            let lag = p
+                .sources
+                .first()
+                .and_then(|s| s.metrics.get("offsetsBehindLatest").cloned())
+                .unwrap_or_else(|| "-".into());
+            let watermark = p
+                .event_time
+                .get("watermark")
+                .cloned()
+                .unwrap_or_else(|| "-".into());
+            eprint!(
+                "\r\x1b[2Kbatch {} | {:.0} rows/s in | {} rows | watermark {} | lag {}",
+                p.batch_id, p.input_rows_per_second, p.num_input_rows, watermark, lag
+            );
+        }
+    }
+}
+
+fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
+    let (_, file) = load(path).map_err(|_| anyhow::anyhow!("invalid pipeline file"))?;
+    if let Some(m) = &file.metrics {
+        let addr: std::net::SocketAddr = m
+            .prometheus
+            .parse()
+            .with_context(|| format!("metrics.prometheus: `{}` is not host:port", m.prometheus))?;
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .context("starting the Prometheus endpoint")?;
+    }
+    let base = path.parent().unwrap_or(Path::new("."));
+    let connected = tidemark_connectors::connect(&file, base)?;
+    let status = StatusLine {
+        terminal: std::io::stderr().is_terminal(),
+        print_json: progress,
+    };
+    let query = file
+        .query_builder()?
+        .decoder(connected.decoder)
+        .dead_letter(connected.dead_letter)
+        .on_progress(move |p: &QueryProgress| status.show(p))
+        .build()?;
+    let stop = query.stop_handle();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+        eprintln!("\nstopping after the current batch…");
+        stop.stop();
+    });
+    let (mut source, mut sink) = (connected.source, connected.sink);
+    let summary = query.run(source.as_mut(), sink.as_mut())?;
+    eprintln!(
+        "\n{} batches, {} input records, {} output rows, {} bad records",
+        summary.batches, summary.input_records, summary.output_rows, summary.bad_records
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { file } => match load(&file) {
+            Ok((_, f)) => match describe(&f) {
+                Ok(_) => {
+                    println!("{}: ok", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: error: {e}", file.display());
+                    ExitCode::from(2)
+                }
+            },
+            Err(code) => code,
+        },
+        Command::Describe { file } => match load(&file) {
+            Ok((_, f)) => match describe(&f) {
+                Ok(lines) => {
+                    for (i, line) in lines.iter().enumerate() {
+                        println!("{}{line}", if i == 0 { "" } else { "  -> " });
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: error: {e}", file.display());
+                    ExitCode::from(2)
+                }
+            },
+            Err(code) => code,
+        },
+        Command::Run { file, progress } => match run(&file, progress) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}

@@ -1,1 +1,10 @@
-//! placeholder
+//! Sources, sinks, decoders and dead-letter outputs for tidemark: Kafka
+//! (rdkafka), a directory of batch files, JSON-lines files, stdout, and the
+//! Avro format in the Confluent wire format.
+
+pub mod avro;
+pub mod files;
+mod from_pipeline;
+pub mod kafka;
+
+pub use from_pipeline::{connect, Connected};

@@ -47,6 +47,11 @@ pub trait Source: Send {
     fn commit(&mut self) -> Result<()>;
     /// Current position, for progress (`{"topic": {"0": 42}}`).
     fn offsets(&self) -> serde_json::Value;
+    /// The watermark input a record's topic and partition belong to: each
+    /// input keeps its own maximum event time. Default: `topic/partition`.
+    fn watermark_input(&self, topic: &str, partition: i32) -> String {
+        format!("{topic}/{partition}")
+    }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None
@@ -77,6 +82,21 @@ pub trait DeadLetter: Send {
     fn send(&mut self, record: &Record, error: &Error) -> Result<()>;
     /// Makes the sent records durable; called before source offsets commit.
     fn flush(&mut self) -> Result<()>;
+}
+
+impl<T: Decoder + ?Sized> Decoder for Box<T> {
+    fn decode(&mut self, record: &Record) -> Result<Row> {
+        (**self).decode(record)
+    }
+}
+
+impl<T: DeadLetter + ?Sized> DeadLetter for Box<T> {
+    fn send(&mut self, record: &Record, error: &Error) -> Result<()> {
+        (**self).send(record, error)
+    }
+    fn flush(&mut self) -> Result<()> {
+        (**self).flush()
+    }
 }
 
 /// A dead-letter output that only logs and counts (for tests and demos).

@@ -493,6 +493,8 @@ impl Query {
             let (mut min_et, mut max_et, mut sum_et, mut n_et) = (i64::MAX, i64::MIN, 0i128, 0u64);
             let num_input = batch.records.len() as u64;
             let mut contexts: BTreeMap<i32, BatchContext> = BTreeMap::new();
+            let mut batch_max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros> =
+                BTreeMap::new();
             for record in &batch.records {
                 let partition = record.position.partition;
                 if !tasks.contains_key(&partition) {
@@ -516,9 +518,11 @@ impl Query {
                         max_et = max_et.max(t);
                         sum_et += t as i128;
                         n_et += 1;
-                        if let Some(w) = task.watermark.as_mut() {
-                            let input = format!("{}/{}", record.position.topic, partition);
-                            w.observe(&input, t, processing_time);
+                        if task.watermark.is_some() {
+                            let slot = batch_max_event_time
+                                .entry((record.position.topic.clone(), partition))
+                                .or_insert(t);
+                            *slot = (*slot).max(t);
                         }
                     }
                     task.push(0, vec![row], &ctx, &mut outputs)
@@ -534,6 +538,18 @@ impl Query {
                 if let Err(error) = result {
                     bad_records += 1;
                     dead_letter.send(record, &error)?;
+                }
+            }
+            for ((topic, partition), t) in &batch_max_event_time {
+                if let Some(w) = tasks
+                    .get_mut(partition)
+                    .and_then(|task| task.watermark.as_mut())
+                {
+                    w.observe(
+                        &source.watermark_input(topic, *partition),
+                        *t,
+                        processing_time,
+                    );
                 }
             }
             let mut state_operators = Vec::new();

@@ -1,0 +1,121 @@
+//! Builds the source, sink, decoder and dead-letter output a pipeline file
+//! names.
+
+use crate::avro::{read_schema_file, AvroDecoder, AvroEncoder};
+use crate::files::{FileDeadLetter, FilesSource, JsonlSink, StdoutSink};
+use crate::kafka::{
+    default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
+    ValueFormat,
+};
+use std::path::{Path, PathBuf};
+use tidemark::decode::JsonDecoder;
+use tidemark::error::Result;
+use tidemark::pipeline::{
+    DeadLetterKind, Format, PipelineFile, SinkKind, SourceKind, StartingOffsets,
+};
+use tidemark::runtime::{DeadLetter, Decoder, Sink, Source};
+
+/// The connected parts of a pipeline.
+pub struct Connected {
+    /// The source.
+    pub source: Box<dyn Source>,
+    /// The sink.
+    pub sink: Box<dyn Sink>,
+    /// The decoder.
+    pub decoder: Box<dyn Decoder>,
+    /// Where bad records go.
+    pub dead_letter: Box<dyn DeadLetter>,
+}
+
+fn resolve(base: &Path, path: &str) -> PathBuf {
+    let p = Path::new(path);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Connects what `file` describes; relative paths are resolved against
+/// `base_dir` (the pipeline file's directory).
+pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
+    let src = &file.source;
+    let source_bootstrap = src.bootstrap.clone().unwrap_or_else(default_bootstrap);
+    let source: Box<dyn Source> = match src.kind {
+        SourceKind::Files => Box::new(FilesSource::new(resolve(
+            base_dir,
+            src.path.as_deref().unwrap_or("."),
+        ))?),
+        SourceKind::Kafka => Box::new(KafkaSource::new(KafkaSourceConfig {
+            bootstrap: source_bootstrap.clone(),
+            topics: src.topic.clone().map(|t| t.0).unwrap_or_default(),
+            group: src.group.clone().unwrap_or_else(|| file.name.clone()),
+            earliest: src.starting_offsets != Some(StartingOffsets::Latest),
+            properties: src.properties.clone(),
+        })?),
+    };
+    let decoder: Box<dyn Decoder> = match src.format {
+        Format::Json => Box::new(JsonDecoder::new(file.schema())),
+        Format::Avro => {
+            let mut schemas = std::collections::HashMap::new();
+            for (id, path) in &src.avro_schemas {
+                schemas.insert(*id, read_schema_file(&resolve(base_dir, path))?);
+            }
+            Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
+        }
+    };
+    let sink_spec = &file.sink;
+    let sink: Box<dyn Sink> = match sink_spec.kind {
+        SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
+            base_dir,
+            sink_spec.path.as_deref().unwrap_or("out.jsonl"),
+        ))?),
+        SinkKind::Stdout => Box::new(StdoutSink),
+        SinkKind::Kafka => {
+            let bootstrap = sink_spec
+                .bootstrap
+                .clone()
+                .unwrap_or_else(|| source_bootstrap.clone());
+            let format = match sink_spec.format {
+                Format::Json => ValueFormat::Json,
+                Format::Avro => {
+                    let path = sink_spec.avro_schema.as_deref().unwrap_or_default();
+                    ValueFormat::Avro(AvroEncoder::new(
+                        read_schema_file(&resolve(base_dir, path))?,
+                        sink_spec.avro_schema_id.unwrap_or(1),
+                    )?)
+                }
+            };
+            Box::new(KafkaSink::new(
+                &bootstrap,
+                sink_spec.topic.as_deref().unwrap_or_default(),
+                KeyColumns(sink_spec.key.clone()),
+                format,
+                &sink_spec.properties,
+            )?)
+        }
+    };
+    let dead_letter: Box<dyn DeadLetter> = match (&file.dead_letter, src.kind) {
+        (Some(d), _) if d.kind == DeadLetterKind::Kafka => Box::new(KafkaDeadLetter::new(
+            &source_bootstrap,
+            d.topic.as_deref().unwrap_or_default(),
+        )?),
+        (Some(d), _) => Box::new(FileDeadLetter::new(resolve(
+            base_dir,
+            d.path.as_deref().unwrap_or_default(),
+        ))),
+        (None, SourceKind::Kafka) => Box::new(KafkaDeadLetter::new(
+            &source_bootstrap,
+            &format!("{}-dlq", file.name),
+        )?),
+        (None, SourceKind::Files) => Box::new(FileDeadLetter::new(
+            base_dir.join(format!("{}.dead-letter.jsonl", file.name)),
+        )),
+    };
+    Ok(Connected {
+        source,
+        sink,
+        decoder,
+        dead_letter,
+    })
+}

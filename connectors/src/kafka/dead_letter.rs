@@ -1,0 +1,111 @@
+//! The dead-letter topic: failed records with the error and their position
+//! in headers.
+
+use super::sink::{producer, DeliveryTracker};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tidemark::error::{Error, Result};
+use tidemark::record::Record;
+use tidemark::runtime::DeadLetter;
+
+/// Header names written on each dead letter.
+pub const ERROR_HEADER: &str = "tidemark.error";
+/// Source topic header.
+pub const TOPIC_HEADER: &str = "tidemark.source.topic";
+/// Source partition header.
+pub const PARTITION_HEADER: &str = "tidemark.source.partition";
+/// Source offset header.
+pub const OFFSET_HEADER: &str = "tidemark.source.offset";
+
+/// Sends failed records, unchanged, to a topic.
+pub struct KafkaDeadLetter {
+    topic: String,
+    producer: ThreadedProducer<DeliveryTracker>,
+    tracker: DeliveryTracker,
+}
+
+impl KafkaDeadLetter {
+    /// A dead-letter output to `topic`.
+    pub fn new(bootstrap: &str, topic: &str) -> Result<Self> {
+        let (producer, tracker) = producer(bootstrap, &BTreeMap::new(), "dead_letter")?;
+        Ok(KafkaDeadLetter {
+            topic: topic.to_string(),
+            producer,
+            tracker,
+        })
+    }
+}
+
+impl DeadLetter for KafkaDeadLetter {
+    fn send(&mut self, record: &Record, error: &Error) -> Result<()> {
+        tracing::warn!(position = %record.position, %error, topic = %self.topic, "bad record sent to dead-letter topic");
+        metrics::counter!("tidemark_dead_letters_total").increment(1);
+        let error_text = error.to_string();
+        let partition = record.position.partition.to_string();
+        let offset = record.position.offset.to_string();
+        let mut headers = OwnedHeaders::new()
+            .insert(Header {
+                key: ERROR_HEADER,
+                value: Some(error_text.as_bytes()),
+            })
+            .insert(Header {
+                key: TOPIC_HEADER,
+                value: Some(record.position.topic.as_bytes()),
+            })
+            .insert(Header {
+                key: PARTITION_HEADER,
+                value: Some(partition.as_bytes()),
+            })
+            .insert(Header {
+                key: OFFSET_HEADER,
+                value: Some(offset.as_bytes()),
+            });
+        for (k, v) in &record.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_slice()),
+            });
+        }
+        let mut out = BaseRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
+        if let Some(v) = record.value.as_deref() {
+            out = out.payload(v);
+        }
+        if let Some(k) = record.key.as_deref() {
+            out = out.key(k);
+        }
+        let mut pending = out;
+        loop {
+            match self.producer.send(pending) {
+                Ok(()) => return Ok(()),
+                Err((e, back))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                    pending = back;
+                }
+                Err((e, _)) => {
+                    return Err(Error::Sink(format!(
+                        "dead-letter topic `{}`: {e}",
+                        self.topic
+                    )))
+                }
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.producer.flush(Duration::from_secs(60)).map_err(|e| {
+            Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
+        })?;
+        if let Some(first) = self.tracker.take_failures().first() {
+            return Err(Error::Sink(format!(
+                "dead-letter topic `{}`: {first}",
+                self.topic
+            )));
+        }
+        Ok(())
+    }
+}

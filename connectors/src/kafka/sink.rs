@@ -1,0 +1,175 @@
+//! The Kafka sink: an idempotent producer; `commit` waits until every record
+//! of the batch is acknowledged.
+
+use crate::avro::AvroEncoder;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tidemark::error::{Error, Result};
+use tidemark::row::{Row, Value};
+use tidemark::runtime::Sink;
+
+/// Collects delivery failures reported by the producer's thread.
+#[derive(Clone, Default)]
+pub(crate) struct DeliveryTracker {
+    failures: Arc<Mutex<Vec<String>>>,
+}
+
+impl DeliveryTracker {
+    pub(crate) fn take_failures(&self) -> Vec<String> {
+        std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e.to_string());
+        }
+    }
+}
+
+/// An idempotent producer with its delivery tracker.
+pub(crate) fn producer(
+    bootstrap: &str,
+    properties: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<(ThreadedProducer<DeliveryTracker>, DeliveryTracker)> {
+    let tracker = DeliveryTracker::default();
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5");
+    for (k, v) in properties {
+        config.set(k, v);
+    }
+    let producer = config
+        .create_with_context(tracker.clone())
+        .map_err(|e| Error::config(key, format!("Kafka producer: {e}")))?;
+    Ok((producer, tracker))
+}
+
+/// How the sink encodes row values.
+pub enum ValueFormat {
+    /// A JSON object of the row's columns.
+    Json,
+    /// Avro in the Confluent wire format.
+    Avro(AvroEncoder),
+}
+
+/// Columns whose values form the record key (empty: no key).
+#[derive(Debug, Clone, Default)]
+pub struct KeyColumns(pub Vec<String>);
+
+impl KeyColumns {
+    fn key(&self, row: &Row) -> Option<String> {
+        match self.0.as_slice() {
+            [] => None,
+            [one] => Some(row.get(one).map(Value::to_string).unwrap_or_default()),
+            many => Some(
+                serde_json::Value::Array(
+                    many.iter()
+                        .map(|c| row.get(c).map(Value::to_json).unwrap_or_default())
+                        .collect(),
+                )
+                .to_string(),
+            ),
+        }
+    }
+}
+
+/// Writes rows to a Kafka topic.
+pub struct KafkaSink {
+    topic: String,
+    producer: ThreadedProducer<DeliveryTracker>,
+    tracker: DeliveryTracker,
+    key: KeyColumns,
+    format: ValueFormat,
+}
+
+impl KafkaSink {
+    /// A sink to `topic`.
+    pub fn new(
+        bootstrap: &str,
+        topic: &str,
+        key: KeyColumns,
+        format: ValueFormat,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<Self> {
+        let (producer, tracker) = producer(bootstrap, properties, "sink.properties")?;
+        Ok(KafkaSink {
+            topic: topic.to_string(),
+            producer,
+            tracker,
+            key,
+            format,
+        })
+    }
+}
+
+impl Sink for KafkaSink {
+    fn describe(&self) -> String {
+        format!("KafkaSink[{}]", self.topic)
+    }
+
+    fn write(&mut self, _batch_id: u64, rows: &[Row]) -> Result<()> {
+        for row in rows {
+            let payload = match &self.format {
+                ValueFormat::Json => {
+                    serde_json::to_vec(&row.to_json()).map_err(|e| Error::Sink(e.to_string()))?
+                }
+                ValueFormat::Avro(encoder) => encoder.encode(row)?,
+            };
+            let key = self.key.key(row);
+            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(&payload);
+            if let Some(k) = key.as_ref() {
+                record = record.key(k);
+            }
+            let mut pending = record;
+            loop {
+                match self.producer.send(pending) {
+                    Ok(()) => break,
+                    Err((e, back))
+                        if e.rdkafka_error_code()
+                            == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                    {
+                        // The local queue is full: wait for deliveries.
+                        std::thread::sleep(Duration::from_millis(5));
+                        pending = back;
+                    }
+                    Err((e, _)) => {
+                        return Err(Error::Sink(format!("producing to `{}`: {e}", self.topic)))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, batch_id: u64) -> Result<()> {
+        use rdkafka::producer::Producer;
+        self.producer.flush(Duration::from_secs(60)).map_err(|e| {
+            Error::Sink(format!("batch {batch_id}: flushing `{}`: {e}", self.topic))
+        })?;
+        let failures = self.tracker.take_failures();
+        if let Some(first) = failures.first() {
+            return Err(Error::Sink(format!(
+                "batch {batch_id}: {} record(s) to `{}` not acknowledged: {first}",
+                failures.len(),
+                self.topic
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,323 @@
+//! The Kafka source: a consumer group with cooperative-sticky assignment;
+//! offsets are committed only after the batch's output is acknowledged.
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tidemark::error::{Error, Result};
+use tidemark::record::{Record, SourcePosition};
+use tidemark::runtime::{BatchRequest, Source, SourceBatch};
+
+/// Settings of a [`KafkaSource`].
+#[derive(Debug, Clone)]
+pub struct KafkaSourceConfig {
+    /// Bootstrap servers.
+    pub bootstrap: String,
+    /// Topics; co-partitioned topics share tasks by partition number.
+    pub topics: Vec<String>,
+    /// The consumer group.
+    pub group: String,
+    /// Start from the earliest offset when the group has none (else latest).
+    pub earliest: bool,
+    /// Extra librdkafka properties (override the defaults).
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Default)]
+struct RebalanceLog {
+    revoked: Vec<i32>,
+    assigned: Vec<(String, i32)>,
+}
+
+struct SourceContext {
+    log: Arc<Mutex<RebalanceLog>>,
+}
+
+impl ClientContext for SourceContext {}
+
+impl ConsumerContext for SourceContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            for e in tpl.elements() {
+                tracing::info!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "partition revoked"
+                );
+                log.revoked.push(e.partition());
+            }
+        }
+    }
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            for e in tpl.elements() {
+                tracing::info!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "partition assigned"
+                );
+                log.assigned.push((e.topic().to_string(), e.partition()));
+            }
+        }
+    }
+}
+
+/// Reads Kafka topics as a member of a consumer group.
+pub struct KafkaSource {
+    config: KafkaSourceConfig,
+    consumer: BaseConsumer<SourceContext>,
+    log: Arc<Mutex<RebalanceLog>>,
+    /// Next offset to commit per (topic, partition): last handed out + 1.
+    next_offsets: HashMap<(String, i32), i64>,
+    committed: HashMap<(String, i32), i64>,
+    /// Available-now: end offsets fixed at the first batch.
+    end_offsets: Option<HashMap<(String, i32), i64>>,
+}
+
+impl KafkaSource {
+    /// Connects and subscribes.
+    pub fn new(config: KafkaSourceConfig) -> Result<Self> {
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &config.bootstrap)
+            .set("group.id", &config.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.offset.reset",
+                if config.earliest {
+                    "earliest"
+                } else {
+                    "latest"
+                },
+            )
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "100");
+        for (k, v) in &config.properties {
+            client.set(k, v);
+        }
+        let log = Arc::new(Mutex::new(RebalanceLog::default()));
+        let consumer: BaseConsumer<SourceContext> = client
+            .create_with_context(SourceContext { log: log.clone() })
+            .map_err(|e| Error::config("source.properties", format!("Kafka consumer: {e}")))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| Error::Source(format!("subscribing to {topics:?}: {e}")))?;
+        Ok(KafkaSource {
+            config,
+            consumer,
+            log,
+            next_offsets: HashMap::new(),
+            committed: HashMap::new(),
+            end_offsets: None,
+        })
+    }
+
+    fn assigned(&self) -> Vec<(String, i32)> {
+        self.consumer
+            .assignment()
+            .map(|tpl| {
+                tpl.elements()
+                    .iter()
+                    .map(|e| (e.topic().to_string(), e.partition()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Fixes the end offsets for available-now once partitions are assigned.
+    fn capture_end_offsets(&mut self, deadline: Instant) -> Result<()> {
+        while self.assigned().is_empty() && Instant::now() < deadline {
+            if let Some(Err(e)) = self.consumer.poll(Duration::from_millis(50)) {
+                return Err(Error::Source(format!("while joining the group: {e}")));
+            }
+        }
+        let mut ends = HashMap::new();
+        let committed = self
+            .consumer
+            .committed(Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+        for (topic, partition) in self.assigned() {
+            let (low, high) = self
+                .consumer
+                .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                .map_err(|e| Error::Source(format!("end offsets of {topic}/{partition}: {e}")))?;
+            let start = committed
+                .find_partition(&topic, partition)
+                .and_then(|e| e.offset().to_raw())
+                .filter(|o| *o >= 0)
+                .unwrap_or(if self.config.earliest { low } else { high });
+            self.next_offsets
+                .entry((topic.clone(), partition))
+                .or_insert(start);
+            ends.insert((topic, partition), high);
+        }
+        self.end_offsets = Some(ends);
+        Ok(())
+    }
+
+    fn caught_up(&self) -> bool {
+        match &self.end_offsets {
+            Some(ends) => ends
+                .iter()
+                .all(|(tp, end)| self.next_offsets.get(tp).copied().unwrap_or(0) >= *end),
+            None => false,
+        }
+    }
+}
+
+impl Source for KafkaSource {
+    fn describe(&self) -> String {
+        format!("KafkaV2[Subscribe[{}]]", self.config.topics.join(","))
+    }
+
+    fn next_batch(&mut self, request: &BatchRequest) -> Result<SourceBatch> {
+        if request.available_now && self.end_offsets.is_none() {
+            self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
+        }
+        let mut records = Vec::new();
+        loop {
+            if request.available_now && self.caught_up() {
+                break;
+            }
+            let now = Instant::now();
+            if records.len() >= request.max_records || now >= request.deadline {
+                break;
+            }
+            let wait = (request.deadline - now).min(Duration::from_millis(100));
+            match self.consumer.poll(wait) {
+                None => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "Kafka consumer error; retrying");
+                    continue;
+                }
+                Some(Ok(m)) => {
+                    let topic = m.topic().to_string();
+                    if let Some(ends) = &self.end_offsets {
+                        // Available-now reads only what was there at start.
+                        if ends
+                            .get(&(topic.clone(), m.partition()))
+                            .is_some_and(|end| m.offset() >= *end)
+                        {
+                            continue;
+                        }
+                    }
+                    let headers = m
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_string(),
+                                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    self.next_offsets
+                        .insert((topic.clone(), m.partition()), m.offset() + 1);
+                    records.push(Record {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        timestamp_ms: m.timestamp().to_millis(),
+                        headers,
+                        position: SourcePosition::new(topic, m.partition(), m.offset()),
+                    });
+                }
+            }
+        }
+        let revoked = {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            log.assigned.clear();
+            std::mem::take(&mut log.revoked)
+        };
+        Ok(SourceBatch {
+            records,
+            exhausted: request.available_now && self.caught_up(),
+            revoked_partitions: revoked,
+        })
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        let assigned = self.assigned();
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in &self.next_offsets {
+            let owned = assigned.iter().any(|(t, p)| t == topic && p == partition);
+            if owned && self.committed.get(&(topic.clone(), *partition)) != Some(offset) {
+                tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                    .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        self.consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| Error::Source(format!("committing offsets: {e}")))?;
+        for e in tpl.elements() {
+            if let Some(o) = e.offset().to_raw() {
+                self.committed
+                    .insert((e.topic().to_string(), e.partition()), o);
+            }
+        }
+        Ok(())
+    }
+
+    fn offsets(&self) -> serde_json::Value {
+        let mut by_topic: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for ((topic, partition), offset) in &self.next_offsets {
+            by_topic
+                .entry(topic.clone())
+                .or_default()
+                .insert(partition.to_string(), *offset);
+        }
+        serde_json::to_value(by_topic).unwrap_or_default()
+    }
+
+    fn lag(&self) -> Option<i64> {
+        let mut lag = 0;
+        for (topic, partition) in self.assigned() {
+            let high = cached_high_watermark(&self.consumer, &topic, partition)?;
+            let next = self
+                .next_offsets
+                .get(&(topic, partition))
+                .copied()
+                .unwrap_or(high);
+            lag += (high - next).max(0);
+        }
+        Some(lag)
+    }
+}
+
+/// The partition's end offset as last seen in fetch responses, without a
+/// request to the broker (librdkafka's cached watermark).
+fn cached_high_watermark(
+    consumer: &BaseConsumer<SourceContext>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer lives as long as `consumer`; the out
+    // parameters are valid for writes, and the call only reads local state.
+    let code = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (code == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
+}
