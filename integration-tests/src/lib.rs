@@ -1,1 +1,138 @@
-//! placeholder
+//! Helpers for tests against a real Kafka broker (`KAFKA_BOOTSTRAP`, default
+//! `127.0.0.1:9092`; `scripts/test.sh` starts one).
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::TopicPartitionList;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The broker under test.
+pub fn bootstrap() -> String {
+    tidemark_connectors::kafka::default_bootstrap()
+}
+
+/// A name unique to this test run.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Creates a topic.
+pub fn create_topic(name: &str, partitions: i32) {
+    tidemark_connectors::kafka::ensure_topic(&bootstrap(), name, partitions).expect("create topic");
+}
+
+/// Produces `(key, value)` records and waits for their acknowledgement.
+pub fn produce(topic: &str, records: &[(String, Vec<u8>)]) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    for (key, value) in records {
+        let mut pending = BaseRecord::to(topic).key(key).payload(value);
+        loop {
+            match producer.send(pending) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                    pending = back;
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// One consumed record.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    /// Partition.
+    pub partition: i32,
+    /// Key.
+    pub key: Option<Vec<u8>>,
+    /// Value.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Reads `topic` from the beginning until `expected` records arrived or
+/// `timeout` passed, then keeps reading one more second to catch extras.
+pub fn consume_all(topic: &str, expected: usize, timeout: Duration) -> Vec<Consumed> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let mut out = Vec::new();
+    let deadline = Instant::now() + timeout;
+    let mut settle: Option<Instant> = None;
+    while Instant::now() < deadline {
+        if out.len() >= expected {
+            let s = *settle.get_or_insert_with(|| Instant::now() + Duration::from_secs(1));
+            if Instant::now() >= s {
+                break;
+            }
+        }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let headers = m
+                .headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).to_string(),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.push(Consumed {
+                partition: m.partition(),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers,
+            });
+        }
+    }
+    out
+}
+
+/// The group's committed offset and the end offset of each partition.
+pub fn committed_and_end(group: &str, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed");
+    (0..partitions)
+        .map(|p| {
+            let c = committed
+                .find_partition(topic, p)
+                .and_then(|e| e.offset().to_raw())
+                .unwrap_or(-1);
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks");
+            (c, high)
+        })
+        .collect()
+}
