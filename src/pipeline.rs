@@ -441,14 +441,8 @@ impl<'de> Deserialize<'de> for AggregateName {
 }
 
 /// `available_now` or `{micro_batch: 1 second}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TriggerSpec(pub Trigger);
-
-impl Default for TriggerSpec {
-    fn default() -> Self {
-        TriggerSpec(Trigger::default())
-    }
-}
 
 impl<'de> Deserialize<'de> for TriggerSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {

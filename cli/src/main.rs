@@ -77,6 +77,11 @@ fn fix_hint(message: &str) -> String {
         }
         return "remove or rename the key; see docs/pipeline-file.md".into();
     }
+    if message.contains("unknown variant") {
+        if let Some(expected) = message.split("expected ").nth(1) {
+            return format!("use {expected}");
+        }
+    }
     if message.contains("missing field") {
         return "add the missing section; see docs/pipeline-file.md for its keys".into();
     }

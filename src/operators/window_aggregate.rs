@@ -291,7 +291,7 @@ impl WindowAggregate {
         });
         self.rows_updated += updated;
         self.rows_removed += removed;
-        emitted.sort_by(|a, b| (a.1.start, encode_key(&a.0)).cmp(&(b.1.start, encode_key(&b.0))));
+        emitted.sort_by_key(|a| (a.1.start, encode_key(&a.0)));
         for (key_values, window, accumulators, closed) in emitted {
             out.push(self.output_row(&key_values, window, &accumulators));
             if !closed {

@@ -497,10 +497,7 @@ impl Query {
                 BTreeMap::new();
             for record in &batch.records {
                 let partition = record.position.partition;
-                if !tasks.contains_key(&partition) {
-                    tasks.insert(partition, self.new_task());
-                }
-                let task = tasks.get_mut(&partition).expect("inserted above");
+                let task = tasks.entry(partition).or_insert_with(|| self.new_task());
                 let ctx = *contexts
                     .entry(partition)
                     .or_insert_with(|| task.context(batch_id, processing_time));

@@ -22,6 +22,9 @@ pub enum StateError {
     },
 }
 
+/// Key-value pairs in key order, as scans return them.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// An ordered byte-key store.
 pub trait StateStore: Send {
     /// The store's name (used for its changelog topic).
@@ -33,9 +36,9 @@ pub trait StateStore: Send {
     /// Removes `key`.
     fn delete(&mut self, key: &[u8]) -> Result<(), StateError>;
     /// Entries with `start <= key < end`, in key order.
-    fn range(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError>;
+    fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError>;
     /// Entries whose key starts with `prefix`, in key order.
-    fn prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError>;
+    fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError>;
     /// Number of entries (estimated for disk stores).
     fn approximate_len(&self) -> usize;
 }
@@ -81,14 +84,14 @@ impl StateStore for InMemoryStore {
         self.entries.remove(key);
         Ok(())
     }
-    fn range(&self, start: &[u8], end: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError> {
         Ok(self
             .entries
             .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
-    fn prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StateError> {
+    fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
         Ok(self
             .entries
             .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))

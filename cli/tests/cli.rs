@@ -1,0 +1,163 @@
+//! The `tidemark` binary as a user runs it.
+
+use std::path::Path;
+use std::process::Command;
+
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/pipelines/tumbling-count"
+);
+
+fn tidemark(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .output()
+        .expect("run tidemark")
+}
+
+fn copy_example(to: &Path) {
+    std::fs::create_dir_all(to.join("batches")).unwrap();
+    std::fs::copy(
+        Path::new(EXAMPLE).join("pipeline.yaml"),
+        to.join("pipeline.yaml"),
+    )
+    .unwrap();
+    for f in std::fs::read_dir(Path::new(EXAMPLE).join("batches")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, to.join("batches").join(f.file_name().unwrap())).unwrap();
+    }
+}
+
+#[test]
+fn run_replays_the_example_as_spark_would() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_example(dir.path());
+    let file = dir.path().join("pipeline.yaml");
+    let out = tidemark(&["run", "--progress", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("out.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // Batch 2 runs with watermark 10:58 (11:08 - 10 min) and a late-row
+    // threshold of 10:48: the 10:52 row of m2 still counts (its window ends
+    // 10:55 > 10:48), then 10:50-10:55 closes. 10:55-11:00 closes in the
+    // trailing no-data batch 3 (watermark 11:05).
+    let expected = [
+        (2, "m1", "2026-01-01T10:50:00Z", 3, 17.0),
+        (2, "m2", "2026-01-01T10:50:00Z", 1, 100.0),
+        (3, "m2", "2026-01-01T10:55:00Z", 1, 1.5),
+    ];
+    assert_eq!(rows.len(), expected.len(), "{rows:?}");
+    for (row, (batch, id, start, count, total)) in rows.iter().zip(expected) {
+        assert_eq!(row["batch_id"], batch, "{row}");
+        assert_eq!(row["id"], id, "{row}");
+        assert_eq!(row["window_start"], start, "{row}");
+        assert_eq!(row["count"], count, "{row}");
+        assert_eq!(row["total"], total, "{row}");
+        let keys: Vec<&String> = row.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "batch_id",
+                "id",
+                "window_start",
+                "window_end",
+                "count",
+                "total"
+            ]
+        );
+    }
+    let dead =
+        std::fs::read_to_string(dir.path().join("tumbling-count.dead-letter.jsonl")).unwrap();
+    assert_eq!(dead.lines().count(), 1);
+    assert!(
+        dead.contains("001.jsonl") && dead.contains("malformed JSON"),
+        "{dead}"
+    );
+    // One progress JSON per batch on stderr with Spark's names.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let progress: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(progress.len(), 4);
+    assert_eq!(
+        progress[1]["eventTime"]["watermark"],
+        "2026-01-01T10:48:00Z"
+    );
+    assert_eq!(progress[0]["numInputRows"], 4);
+}
+
+fn validate_with(from: &str, to: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    copy_example(dir.path());
+    let file = dir.path().join("pipeline.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(from), "{from}");
+    std::fs::write(&file, text.replacen(from, to, 1)).unwrap();
+    let out = tidemark(&["validate", file.to_str().unwrap()]);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn validate_names_line_and_fix() {
+    let (code, err) = validate_with(
+        "multiple_watermark_policy: min",
+        "multiple_watermark_polcy: min",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(":12: error") && err.contains("unknown field") && err.contains("fix:"),
+        "{err}"
+    );
+
+    let (code, err) = validate_with("amount: double", "amount: decimal");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(":8: error") && err.contains("allowed: string, long"),
+        "{err}"
+    );
+
+    let (code, err) = validate_with("watermark: 10 minutes", "watermark: 10 minuets");
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(":11: error") && err.contains("unknown unit `minuets`"),
+        "{err}"
+    );
+
+    let (code, err) = validate_with("source:\n  kind: files", "sauce:\n  kind: files");
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown field `sauce`"), "{err}");
+
+    let (code, err) = validate_with("trigger: available_now", "trigger: {micro_batch: 1 month}");
+    assert_eq!(code, 2);
+    assert!(err.contains("months and years"), "{err}");
+
+    let ok = tidemark(&["validate", &format!("{EXAMPLE}/pipeline.yaml")]);
+    assert!(ok.status.success());
+}
+
+#[test]
+fn describe_prints_the_operator_graph() {
+    let out = tidemark(&["describe", &format!("{EXAMPLE}/pipeline.yaml")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains("EventTimeWatermark [event_time, delay 10 minutes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Filter [amount >= 0]") && text.contains("tumbling 5 minutes"),
+        "{text}"
+    );
+}
