@@ -712,3 +712,130 @@ fn merge_state_progress(
     }
     merged
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::AggregateFn;
+    use crate::operators::{AggregateInput, AggregateSpec};
+    use crate::runtime::testing::{CollectSink, VecSource};
+    use crate::window::WindowSpec;
+
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct Order {
+        id: String,
+        amount: f64,
+    }
+
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct Cents {
+        id: String,
+        cents: i64,
+    }
+
+    #[test]
+    fn typed_steps_map_filter_and_send_mismatches_to_dead_letters() {
+        let query = Query::builder("typed")
+            .filter_typed(|o: &Order| o.amount > 1.0)
+            .map_typed(|o: Order| Cents {
+                id: o.id.to_uppercase(),
+                cents: (o.amount * 100.0) as i64,
+            })
+            .flat_map_typed(|c: Cents| vec![c])
+            .trigger(Trigger::AvailableNow)
+            .build()
+            .unwrap();
+        let mut source = VecSource::json_batches(vec![vec![
+            r#"{"id": "a", "amount": 2.5}"#,
+            r#"{"id": "b", "amount": 0.5}"#,
+            r#"{"id": "c", "amount": "not a number"}"#,
+        ]]);
+        let mut sink = CollectSink::default();
+        let summary = query.run(&mut source, &mut sink).unwrap();
+        assert_eq!(summary.bad_records, 1);
+        assert_eq!(sink.rows.len(), 1);
+        assert_eq!(
+            sink.rows[0].to_json(),
+            serde_json::json!({"id": "A", "cents": 250})
+        );
+        assert_eq!(source.committed(), 3, "offsets commit after the sink");
+    }
+
+    #[test]
+    fn update_mode_emits_groups_touched_even_when_they_close_in_the_batch() {
+        let count = || {
+            vec![AggregateSpec::new(
+                AggregateFn::built_in("count").unwrap(),
+                AggregateInput::Star,
+            )]
+        };
+        let query = Query::builder("update")
+            .event_time("t")
+            .watermark("0 seconds")
+            .unwrap()
+            .window_aggregate(["k"], WindowSpec::tumbling("1 minute").unwrap(), count())
+            .output_mode(OutputMode::Update)
+            .trigger(Trigger::AvailableNow)
+            .build()
+            .unwrap();
+        let mut source = VecSource::json_batches(vec![
+            vec![
+                r#"{"t": "2026-01-01T00:00:30Z", "k": "a"}"#,
+                r#"{"t": "2026-01-01T00:05:00Z", "k": "a"}"#,
+            ],
+            // Watermark 00:05 in effect, late threshold 0: the 00:00 window
+            // takes the row, is written, and is evicted in this batch.
+            vec![r#"{"t": "2026-01-01T00:00:40Z", "k": "a"}"#],
+            // Now late: its window ended at or before the previous watermark.
+            vec![r#"{"t": "2026-01-01T00:00:50Z", "k": "a"}"#],
+        ]);
+        let mut sink = CollectSink::default();
+        let summary = query.run(&mut source, &mut sink).unwrap();
+        assert_eq!(summary.batches, 3);
+        let counts: Vec<(u64, i64)> = sink
+            .rows
+            .iter()
+            .zip(&sink.batch_ids)
+            .filter(|(r, _)| {
+                r.get("window_start")
+                    == Some(&Value::Timestamp(
+                        crate::time::parse_rfc3339("2026-01-01T00:00:00Z").unwrap(),
+                    ))
+            })
+            .map(|(r, b)| {
+                (
+                    *b,
+                    if let Some(Value::Long(n)) = r.get("count") {
+                        *n
+                    } else {
+                        -1
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(counts, vec![(0, 1), (1, 2)], "{:?}", sink.rows);
+    }
+
+    #[test]
+    fn append_needs_a_watermark_and_complete_needs_an_aggregation() {
+        let agg = vec![AggregateSpec::new(
+            AggregateFn::built_in("count").unwrap(),
+            AggregateInput::Star,
+        )];
+        let err = Query::builder("q")
+            .event_time("t")
+            .window_aggregate(["k"], WindowSpec::tumbling("1 minute").unwrap(), agg)
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("needs a watermark"), "{err}");
+        let err = Query::builder("q")
+            .output_mode(OutputMode::Complete)
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("needs an aggregation"), "{err}");
+    }
+}
