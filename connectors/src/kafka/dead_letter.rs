@@ -1,7 +1,7 @@
 //! The dead-letter topic: failed records with the error and their position
 //! in headers.
 
-use super::sink::{producer, DeliveryTracker};
+use super::sink::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use std::collections::BTreeMap;
@@ -75,25 +75,8 @@ impl DeadLetter for KafkaDeadLetter {
         if let Some(k) = record.key.as_deref() {
             out = out.key(k);
         }
-        let mut pending = out;
-        loop {
-            match self.producer.send(pending) {
-                Ok(()) => return Ok(()),
-                Err((e, back))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                    pending = back;
-                }
-                Err((e, _)) => {
-                    return Err(Error::Sink(format!(
-                        "dead-letter topic `{}`: {e}",
-                        self.topic
-                    )))
-                }
-            }
-        }
+        send_with_backpressure(&self.producer, out)
+            .map_err(|e| Error::Sink(format!("dead-letter topic `{}`: {e}", self.topic)))
     }
 
     fn flush(&mut self) -> Result<()> {

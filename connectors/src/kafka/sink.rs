@@ -60,6 +60,30 @@ pub(crate) fn producer(
     Ok((producer, tracker))
 }
 
+/// Sends one record, waiting for deliveries while the local queue is full.
+pub(crate) fn send_with_backpressure<K, P>(
+    producer: &ThreadedProducer<DeliveryTracker>,
+    record: BaseRecord<'_, K, P>,
+) -> std::result::Result<(), rdkafka::error::KafkaError>
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    let mut pending = record;
+    loop {
+        match producer.send(pending) {
+            Ok(()) => return Ok(()),
+            Err((e, back))
+                if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+                pending = back;
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
 /// How the sink encodes row values.
 pub enum ValueFormat {
     /// A JSON object of the row's columns.
@@ -136,23 +160,8 @@ impl Sink for KafkaSink {
             if let Some(k) = key.as_ref() {
                 record = record.key(k);
             }
-            let mut pending = record;
-            loop {
-                match self.producer.send(pending) {
-                    Ok(()) => break,
-                    Err((e, back))
-                        if e.rdkafka_error_code()
-                            == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                    {
-                        // The local queue is full: wait for deliveries.
-                        std::thread::sleep(Duration::from_millis(5));
-                        pending = back;
-                    }
-                    Err((e, _)) => {
-                        return Err(Error::Sink(format!("producing to `{}`: {e}", self.topic)))
-                    }
-                }
-            }
+            send_with_backpressure(&self.producer, record)
+                .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic)))?;
         }
         Ok(())
     }
