@@ -1,0 +1,206 @@
+//! The micro-batch trigger on a real broker, and Avro schemas fetched from a
+//! schema registry over HTTP.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tidemark::prelude::*;
+use tidemark::progress::QueryProgress;
+use tidemark_connectors::kafka::{
+    KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns, ValueFormat,
+};
+use tidemark_integration_tests::*;
+
+fn source(topic: &str, group: &str) -> KafkaSource {
+    KafkaSource::new(KafkaSourceConfig {
+        bootstrap: bootstrap(),
+        topics: vec![topic.to_string()],
+        group: group.to_string(),
+        earliest: true,
+        properties: Default::default(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn micro_batches_pick_up_records_produced_while_running_and_stop_cleanly() {
+    let (input, output) = (unique("mb-in"), unique("mb-out"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let reports = Arc::new(Mutex::new(Vec::<QueryProgress>::new()));
+    let seen = reports.clone();
+    let query = Query::builder("micro-batch")
+        .filter("n % 2 = 0")
+        .unwrap()
+        .trigger(Trigger::MicroBatch {
+            interval: Duration::from_millis(200),
+        })
+        .on_progress(move |p: &QueryProgress| seen.lock().unwrap().push(p.clone()))
+        .build()
+        .unwrap();
+    let stop = query.stop_handle();
+    let (topic_in, topic_out) = (input.clone(), output.clone());
+    let runner = std::thread::spawn(move || {
+        let mut sink = KafkaSink::new(
+            &bootstrap(),
+            &topic_out,
+            KeyColumns::default(),
+            ValueFormat::Json,
+            &Default::default(),
+        )
+        .unwrap();
+        query
+            .run(&mut source(&topic_in, &unique("mb-app")), &mut sink)
+            .unwrap()
+    });
+    // Three waves while the query runs.
+    for wave in 0..3 {
+        let records: Vec<_> = (0..100)
+            .map(|i| {
+                (
+                    format!("k{i}"),
+                    format!(r#"{{"n": {}}}"#, wave * 100 + i).into_bytes(),
+                )
+            })
+            .collect();
+        produce(&input, &records);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reports
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.num_input_rows)
+        .sum::<u64>()
+        < 300
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.stop();
+    let summary = runner.join().unwrap();
+    assert_eq!(summary.input_records, 300);
+    assert_eq!(summary.output_rows, 150);
+    assert!(
+        summary.batches >= 2,
+        "records arrived in waves, so in several batches: {summary:?}"
+    );
+    assert_eq!(
+        consume_all(&output, 150, Duration::from_secs(30)).len(),
+        150
+    );
+}
+
+/// Serves `GET /schemas/ids/{id}` like a Confluent schema registry, counting
+/// requests.
+fn registry(schema: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let log = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).unwrap_or(0) <= 2 {
+                    break;
+                }
+            }
+            log.lock().unwrap().push(path.clone());
+            let (status, body) = if path == "/schemas/ids/3" {
+                (
+                    "200 OK",
+                    serde_json::json!({ "schema": schema }).to_string(),
+                )
+            } else {
+                (
+                    "404 Not Found",
+                    r#"{"error_code":40403,"message":"Schema not found"}"#.to_string(),
+                )
+            };
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, requests)
+}
+
+#[test]
+fn avro_schemas_come_from_the_registry_and_unknown_ids_are_dead_letters() {
+    const SCHEMA: &str = r#"{"type":"record","name":"Reading","fields":[{"name":"sensor","type":"string"},{"name":"value","type":"double"}]}"#;
+    let (url, requests) = registry(SCHEMA);
+    let encoder = tidemark_connectors::avro::AvroEncoder::new(
+        apache_avro::Schema::parse_str(SCHEMA).unwrap(),
+        3,
+    )
+    .unwrap();
+    let (input, output, dlq) = (unique("reg-in"), unique("reg-out"), unique("reg-dlq"));
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    create_topic(&dlq, 1);
+    let mut records: Vec<_> = (0..10)
+        .map(|i| {
+            let row: Row = [
+                ("sensor", Value::from("s1")),
+                ("value", Value::Double(i as f64)),
+            ]
+            .into_iter()
+            .collect();
+            ("s1".to_string(), encoder.encode(&row).unwrap())
+        })
+        .collect();
+    let mut unknown = records[0].1.clone();
+    unknown[1..5].copy_from_slice(&4u32.to_be_bytes());
+    records.push(("s1".into(), unknown));
+    produce(&input, &records);
+    let query = Query::builder("registry")
+        .decoder(tidemark_connectors::avro::AvroDecoder::new(
+            Default::default(),
+            Some(url),
+        ))
+        .dead_letter(tidemark_connectors::kafka::KafkaDeadLetter::new(&bootstrap(), &dlq).unwrap())
+        .trigger(Trigger::AvailableNow)
+        .build()
+        .unwrap();
+    let mut sink = KafkaSink::new(
+        &bootstrap(),
+        &output,
+        KeyColumns(vec!["sensor".into()]),
+        ValueFormat::Json,
+        &Default::default(),
+    )
+    .unwrap();
+    let summary = query
+        .run(&mut source(&input, &unique("reg-app")), &mut sink)
+        .unwrap();
+    assert_eq!((summary.output_rows, summary.bad_records), (10, 1));
+    // Schema 3 fetched once and cached; schema 4 asked for and refused.
+    assert_eq!(
+        requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == "/schemas/ids/3")
+            .count(),
+        1
+    );
+    let dead = consume_all(&dlq, 1, Duration::from_secs(30));
+    assert!(
+        dead[0].headers["tidemark.error"].contains("unknown schema id 4"),
+        "{:?}",
+        dead[0].headers
+    );
+    let out = consume_all(&output, 10, Duration::from_secs(30));
+    let v: serde_json::Value = serde_json::from_slice(out[9].value.as_deref().unwrap()).unwrap();
+    assert_eq!(v, serde_json::json!({"sensor": "s1", "value": 9.0}));
+}
