@@ -161,3 +161,54 @@ fn describe_prints_the_operator_graph() {
         "{text}"
     );
 }
+
+#[test]
+fn micro_batch_run_serves_prometheus_metrics_and_stops_on_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_example(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let file = dir.path().join("pipeline.yaml");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "trigger: available_now",
+        "trigger: {micro_batch: 100 milliseconds}",
+    ) + &format!("metrics: {{prometheus: \"127.0.0.1:{port}\"}}\n");
+    std::fs::write(&file, text).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["run", file.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut metrics = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline && !metrics.contains("tidemark_input_rows_total") {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(
+                b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            );
+            metrics.clear();
+            let _ = s.read_to_string(&mut metrics);
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("tidemark_input_rows_total"))
+        .unwrap_or_else(|| panic!("no input counter in:\n{metrics}"));
+    assert!(line.ends_with(" 10"), "all 10 records counted: {line}");
+    assert!(metrics.contains("tidemark_bad_records_total"), "{metrics}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stopping after the current batch"));
+}
