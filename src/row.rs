@@ -127,6 +127,7 @@ impl From<bool> for Value {
 /// row.set("amount", Value::from(2.5));
 /// assert_eq!(row.get("amount"), Some(&Value::Double(2.5)));
 /// assert_eq!(row.to_json().to_string(), r#"{"id":"a","amount":2.5}"#);
+/// assert_eq!(serde_json::to_string(&row).unwrap(), r#"{"id":"a","amount":2.5}"#);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Row {
@@ -184,6 +185,34 @@ impl Row {
             map.insert(name.to_string(), value.to_json());
         }
         serde_json::Value::Object(map)
+    }
+}
+
+impl serde::Serialize for Value {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Null => s.serialize_unit(),
+            Value::Bool(b) => s.serialize_bool(*b),
+            Value::Long(v) => s.serialize_i64(*v),
+            // JSON has no NaN or infinity; they become null, as in to_json.
+            Value::Double(v) if !v.is_finite() => s.serialize_unit(),
+            Value::Double(v) => s.serialize_f64(*v),
+            Value::Str(v) => s.serialize_str(v),
+            Value::Timestamp(t) => s.serialize_str(&format_rfc3339(*t)),
+        }
+    }
+}
+
+/// Serializes as an object of the columns in order, straight to the output
+/// without building a JSON tree first (the Kafka sink's hot path).
+impl serde::Serialize for Row {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.columns.len()))?;
+        for (name, value) in &self.columns {
+            map.serialize_entry(name.as_ref(), value)?;
+        }
+        map.end()
     }
 }
 

@@ -151,7 +151,7 @@ impl Sink for KafkaSink {
         for row in rows {
             let payload = match &self.format {
                 ValueFormat::Json => {
-                    serde_json::to_vec(&row.to_json()).map_err(|e| Error::Sink(e.to_string()))?
+                    serde_json::to_vec(row).map_err(|e| Error::Sink(e.to_string()))?
                 }
                 ValueFormat::Avro(encoder) => encoder.encode(row)?,
             };

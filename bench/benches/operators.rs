@@ -1,0 +1,129 @@
+//! Operator micro-benchmarks, in memory (no Kafka):
+//!
+//! - `filter/expr_10k`: `amount >= 0` evaluated over 10k decoded rows;
+//! - `decode/json_10k`: `JsonDecoder` with the e2e schema over 10k records;
+//! - `window_aggregate/tumbling_100k`: a 1-minute tumbling count + sum by id
+//!   over 100k rows (`on_row` each, then `on_batch_end`), update mode.
+//!
+//! ```text
+//! cargo bench -p tidemark-bench --bench operators
+//! ```
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use std::sync::Arc;
+use std::time::Duration;
+use tidemark::decode::JsonDecoder;
+use tidemark::expr::Expr;
+use tidemark::operators::{
+    AggregateInput, AggregateSpec, BatchContext, Operator, OutputMode, TimeColumn, WindowAggregate,
+};
+use tidemark::prelude::{AggregateFn, Row, WindowSpec};
+use tidemark::record::{Record, SourcePosition};
+use tidemark::runtime::Decoder;
+
+const VALUE_BYTES: usize = 100;
+
+fn records(n: u64) -> Vec<Record> {
+    (0..n)
+        .map(|i| Record {
+            key: Some(tidemark_bench::id(i).into_bytes()),
+            value: Some(tidemark_bench::payload(i, VALUE_BYTES)),
+            timestamp_ms: Some(tidemark_bench::event_time(i) / 1_000),
+            headers: Vec::new(),
+            position: SourcePosition::new("bench", 0, i as i64),
+        })
+        .collect()
+}
+
+fn rows(n: u64) -> Vec<Row> {
+    let mut decoder = JsonDecoder::new(tidemark_bench::schema());
+    records(n)
+        .iter()
+        .map(|r| decoder.decode(r).expect("valid payload"))
+        .collect()
+}
+
+fn filter(c: &mut Criterion) {
+    let rows = rows(10_000);
+    let expr = Expr::parse(tidemark_bench::FILTER).expect("valid expression");
+    let mut group = c.benchmark_group("filter");
+    group.throughput(Throughput::Elements(rows.len() as u64));
+    group.bench_function("expr_10k", |b| {
+        b.iter(|| black_box(&rows).iter().filter(|r| expr.matches(r)).count())
+    });
+    group.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    let records = records(10_000);
+    let mut decoder = JsonDecoder::new(tidemark_bench::schema());
+    let mut group = c.benchmark_group("decode");
+    group.throughput(Throughput::Elements(records.len() as u64));
+    group.bench_function("json_10k", |b| {
+        b.iter(|| {
+            for r in black_box(&records) {
+                black_box(decoder.decode(r).expect("valid payload"));
+            }
+        })
+    });
+    group.finish();
+}
+
+fn window_aggregate(c: &mut Criterion) {
+    let rows = rows(100_000);
+    let aggregates = vec![
+        AggregateSpec::new(
+            AggregateFn::built_in("count").expect("count"),
+            AggregateInput::Star,
+        ),
+        AggregateSpec::new(
+            AggregateFn::built_in("sum").expect("sum"),
+            AggregateInput::Column("amount".into()),
+        ),
+    ];
+    let window = WindowSpec::tumbling("1 minute").expect("valid window");
+    let ctx = BatchContext {
+        batch_id: 0,
+        processing_time: tidemark_bench::START_MICROS,
+        late_threshold: 0,
+        watermark: 0,
+    };
+    let mut group = c.benchmark_group("window_aggregate");
+    group.throughput(Throughput::Elements(rows.len() as u64));
+    group.bench_function("tumbling_100k", |b| {
+        b.iter_batched(
+            || rows.clone(),
+            |rows| {
+                let mut op = WindowAggregate::new(
+                    vec![Arc::from("id")],
+                    TimeColumn::EventTime(Arc::from("event_time")),
+                    window.clone(),
+                    aggregates.clone(),
+                    OutputMode::Update,
+                );
+                let mut out = Vec::new();
+                for row in rows {
+                    op.on_row(row, &ctx, &mut out).expect("on_row");
+                }
+                op.on_batch_end(&ctx, &mut out).expect("on_batch_end");
+                out.len()
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = operators;
+    config = config();
+    targets = filter, decode, window_aggregate
+}
+criterion_main!(operators);

@@ -1,0 +1,506 @@
+//! End-to-end throughput against a real Kafka broker, in one run:
+//!
+//! 1. creates a fresh input topic and produces `--records` keyed JSON records
+//!    of about `--value-bytes` bytes (10% with a negative amount);
+//! 2. measures the raw consume rate of a plain rdkafka `BaseConsumer` (fresh
+//!    group, earliest) reading every record and touching each payload;
+//! 3. measures tidemark's Kafka → JSON decode → `filter amount >= 0` → Kafka
+//!    (JSON) pipeline on the same topic, available-now, and checks that the
+//!    output topic holds exactly the 90% of records that pass;
+//! 4. prints a markdown table (and writes JSON with `--json PATH`).
+//!
+//! ```text
+//! cargo run -p tidemark-bench --bin e2e -- --records 300000
+//! cargo run -p tidemark-bench --release --bin e2e -- --records 1000000 --json results.json
+//! ```
+
+use anyhow::{bail, ensure, Context};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tidemark::decode::JsonDecoder;
+use tidemark::prelude::*;
+use tidemark_connectors::kafka::{
+    default_bootstrap, ensure_topic, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
+    ValueFormat,
+};
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(about = "End-to-end Kafka throughput: raw rdkafka consume vs tidemark's filter pipeline")]
+struct Args {
+    /// Records to produce and process.
+    #[arg(long, default_value_t = 1_000_000)]
+    records: u64,
+    /// Partitions of the input and output topics.
+    #[arg(long, default_value_t = 4)]
+    partitions: i32,
+    /// Bootstrap servers (default: `KAFKA_BOOTSTRAP`, else 127.0.0.1:9092).
+    #[arg(long, default_value_t = default_bootstrap())]
+    bootstrap: String,
+    /// Approximate size of each record value in bytes.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// tidemark's `max_records_per_batch`.
+    #[arg(long, default_value_t = 50_000)]
+    max_records_per_batch: usize,
+    /// Raw consume runs (each in a fresh group); the median is reported, as
+    /// a single short run is noisy on a small machine.
+    #[arg(long, default_value_t = 3)]
+    raw_runs: usize,
+    /// librdkafka's `fetch.queue.backoff.ms` for both consumers. With its
+    /// default (1000), once the prefetch queue passes its threshold the
+    /// fetcher waits a whole second even if the application drains the queue
+    /// in milliseconds, which made the raw consume time bimodal (0.36 s or
+    /// 1.3 s for 300k records). tidemark's source gets the same value, so
+    /// both read with the same settings.
+    #[arg(long, default_value_t = 10)]
+    fetch_queue_backoff_ms: u32,
+    /// Also write the results as JSON to this path.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Keep the input and output topics instead of deleting them at the end.
+    #[arg(long)]
+    keep_topics: bool,
+}
+
+/// Times of the raw consumer.
+struct RawResult {
+    records: u64,
+    payload_bytes: u64,
+    elapsed: Duration,
+    first_record_after: Duration,
+}
+
+/// Times and counts of the tidemark pipeline.
+struct PipelineResult {
+    summary: tidemark::runtime::RunSummary,
+    elapsed: Duration,
+    output_records: u64,
+    batches: BatchStats,
+}
+
+/// What the progress listener collects over the batches of a run.
+#[derive(Clone)]
+struct BatchStats {
+    /// Summed phase durations over all batches (`getBatch`, `addBatch`,
+    /// `commitOffsets`, `triggerExecution`), in milliseconds.
+    phases_ms: BTreeMap<String, u64>,
+    /// Per-batch `triggerExecution`, in milliseconds.
+    batch_ms: Histogram<u64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ensure!(args.records > 0, "--records must be positive");
+    ensure!(args.partitions > 0, "--partitions must be positive");
+    ensure!(args.raw_runs > 0, "--raw-runs must be positive");
+    let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let input = format!("bench-e2e-in-{run}");
+    let output = format!("bench-e2e-out-{run}");
+    eprintln!(
+        "broker {}, {} records of ~{} bytes, {} partitions, profile {}",
+        args.bootstrap,
+        args.records,
+        args.value_bytes,
+        args.partitions,
+        tidemark_bench::profile()
+    );
+
+    ensure_topic(&args.bootstrap, &input, args.partitions)
+        .with_context(|| format!("creating `{input}`"))?;
+    ensure_topic(&args.bootstrap, &output, args.partitions)
+        .with_context(|| format!("creating `{output}`"))?;
+
+    let result = measure(&args, &input, &output);
+    if !args.keep_topics {
+        if let Err(e) = delete_topics(&args.bootstrap, &[&input, &output]) {
+            eprintln!("warning: deleting the benchmark topics: {e:#}");
+        }
+    }
+    result
+}
+
+fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
+    // 1. Input.
+    eprintln!("producing to `{input}` ...");
+    let produce_time = produce(&args.bootstrap, input, args.records, args.value_bytes)?;
+    let in_topic = end_offsets_total(&args.bootstrap, input, args.partitions)?;
+    ensure!(
+        in_topic == args.records,
+        "`{input}` holds {in_topic} records, expected {}",
+        args.records
+    );
+    eprintln!(
+        "produced {} records in {:.2} s ({:.0} rec/s)",
+        args.records,
+        produce_time.as_secs_f64(),
+        rate(args.records, produce_time)
+    );
+
+    // 2. Raw consume.
+    let mut raw_runs = Vec::with_capacity(args.raw_runs);
+    for run in 1..=args.raw_runs {
+        eprintln!("raw rdkafka consume, run {run}/{} ...", args.raw_runs);
+        let raw = raw_consume(args, input)?;
+        eprintln!(
+            "raw: {} records in {:.2} s",
+            raw.records,
+            raw.elapsed.as_secs_f64()
+        );
+        raw_runs.push(raw);
+    }
+    raw_runs.sort_by_key(|r| r.elapsed);
+
+    // 3. tidemark.
+    eprintln!("tidemark filter pipeline `{input}` -> `{output}` ...");
+    let pipeline = tidemark_pipeline(args, input, output)?;
+    let expected = tidemark_bench::expected_kept(args.records);
+    ensure!(
+        pipeline.summary.input_records == args.records,
+        "tidemark read {} records, expected {}",
+        pipeline.summary.input_records,
+        args.records
+    );
+    ensure!(
+        pipeline.output_records == expected && pipeline.summary.output_rows == expected,
+        "output topic holds {} records and the query wrote {} rows; expected {expected}",
+        pipeline.output_records,
+        pipeline.summary.output_rows
+    );
+    eprintln!(
+        "tidemark: {} in, {} out in {:.2} s",
+        pipeline.summary.input_records,
+        pipeline.output_records,
+        pipeline.elapsed.as_secs_f64()
+    );
+
+    // 4. Report.
+    report(args, produce_time, &raw_runs, &pipeline)
+}
+
+fn rate(records: u64, elapsed: Duration) -> f64 {
+    records as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// Produces `records` keyed payloads and waits for every acknowledgement.
+fn produce(
+    bootstrap: &str,
+    topic: &str,
+    records: u64,
+    value_bytes: usize,
+) -> anyhow::Result<Duration> {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .context("creating the producer")?;
+    let start = Instant::now();
+    for i in 0..records {
+        let key = tidemark_bench::id(i);
+        let value = tidemark_bench::payload(i, value_bytes);
+        let mut pending = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match producer.send(pending) {
+                Ok(()) => break,
+                Err((e, back)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    pending = back;
+                }
+                Err((e, _)) => bail!("producing to `{topic}`: {e}"),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .context("flushing the producer")?;
+    Ok(start.elapsed())
+}
+
+/// The sum of the end offsets of `topic`'s partitions (its record count on a
+/// fresh topic).
+fn end_offsets_total(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<u64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("bench-e2e-offsets-{}", uuid::Uuid::new_v4()),
+        )
+        .create()
+        .context("creating a consumer for end offsets")?;
+    let mut total = 0;
+    for p in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .with_context(|| format!("end offsets of {topic}/{p}"))?;
+        total += (high - low).max(0) as u64;
+    }
+    Ok(total)
+}
+
+/// Reads all `expected` records of `topic` with a plain consumer in a fresh
+/// group, touching each payload. The time includes the group join, as the
+/// tidemark run's does.
+fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
+    let expected = args.records;
+    // The same fetch settings as tidemark's source, without its commits.
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &args.bootstrap)
+        .set(
+            "group.id",
+            format!("bench-e2e-raw-{}", uuid::Uuid::new_v4()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "100")
+        .set(
+            "fetch.queue.backoff.ms",
+            args.fetch_queue_backoff_ms.to_string(),
+        )
+        .create()
+        .context("creating the raw consumer")?;
+    let start = Instant::now();
+    consumer.subscribe(&[topic])?;
+    let deadline = start + Duration::from_secs(600);
+    let (mut records, mut payload_bytes, mut checksum) = (0u64, 0u64, 0u64);
+    let mut first_record_after = None;
+    while records < expected {
+        ensure!(
+            Instant::now() < deadline,
+            "raw consumer: only {records} of {expected} records after 10 minutes"
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => eprintln!("raw consumer: {e}"),
+            Some(Ok(m)) => {
+                first_record_after.get_or_insert_with(|| start.elapsed());
+                let payload = m.payload().unwrap_or_default();
+                payload_bytes += payload.len() as u64;
+                checksum = checksum.wrapping_add(payload.first().copied().unwrap_or(0) as u64);
+                records += 1;
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(checksum);
+    Ok(RawResult {
+        records,
+        payload_bytes,
+        elapsed,
+        first_record_after: first_record_after.unwrap_or_default(),
+    })
+}
+
+/// Runs KafkaSource → JsonDecoder → filter → KafkaSink (JSON), available-now.
+fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<PipelineResult> {
+    let mut source = KafkaSource::new(KafkaSourceConfig {
+        bootstrap: args.bootstrap.clone(),
+        topics: vec![input.to_string()],
+        group: format!("bench-e2e-tidemark-{}", uuid::Uuid::new_v4()),
+        earliest: true,
+        properties: BTreeMap::from([(
+            "fetch.queue.backoff.ms".to_string(),
+            args.fetch_queue_backoff_ms.to_string(),
+        )]),
+    })?;
+    let mut sink = KafkaSink::new(
+        &args.bootstrap,
+        output,
+        KeyColumns(vec![]),
+        ValueFormat::Json,
+        &BTreeMap::new(),
+    )?;
+    let stats = Arc::new(Mutex::new(BatchStats {
+        phases_ms: BTreeMap::new(),
+        batch_ms: Histogram::new(3).context("histogram")?,
+    }));
+    let listener_stats = stats.clone();
+    let query = Query::builder("bench-e2e-filter")
+        .decoder(JsonDecoder::new(tidemark_bench::schema()))
+        .filter(tidemark_bench::FILTER)?
+        .trigger(Trigger::AvailableNow)
+        .max_records_per_batch(args.max_records_per_batch)
+        .on_progress(move |p: &QueryProgress| {
+            let mut stats = listener_stats.lock().unwrap_or_else(|e| e.into_inner());
+            for (phase, ms) in &p.duration_ms {
+                *stats.phases_ms.entry(phase.clone()).or_default() += ms;
+            }
+            if let Some(ms) = p.duration_ms.get("triggerExecution") {
+                // Saturates rather than fails on an out-of-range value.
+                stats.batch_ms.saturating_record(*ms);
+            }
+        })
+        .build()?;
+    let start = Instant::now();
+    let summary = query.run(&mut source, &mut sink)?;
+    let elapsed = start.elapsed();
+    let output_records = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+    let batches = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(PipelineResult {
+        summary,
+        elapsed,
+        output_records,
+        batches,
+    })
+}
+
+fn report(
+    args: &Args,
+    produce_time: Duration,
+    raw_runs: &[RawResult],
+    pipeline: &PipelineResult,
+) -> anyhow::Result<()> {
+    // `raw_runs` is sorted by time: report the median run.
+    let raw = &raw_runs[raw_runs.len() / 2];
+    let raw_seconds: Vec<f64> = raw_runs.iter().map(|r| r.elapsed.as_secs_f64()).collect();
+    let raw_rate = rate(raw.records, raw.elapsed);
+    let tm_rate = rate(pipeline.summary.input_records, pipeline.elapsed);
+    let ratio = tm_rate / raw_rate;
+    // The raw rate without the group join, which dominates short runs.
+    let raw_steady_rate = rate(
+        raw.records.saturating_sub(1),
+        raw.elapsed.saturating_sub(raw.first_record_after),
+    );
+    let mb = |bytes: u64, d: Duration| bytes as f64 / 1e6 / d.as_secs_f64().max(1e-9);
+    let cpus = tidemark_bench::cpus();
+    let cpu_model = tidemark_bench::cpu_model().unwrap_or_else(|| "unknown".into());
+    let profile = tidemark_bench::profile();
+    let avg_value = raw.payload_bytes as f64 / raw.records.max(1) as f64;
+    let phase = |name: &str| pipeline.batches.phases_ms.get(name).copied().unwrap_or(0);
+
+    println!();
+    let librdkafka = rdkafka::util::get_rdkafka_version().1;
+    println!(
+        "records: {} (~{avg_value:.0} B values, keyed, {} partitions); machine: {cpus} CPUs ({cpu_model}); profile: {profile}; broker: {}; librdkafka {librdkafka}, fetch.queue.backoff.ms={}",
+        args.records, args.partitions, args.bootstrap, args.fetch_queue_backoff_ms
+    );
+    println!();
+    println!("| measurement | records | wall time (s) | records/s | value MB/s |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| produce (input, acks=all) | {} | {:.2} | {:.0} | {:.1} |",
+        args.records,
+        produce_time.as_secs_f64(),
+        rate(args.records, produce_time),
+        mb(raw.payload_bytes, produce_time)
+    );
+    println!(
+        "| raw rdkafka consume (BaseConsumer, median of {}) | {} | {:.2} | {:.0} | {:.1} |",
+        raw_runs.len(),
+        raw.records,
+        raw.elapsed.as_secs_f64(),
+        raw_rate,
+        mb(raw.payload_bytes, raw.elapsed)
+    );
+    println!(
+        "| tidemark Kafka → decode → filter → Kafka | {} | {:.2} | {:.0} | {:.1} |",
+        pipeline.summary.input_records,
+        pipeline.elapsed.as_secs_f64(),
+        tm_rate,
+        mb(raw.payload_bytes, pipeline.elapsed)
+    );
+    println!("| **ratio tidemark / raw** | | | **{ratio:.3}** | |");
+    println!();
+    println!(
+        "output: {} of {} records (expected {}, {:.1}%), verified from the output topic's end offsets; bad records: {}",
+        pipeline.output_records,
+        pipeline.summary.input_records,
+        tidemark_bench::expected_kept(args.records),
+        100.0 * pipeline.output_records as f64 / pipeline.summary.input_records.max(1) as f64,
+        pipeline.summary.bad_records
+    );
+    println!(
+        "raw consumer (median run): first record after {:.2} s (group join + first fetch), {:.0} records/s after it; all runs: {} s",
+        raw.first_record_after.as_secs_f64(),
+        raw_steady_rate,
+        raw_seconds
+            .iter()
+            .map(|s| format!("{s:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "tidemark: {} batches (max {} records each); summed phases: getBatch {} ms, addBatch {} ms, commitOffsets {} ms; batch time p50 {} ms, max {} ms",
+        pipeline.summary.batches,
+        args.max_records_per_batch,
+        phase("getBatch"),
+        phase("addBatch"),
+        phase("commitOffsets"),
+        pipeline.batches.batch_ms.value_at_quantile(0.5),
+        pipeline.batches.batch_ms.max()
+    );
+
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "records": args.records,
+            "partitions": args.partitions,
+            "value_bytes_avg": avg_value,
+            "bootstrap": args.bootstrap,
+            "profile": profile,
+            "cpus": cpus,
+            "cpu_model": cpu_model,
+            "librdkafka": librdkafka,
+            "max_records_per_batch": args.max_records_per_batch,
+            "fetch_queue_backoff_ms": args.fetch_queue_backoff_ms,
+            "produce": {
+                "seconds": produce_time.as_secs_f64(),
+                "records_per_second": rate(args.records, produce_time),
+            },
+            "raw_consume": {
+                "records": raw.records,
+                "seconds": raw.elapsed.as_secs_f64(),
+                "records_per_second": raw_rate,
+                "first_record_seconds": raw.first_record_after.as_secs_f64(),
+                "records_per_second_after_first_record": raw_steady_rate,
+                "runs_seconds": raw_seconds,
+            },
+            "tidemark_filter_pipeline": {
+                "input_records": pipeline.summary.input_records,
+                "output_records": pipeline.output_records,
+                "expected_output_records": tidemark_bench::expected_kept(args.records),
+                "bad_records": pipeline.summary.bad_records,
+                "batches": pipeline.summary.batches,
+                "seconds": pipeline.elapsed.as_secs_f64(),
+                "records_per_second": tm_rate,
+                "phases_ms": pipeline.batches.phases_ms,
+                "batch_ms_p50": pipeline.batches.batch_ms.value_at_quantile(0.5),
+                "batch_ms_max": pipeline.batches.batch_ms.max(),
+            },
+            "ratio": ratio,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Deletes the benchmark's topics.
+fn delete_topics(bootstrap: &str, topics: &[&str]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in runtime.block_on(admin.delete_topics(topics, &options))? {
+        if let Err((topic, code)) = result {
+            eprintln!("warning: deleting `{topic}`: {code}");
+        }
+    }
+    Ok(())
+}
