@@ -58,4 +58,9 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "cargo test"
-cargo test --workspace
+log="$(mktemp)"
+cargo test --workspace 2>&1 | tee "$log"
+# One closing line over every test binary (cargo prints one per binary).
+awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+rm -f "$log"
