@@ -119,8 +119,7 @@ impl std::fmt::Debug for AggregateFn {
 }
 
 /// Names of the built-in aggregates, for error messages.
-pub const BUILT_IN_NAMES: &str =
-    "count, sum, avg, min, max, stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop";
+pub const BUILT_IN_NAMES: &str = "count, sum, avg, min, max, stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop, approx_count_distinct, approx_percentile";
 
 impl AggregateFn {
     /// Wraps a user aggregate.
@@ -147,6 +146,12 @@ impl AggregateFn {
             "stddev_pop" => f(Arc::new(Moments(MomentsResult::StddevPop))),
             "variance" | "var_samp" => f(Arc::new(Moments(MomentsResult::VarSamp))),
             "var_pop" => f(Arc::new(Moments(MomentsResult::VarPop))),
+            "approx_count_distinct" => f(Arc::new(
+                crate::sketch_aggregates::ApproxCountDistinct::new(0.05),
+            )),
+            "approx_percentile" | "percentile_approx" => f(Arc::new(
+                crate::sketch_aggregates::ApproxPercentile::new(0.5, 10_000),
+            )),
             other => {
                 return Err(Error::config(
                     "fn",
@@ -154,6 +159,22 @@ impl AggregateFn {
                 ))
             }
         })
+    }
+
+    /// Spark's `approx_count_distinct(col, rsd)`.
+    pub fn approx_count_distinct(rsd: f64) -> Self {
+        Self::custom(
+            "approx_count_distinct",
+            crate::sketch_aggregates::ApproxCountDistinct::new(rsd),
+        )
+    }
+
+    /// Spark's `approx_percentile(col, percentage, accuracy)`.
+    pub fn approx_percentile(percentage: f64, accuracy: u32) -> Self {
+        Self::custom(
+            "approx_percentile",
+            crate::sketch_aggregates::ApproxPercentile::new(percentage, accuracy),
+        )
     }
 
     /// The function's name.

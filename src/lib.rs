@@ -39,6 +39,7 @@ pub mod record;
 pub mod row;
 pub mod runtime;
 pub mod schema;
+pub mod sketch_aggregates;
 pub mod time;
 pub mod typed;
 pub mod watermark;

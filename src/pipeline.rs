@@ -57,6 +57,10 @@ pub struct PipelineFile {
     /// source, a file `<name>.dead-letter.jsonl` for the files source).
     #[serde(default)]
     pub dead_letter: Option<DeadLetterSpec>,
+    /// Where rows dropped as late go (a sink: jsonl, kafka or stdout);
+    /// default: dropped and counted only.
+    #[serde(default)]
+    pub late_data: Option<SinkSpec>,
     /// Caps the records of one batch.
     #[serde(default)]
     pub max_records_per_batch: Option<usize>,
@@ -374,7 +378,7 @@ pub struct WindowAggregateSpec {
 
 /// `{tumbling: d}`, `{sliding: d, slide: d}` or `{session: d}`, with an
 /// optional `start_offset`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WindowYaml(pub WindowSpec);
 
 #[derive(Deserialize)]
@@ -384,6 +388,7 @@ struct WindowFields {
     sliding: Option<DurationSpec>,
     slide: Option<DurationSpec>,
     session: Option<DurationSpec>,
+    session_gap: Option<ExprSpec>,
     start_offset: Option<DurationSpec>,
 }
 
@@ -392,6 +397,12 @@ impl<'de> Deserialize<'de> for WindowYaml {
         let w = WindowFields::deserialize(d)?;
         let s = |d: DurationSpec| d.to_spark_string();
         let spec = match (w.tumbling, w.sliding, w.slide, w.session) {
+            (None, None, None, None) if w.session_gap.is_some() => {
+                WindowSpec::dynamic_session(&w.session_gap.as_ref().expect("checked").0)
+            }
+            _ if w.session_gap.is_some() => {
+                return Err(de::Error::custom("`session_gap` (a per-row gap) stands alone in `window`"))
+            }
             (Some(size), None, None, None) => WindowSpec::tumbling(&s(size)),
             (None, Some(size), Some(slide), None) => WindowSpec::sliding(&s(size), &s(slide)),
             (None, Some(_), None, None) => {
@@ -400,7 +411,7 @@ impl<'de> Deserialize<'de> for WindowYaml {
             (None, None, None, Some(gap)) => WindowSpec::session(&s(gap)),
             _ => {
                 return Err(de::Error::custom(
-                    "write exactly one of {tumbling: <size>}, {sliding: <size>, slide: <slide>}, {session: <gap>}",
+                    "write exactly one of {tumbling: <size>}, {sliding: <size>, slide: <slide>}, {session: <gap>}, {session_gap: <expression>}",
                 ))
             }
         }
@@ -426,6 +437,30 @@ pub struct AggregateYaml {
     /// The output name (default as Spark: `sum(amount)`).
     #[serde(default, rename = "as")]
     pub alias: Option<String>,
+    /// approx_count_distinct: relative standard deviation (default 0.05).
+    #[serde(default)]
+    pub rsd: Option<Fraction>,
+    /// approx_percentile: the percentage in [0, 1] (default 0.5).
+    #[serde(default)]
+    pub percentage: Option<Fraction>,
+    /// approx_percentile: accuracy (default 10000).
+    #[serde(default)]
+    pub accuracy: Option<u32>,
+}
+
+/// A number in [0, 1], checked on read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fraction(pub f64);
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(Fraction(v))
+        } else {
+            Err(de::Error::custom(format!("{v} is not between 0 and 1")))
+        }
+    }
 }
 
 /// A built-in aggregate's name, checked on read.
@@ -675,6 +710,17 @@ impl PipelineFile {
             }
             _ => {}
         }
+        if let Some(late) = &self.late_data {
+            match late.kind {
+                SinkKind::Jsonl if late.path.is_none() => {
+                    return err("late_data.path", "needs `path: <file>`")
+                }
+                SinkKind::Kafka if late.topic.is_none() => {
+                    return err("late_data.topic", "needs `topic: <name>`")
+                }
+                _ => {}
+            }
+        }
         if self.watermark.is_some() && self.event_time.is_none() {
             return err("watermark", "a watermark needs `event_time: <column>`");
         }
@@ -743,7 +789,18 @@ impl PipelineFile {
                         .aggregates
                         .iter()
                         .map(|a| {
-                            let f = AggregateFn::built_in(&a.function.0)?;
+                            let f = match a.function.0.as_str() {
+                                "approx_count_distinct" => {
+                                    AggregateFn::approx_count_distinct(a.rsd.map_or(0.05, |r| r.0))
+                                }
+                                "approx_percentile" | "percentile_approx" => {
+                                    AggregateFn::approx_percentile(
+                                        a.percentage.map_or(0.5, |p| p.0),
+                                        a.accuracy.unwrap_or(10_000),
+                                    )
+                                }
+                                name => AggregateFn::built_in(name)?,
+                            };
                             let input = match &a.column {
                                 Some(c) => AggregateInput::Column(c.as_str().into()),
                                 None if a.function.0 == "count" => AggregateInput::Star,

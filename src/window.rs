@@ -14,7 +14,7 @@ pub struct TimeWindow {
 }
 
 /// How rows are assigned to windows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum WindowSpec {
     /// Fixed-size, non-overlapping windows aligned to the epoch plus `offset`.
     Tumbling {
@@ -38,6 +38,14 @@ pub enum WindowSpec {
     Session {
         /// Inactivity gap, microseconds.
         gap: i64,
+    },
+    /// Session windows whose gap each row gives (Spark's dynamic gap): an
+    /// expression yielding a duration string (`"5 minutes"`) or
+    /// milliseconds. A row whose gap is null, unreadable or not positive
+    /// opens no session, as Spark drops it.
+    DynamicSession {
+        /// The gap expression.
+        gap: crate::expr::Expr,
     },
 }
 
@@ -103,6 +111,14 @@ impl WindowSpec {
         Ok(WindowSpec::Session { gap })
     }
 
+    /// Session windows with a per-row gap from `expression` (a column name
+    /// or any expression giving a duration string or milliseconds).
+    pub fn dynamic_session(expression: &str) -> Result<Self> {
+        Ok(WindowSpec::DynamicSession {
+            gap: crate::expr::Expr::parse(expression)?,
+        })
+    }
+
     /// Shifts the alignment of tumbling/sliding windows (Spark's `startTime`).
     pub fn with_offset(mut self, start_offset: &str) -> Result<Self> {
         let value = micros(start_offset, "window.start_offset")?;
@@ -121,7 +137,7 @@ impl WindowSpec {
                 }
                 *offset = value;
             }
-            WindowSpec::Session { .. } => {
+            WindowSpec::Session { .. } | WindowSpec::DynamicSession { .. } => {
                 return Err(Error::config(
                     "window.start_offset",
                     "session windows have no start offset",
@@ -164,12 +180,41 @@ impl WindowSpec {
                 start: t,
                 end: t + gap,
             }],
+            // Needs the row: see `assign_row`.
+            WindowSpec::DynamicSession { .. } => Vec::new(),
+        }
+    }
+
+    /// The windows of a row at time `t`: [`WindowSpec::assign`], with the
+    /// dynamic session gap read from the row.
+    pub fn assign_row(&self, t: TimestampMicros, row: &crate::row::Row) -> Vec<TimeWindow> {
+        match self {
+            WindowSpec::DynamicSession { gap } => {
+                let micros = match gap.eval(row) {
+                    crate::row::Value::Str(s) => parse_duration(&s)
+                        .ok()
+                        .and_then(|d| i64::try_from(d.as_micros()).ok()),
+                    crate::row::Value::Long(ms) => ms.checked_mul(1000),
+                    _ => None,
+                };
+                match micros {
+                    Some(g) if g > 0 => vec![TimeWindow {
+                        start: t,
+                        end: t.saturating_add(g),
+                    }],
+                    _ => Vec::new(),
+                }
+            }
+            _ => self.assign(t),
         }
     }
 
     /// Whether this is a session window.
     pub fn is_session(&self) -> bool {
-        matches!(self, WindowSpec::Session { .. })
+        matches!(
+            self,
+            WindowSpec::Session { .. } | WindowSpec::DynamicSession { .. }
+        )
     }
 }
 
@@ -209,6 +254,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("window.slide"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_gap_comes_from_the_row() {
+        let w = WindowSpec::dynamic_session("gap").unwrap();
+        let row =
+            |gap: crate::row::Value| -> crate::row::Row { [("gap", gap)].into_iter().collect() };
+        assert_eq!(
+            w.assign_row(0, &row("10 minutes".into())),
+            vec![TimeWindow {
+                start: 0,
+                end: H / 6
+            }]
+        );
+        assert_eq!(
+            w.assign_row(0, &row(crate::row::Value::Long(1000))),
+            vec![TimeWindow {
+                start: 0,
+                end: 1_000_000
+            }]
+        );
+        assert!(w.assign_row(0, &row(crate::row::Value::Long(0))).is_empty());
+        assert!(w.assign_row(0, &row(crate::row::Value::Null)).is_empty());
     }
 
     #[test]

@@ -59,15 +59,12 @@ fn run_scenario(dir: &Path) -> Result<(), String> {
     let connected = tidemark_connectors::connect(&file, work.path()).map_err(|e| e.to_string())?;
     let reports = Arc::new(Mutex::new(Vec::<QueryProgress>::new()));
     let seen = reports.clone();
-    let query = file
-        .query_builder()
-        .map_err(|e| e.to_string())?
-        .decoder(connected.decoder)
-        .dead_letter(connected.dead_letter)
+    let (query, mut source, mut sink) =
+        connected.wire(file.query_builder().map_err(|e| e.to_string())?);
+    let query = query
         .on_progress(move |p: &QueryProgress| seen.lock().unwrap().push(p.clone()))
         .build()
         .map_err(|e| e.to_string())?;
-    let (mut source, mut sink) = (connected.source, connected.sink);
     query
         .run(source.as_mut(), sink.as_mut())
         .map_err(|e| e.to_string())?;
@@ -79,6 +76,19 @@ fn run_scenario(dir: &Path) -> Result<(), String> {
     let actual = by_batch(read_jsonl(&sink_path));
     let expected = by_batch(read_jsonl(&dir.join("expected.jsonl")));
     let mut problems = Vec::new();
+    if let (Some(late), true) = (&file.late_data, dir.join("expected_late.jsonl").exists()) {
+        let actual_late = by_batch(read_jsonl(
+            &work
+                .path()
+                .join(late.path.as_deref().unwrap_or("late.jsonl")),
+        ));
+        let expected_late = by_batch(read_jsonl(&dir.join("expected_late.jsonl")));
+        if actual_late != expected_late {
+            problems.push(format!(
+                "late rows differ\n  expected: {expected_late:?}\n  actual:   {actual_late:?}"
+            ));
+        }
+    }
     if actual != expected {
         problems.push(format!(
             "rows differ\n  expected: {}\n  actual:   {}",

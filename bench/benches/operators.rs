@@ -87,6 +87,7 @@ fn window_aggregate(c: &mut Criterion) {
         processing_time: tidemark_bench::START_MICROS,
         late_threshold: 0,
         watermark: 0,
+        collect_late_rows: false,
     };
     let mut group = c.benchmark_group("window_aggregate");
     group.throughput(Throughput::Elements(rows.len() as u64));

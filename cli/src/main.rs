@@ -172,10 +172,8 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         terminal: std::io::stderr().is_terminal(),
         print_json: progress,
     };
-    let query = file
-        .query_builder()?
-        .decoder(connected.decoder)
-        .dead_letter(connected.dead_letter)
+    let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
+    let query = query
         .on_progress(move |p: &QueryProgress| status.show(p))
         .build()?;
     let stop = query.stop_handle();
@@ -189,7 +187,6 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         eprintln!("\nstopping after the current batch…");
         stop.stop();
     });
-    let (mut source, mut sink) = (connected.source, connected.sink);
     let summary = query.run(source.as_mut(), sink.as_mut())?;
     eprintln!(
         "\n{} batches, {} input records, {} output rows, {} bad records",

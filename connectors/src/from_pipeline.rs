@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
-    DeadLetterKind, Format, PipelineFile, SinkKind, SourceKind, StartingOffsets,
+    DeadLetterKind, Format, PipelineFile, SinkKind, SinkSpec, SourceKind, StartingOffsets,
 };
-use tidemark::runtime::{DeadLetter, Decoder, Sink, Source};
+use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source};
 
 /// The connected parts of a pipeline.
 pub struct Connected {
@@ -25,6 +25,20 @@ pub struct Connected {
     pub decoder: Box<dyn Decoder>,
     /// Where bad records go.
     pub dead_letter: Box<dyn DeadLetter>,
+    /// Where rows dropped as late go, if configured.
+    pub late_data: Option<Box<dyn Sink>>,
+}
+
+impl Connected {
+    /// Hands the decoder, dead-letter output and late-data sink to `query`;
+    /// returns it with the source and sink to run it on.
+    pub fn wire(self, query: QueryBuilder) -> (QueryBuilder, Box<dyn Source>, Box<dyn Sink>) {
+        let mut query = query.decoder(self.decoder).dead_letter(self.dead_letter);
+        if let Some(late) = self.late_data {
+            query = query.late_data(late);
+        }
+        (query, self.source, self.sink)
+    }
 }
 
 fn resolve(base: &Path, path: &str) -> PathBuf {
@@ -64,36 +78,10 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
-    let sink_spec = &file.sink;
-    let sink: Box<dyn Sink> = match sink_spec.kind {
-        SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
-            base_dir,
-            sink_spec.path.as_deref().unwrap_or("out.jsonl"),
-        ))?),
-        SinkKind::Stdout => Box::new(StdoutSink),
-        SinkKind::Kafka => {
-            let bootstrap = sink_spec
-                .bootstrap
-                .clone()
-                .unwrap_or_else(|| source_bootstrap.clone());
-            let format = match sink_spec.format {
-                Format::Json => ValueFormat::Json,
-                Format::Avro => {
-                    let path = sink_spec.avro_schema.as_deref().unwrap_or_default();
-                    ValueFormat::Avro(AvroEncoder::new(
-                        read_schema_file(&resolve(base_dir, path))?,
-                        sink_spec.avro_schema_id.unwrap_or(1),
-                    )?)
-                }
-            };
-            Box::new(KafkaSink::new(
-                &bootstrap,
-                sink_spec.topic.as_deref().unwrap_or_default(),
-                KeyColumns(sink_spec.key.clone()),
-                format,
-                &sink_spec.properties,
-            )?)
-        }
+    let sink = build_sink(&file.sink, base_dir, &source_bootstrap)?;
+    let late_data = match &file.late_data {
+        Some(spec) => Some(build_sink(spec, base_dir, &source_bootstrap)?),
+        None => None,
     };
     let dead_letter: Box<dyn DeadLetter> = match (&file.dead_letter, src.kind) {
         (Some(d), _) if d.kind == DeadLetterKind::Kafka => Box::new(KafkaDeadLetter::new(
@@ -117,5 +105,39 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
         sink,
         decoder,
         dead_letter,
+        late_data,
+    })
+}
+
+fn build_sink(spec: &SinkSpec, base_dir: &Path, default_bootstrap: &str) -> Result<Box<dyn Sink>> {
+    Ok(match spec.kind {
+        SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
+            base_dir,
+            spec.path.as_deref().unwrap_or("out.jsonl"),
+        ))?),
+        SinkKind::Stdout => Box::new(StdoutSink),
+        SinkKind::Kafka => {
+            let bootstrap = spec
+                .bootstrap
+                .clone()
+                .unwrap_or_else(|| default_bootstrap.to_string());
+            let format = match spec.format {
+                Format::Json => ValueFormat::Json,
+                Format::Avro => {
+                    let path = spec.avro_schema.as_deref().unwrap_or_default();
+                    ValueFormat::Avro(AvroEncoder::new(
+                        read_schema_file(&resolve(base_dir, path))?,
+                        spec.avro_schema_id.unwrap_or(1),
+                    )?)
+                }
+            };
+            Box::new(KafkaSink::new(
+                &bootstrap,
+                spec.topic.as_deref().unwrap_or_default(),
+                KeyColumns(spec.key.clone()),
+                format,
+                &spec.properties,
+            )?)
+        }
     })
 }

@@ -14,15 +14,11 @@ fn run_pipeline(yaml: &str) -> (RunSummary, Vec<QueryProgress>) {
     let connected = tidemark_connectors::connect(&file, dir.path()).unwrap();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let sink_reports = reports.clone();
-    let query = file
-        .query_builder()
-        .unwrap()
-        .decoder(connected.decoder)
-        .dead_letter(connected.dead_letter)
+    let (query, mut source, mut sink) = connected.wire(file.query_builder().unwrap());
+    let query = query
         .on_progress(move |p: &QueryProgress| sink_reports.lock().unwrap().push(p.clone()))
         .build()
         .unwrap();
-    let (mut source, mut sink) = (connected.source, connected.sink);
     let summary = query.run(source.as_mut(), sink.as_mut()).unwrap();
     let reports = reports.lock().unwrap().clone();
     (summary, reports)

@@ -29,6 +29,8 @@ pub struct BatchContext {
     /// Windows ending at or before this are emitted and evicted (Spark: the
     /// watermark in effect in this batch).
     pub watermark: TimestampMicros,
+    /// Whether late rows are kept for the late-data side output.
+    pub collect_late_rows: bool,
 }
 
 /// Spark's output modes.
@@ -69,6 +71,12 @@ pub trait Operator: Send {
     /// Ends a batch: emits what the watermark or output mode releases.
     fn on_batch_end(&mut self, _ctx: &BatchContext, _out: &mut Vec<Row>) -> Result<()> {
         Ok(())
+    }
+
+    /// Rows dropped as late since the last call (only collected when
+    /// [`BatchContext::collect_late_rows`] is set).
+    fn take_late_rows(&mut self) -> Vec<Row> {
+        Vec::new()
     }
 
     /// Progress of a stateful operator for this batch; `None` if stateless.

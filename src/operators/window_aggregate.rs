@@ -97,6 +97,7 @@ pub struct WindowAggregate {
     sessions: HashMap<Vec<u8>, SessionGroup>,
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
+    late_rows: Vec<Row>,
     rows_updated: u64,
     rows_removed: u64,
 }
@@ -121,6 +122,7 @@ impl WindowAggregate {
             sessions: HashMap::new(),
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
+            late_rows: Vec::new(),
             rows_updated: 0,
             rows_removed: 0,
         }
@@ -327,6 +329,7 @@ impl Operator for WindowAggregate {
                 format!("sliding {} every {}", fmt_micros(*size), fmt_micros(*slide))
             }
             WindowSpec::Session { gap } => format!("session gap {}", fmt_micros(*gap)),
+            WindowSpec::DynamicSession { gap } => format!("session gap from {gap:?}"),
         };
         let aggs: Vec<&str> = self.aggregates.iter().map(|a| a.output.as_ref()).collect();
         let keys: Vec<&str> = self.keys.iter().map(|k| k.as_ref()).collect();
@@ -355,13 +358,16 @@ impl Operator for WindowAggregate {
             .collect();
         let key = encode_key(&key_values);
         let mut any_late = false;
-        for window in self.window.assign(t) {
+        let windows = self.window.assign_row(t, &row);
+        let mut accepted = false;
+        for window in windows.iter().copied() {
             if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
                 any_late = true;
                 self.late_in_batch
                     .insert((window.end, window.start, key.clone()));
                 continue;
             }
+            accepted = true;
             if self.window.is_session() {
                 self.add_to_session(key.clone(), key_values.clone(), window, &row);
                 continue;
@@ -393,6 +399,10 @@ impl Operator for WindowAggregate {
         }
         if any_late {
             self.late_input_rows += 1;
+            // Dropped from every window: the late-data side output gets it.
+            if !accepted && ctx.collect_late_rows {
+                self.late_rows.push(row);
+            }
         }
         Ok(())
     }
@@ -404,6 +414,10 @@ impl Operator for WindowAggregate {
             self.finish_fixed(ctx, out);
         }
         Ok(())
+    }
+
+    fn take_late_rows(&mut self) -> Vec<Row> {
+        std::mem::take(&mut self.late_rows)
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
@@ -472,6 +486,7 @@ mod tests {
             batch_id: 0,
             processing_time: 0,
             late_threshold: if late.is_empty() { 0 } else { ts(late) },
+            collect_late_rows: true,
             watermark: if wm.is_empty() { 0 } else { ts(wm) },
         }
     }

@@ -90,6 +90,18 @@ impl<T: Decoder + ?Sized> Decoder for Box<T> {
     }
 }
 
+impl<T: Sink + ?Sized> Sink for Box<T> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {
+        (**self).write(batch_id, rows)
+    }
+    fn commit(&mut self, batch_id: u64) -> Result<()> {
+        (**self).commit(batch_id)
+    }
+}
+
 impl<T: DeadLetter + ?Sized> DeadLetter for Box<T> {
     fn send(&mut self, record: &Record, error: &Error) -> Result<()> {
         (**self).send(record, error)

@@ -55,8 +55,13 @@ pub struct QueryBuilder {
     max_records_per_batch: usize,
     decoder: Option<Box<dyn Decoder>>,
     dead_letter: Option<Box<dyn DeadLetter>>,
+    late_data: Option<Box<dyn Sink>>,
+    event_time_extractor: Option<EventTimeExtractor>,
     listeners: Vec<Box<dyn ProgressListener>>,
 }
+
+/// Computes a row's event time (microseconds) when no column holds it.
+pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send + Sync>;
 
 impl Query {
     /// Starts building a query named `name`.
@@ -76,6 +81,8 @@ impl Query {
             max_records_per_batch: 100_000,
             decoder: None,
             dead_letter: None,
+            late_data: None,
+            event_time_extractor: None,
             listeners: Vec::new(),
         }
     }
@@ -91,6 +98,27 @@ impl QueryBuilder {
     /// The event-time column (a timestamp; RFC 3339 or epoch ms on input).
     pub fn event_time(mut self, column: &str) -> Self {
         self.event_time = Some(Arc::from(column));
+        self
+    }
+
+    /// The event time computed by `extractor` (microseconds since the
+    /// epoch) and stored in `column`, which then serves as the event-time
+    /// column. A row for which it returns `None` is a bad record.
+    pub fn event_time_from(
+        mut self,
+        column: &str,
+        extractor: impl Fn(&Row) -> Option<TimestampMicros> + Send + Sync + 'static,
+    ) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self.event_time_extractor = Some(Arc::new(extractor));
+        self
+    }
+
+    /// Rows dropped as late by every window they belong to go to this sink
+    /// (Flink's late-data side output), written and committed with each
+    /// batch.
+    pub fn late_data(mut self, sink: impl Sink + 'static) -> Self {
+        self.late_data = Some(Box::new(sink));
         self
     }
 
@@ -363,7 +391,12 @@ impl Task {
         Ok(())
     }
 
-    fn context(&self, batch_id: u64, processing_time: TimestampMicros) -> BatchContext {
+    fn context(
+        &self,
+        batch_id: u64,
+        processing_time: TimestampMicros,
+        collect_late_rows: bool,
+    ) -> BatchContext {
         let (late_threshold, watermark) = match &self.watermark {
             Some(w) => (w.late_threshold(), w.in_effect()),
             None => (0, 0),
@@ -373,6 +406,7 @@ impl Task {
             processing_time,
             late_threshold,
             watermark,
+            collect_late_rows,
         }
     }
 }
@@ -434,6 +468,9 @@ impl Query {
             .take()
             .unwrap_or_else(|| Box::new(super::LogDeadLetter::default()));
         let mut listeners = std::mem::take(&mut self.builder.listeners);
+        let mut late_data = self.builder.late_data.take();
+        let collect_late = late_data.is_some();
+        let extractor = self.builder.event_time_extractor.clone();
         let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
         let mut summary = RunSummary::default();
         let mut batch_id: u64 = 0;
@@ -500,9 +537,14 @@ impl Query {
                 let task = tasks.entry(partition).or_insert_with(|| self.new_task());
                 let ctx = *contexts
                     .entry(partition)
-                    .or_insert_with(|| task.context(batch_id, processing_time));
+                    .or_insert_with(|| task.context(batch_id, processing_time, collect_late));
                 let result = decoder.decode(record).and_then(|mut row| {
                     if let Some(column) = &event_time {
+                        if let Some(extract) = &extractor {
+                            if let Some(t) = extract(&row) {
+                                row.set(column.clone(), Value::Timestamp(t));
+                            }
+                        }
                         let t = event_time_of(&row, column).map_err(|reason| Error::BadRecord {
                             position: record.position.clone(),
                             field: column.to_string(),
@@ -550,12 +592,13 @@ impl Query {
                 }
             }
             let mut state_operators = Vec::new();
+            let mut late_rows = Vec::new();
             let mut watermark_used: Option<TimestampMicros> = None;
             for (partition, task) in tasks.iter_mut() {
                 let ctx = contexts
                     .get(partition)
                     .copied()
-                    .unwrap_or_else(|| task.context(batch_id, processing_time));
+                    .unwrap_or_else(|| task.context(batch_id, processing_time, collect_late));
                 task.finish_batch(&ctx, &mut outputs)?;
                 if task.watermark.is_some() {
                     watermark_used =
@@ -565,6 +608,7 @@ impl Query {
                     if let Some(p) = op.state_progress() {
                         state_operators.push(p);
                     }
+                    late_rows.extend(op.take_late_rows());
                 }
                 if let Some(w) = task.watermark.as_mut() {
                     w.finish_batch(processing_time);
@@ -577,6 +621,10 @@ impl Query {
             // ---- commit: sink, dead letters, then source offsets
             let commit_start = Instant::now();
             sink.commit(batch_id)?;
+            if let Some(late) = late_data.as_mut() {
+                late.write(batch_id, &late_rows)?;
+                late.commit(batch_id)?;
+            }
             dead_letter.flush()?;
             source.commit()?;
             let commit_ms = commit_start.elapsed().as_millis() as u64;
