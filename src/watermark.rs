@@ -142,6 +142,21 @@ impl WatermarkTracker {
             || self.in_effect != self.previous
     }
 
+    /// Takes the inputs' progress and watermarks from a checkpoint, keeping
+    /// this tracker's delay, policy and idle timeout (the configuration may
+    /// have changed since). The watermark never moves back.
+    pub fn restore(&mut self, saved: &WatermarkTracker) {
+        for (input, p) in &saved.inputs {
+            let entry = self
+                .inputs
+                .entry(input.clone())
+                .or_insert_with(|| p.clone());
+            entry.max_event_time = entry.max_event_time.max(p.max_event_time);
+        }
+        self.in_effect = self.in_effect.max(saved.in_effect);
+        self.previous = self.previous.max(saved.previous);
+    }
+
     /// The delay in microseconds.
     pub fn delay_micros(&self) -> i64 {
         self.delay_micros

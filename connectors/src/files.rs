@@ -94,10 +94,12 @@ impl Source for FilesSource {
             records,
             exhausted: request.available_now && pending.len() == 1,
             revoked_partitions: Vec::new(),
+            restored_checkpoints: Vec::new(),
         })
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, _checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {
+        // A replayed directory starts from its first file: nothing to keep.
         self.committed = self.handed_out;
         Ok(())
     }

@@ -29,6 +29,11 @@ pub fn create_topic(name: &str, partitions: i32) {
 
 /// Produces `(key, value)` records and waits for their acknowledgement.
 pub fn produce(topic: &str, records: &[(String, Vec<u8>)]) {
+    produce_to(topic, None, records)
+}
+
+/// Produces to one partition (or by key hash when `None`), in order.
+pub fn produce_to(topic: &str, partition: Option<i32>, records: &[(String, Vec<u8>)]) {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")
@@ -36,6 +41,9 @@ pub fn produce(topic: &str, records: &[(String, Vec<u8>)]) {
         .expect("producer");
     for (key, value) in records {
         let mut pending = BaseRecord::to(topic).key(key).payload(value);
+        if let Some(p) = partition {
+            pending = pending.partition(p);
+        }
         loop {
             match producer.send(pending) {
                 Ok(()) => break,

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::record::Record;
 use crate::row::Row;
 use crate::time::TimestampMicros;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// What the trigger loop asks a source for.
@@ -34,6 +35,9 @@ pub struct SourceBatch {
     /// Partitions taken away from this instance since the last batch; their
     /// tasks are closed.
     pub revoked_partitions: Vec<i32>,
+    /// Checkpoints stored with the committed offsets of partitions assigned
+    /// since the last batch: their tasks resume from them.
+    pub restored_checkpoints: Vec<(i32, String)>,
 }
 
 /// Where records come from: Kafka, a directory of batch files, a vector.
@@ -43,8 +47,11 @@ pub trait Source: Send {
     /// The records of the next batch.
     fn next_batch(&mut self, request: &BatchRequest) -> Result<SourceBatch>;
     /// Marks every record handed out so far as done; called only after the
-    /// sink acknowledged the batch's output.
-    fn commit(&mut self) -> Result<()>;
+    /// sink acknowledged the batch's output. `checkpoints` holds each task's
+    /// state to store with its offsets (the watermark), by partition; a
+    /// source that can keep it (Kafka: commit metadata) hands it back in
+    /// [`SourceBatch::restored_checkpoints`] after a restart or rebalance.
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()>;
     /// Current position, for progress (`{"topic": {"0": 42}}`).
     fn offsets(&self) -> serde_json::Value;
     /// The watermark input a record's topic and partition belong to: each

@@ -13,6 +13,8 @@ pub struct VecSource {
     batches: VecDeque<Vec<Record>>,
     offset: i64,
     committed: i64,
+    checkpoints: std::collections::BTreeMap<i32, String>,
+    restore: Vec<(i32, String)>,
 }
 
 impl VecSource {
@@ -40,7 +42,21 @@ impl VecSource {
             batches,
             offset: 0,
             committed: 0,
+            checkpoints: Default::default(),
+            restore: Vec::new(),
         }
+    }
+
+    /// Hands `checkpoints` back with the first batch, as Kafka does after a
+    /// restart.
+    pub fn restoring(mut self, checkpoints: std::collections::BTreeMap<i32, String>) -> Self {
+        self.restore = checkpoints.into_iter().collect();
+        self
+    }
+
+    /// The checkpoints stored with the last commit.
+    pub fn checkpoints(&self) -> &std::collections::BTreeMap<i32, String> {
+        &self.checkpoints
     }
 
     /// The offset committed so far.
@@ -60,9 +76,11 @@ impl Source for VecSource {
             records,
             exhausted: self.batches.is_empty(),
             revoked_partitions: Vec::new(),
+            restored_checkpoints: std::mem::take(&mut self.restore),
         })
     }
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {
+        self.checkpoints = checkpoints.clone();
         self.committed = self.offset;
         Ok(())
     }

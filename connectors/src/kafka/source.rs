@@ -76,6 +76,7 @@ pub struct KafkaSource {
     /// Next offset to commit per (topic, partition): last handed out + 1.
     next_offsets: HashMap<(String, i32), i64>,
     committed: HashMap<(String, i32), i64>,
+    committed_checkpoints: BTreeMap<i32, String>,
     /// Available-now: end offsets fixed at the first batch.
     end_offsets: Option<HashMap<(String, i32), i64>>,
 }
@@ -117,6 +118,7 @@ impl KafkaSource {
             log,
             next_offsets: HashMap::new(),
             committed: HashMap::new(),
+            committed_checkpoints: BTreeMap::new(),
             end_offsets: None,
         })
     }
@@ -162,6 +164,36 @@ impl KafkaSource {
         }
         self.end_offsets = Some(ends);
         Ok(())
+    }
+
+    /// The checkpoints committed with the offsets of newly assigned
+    /// partitions (the first non-empty one per partition number).
+    fn checkpoints_of(&self, assigned: &[(String, i32)]) -> Vec<(i32, String)> {
+        if assigned.is_empty() {
+            return Vec::new();
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in assigned {
+            tpl.add_partition(topic, *partition);
+        }
+        let committed = match self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read committed checkpoints; tasks start fresh");
+                return Vec::new();
+            }
+        };
+        let mut out: BTreeMap<i32, String> = BTreeMap::new();
+        for e in committed.elements() {
+            if !e.metadata().is_empty() {
+                out.entry(e.partition())
+                    .or_insert_with(|| e.metadata().to_string());
+            }
+        }
+        out.into_iter().collect()
     }
 
     fn caught_up(&self) -> bool {
@@ -235,28 +267,42 @@ impl Source for KafkaSource {
                 }
             }
         }
-        let revoked = {
+        let (revoked, assigned) = {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-            log.assigned.clear();
-            std::mem::take(&mut log.revoked)
+            (
+                std::mem::take(&mut log.revoked),
+                std::mem::take(&mut log.assigned),
+            )
         };
         Ok(SourceBatch {
             records,
             exhausted: request.available_now && self.caught_up(),
             revoked_partitions: revoked,
+            restored_checkpoints: self.checkpoints_of(&assigned),
         })
     }
 
-    fn commit(&mut self) -> Result<()> {
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
         let assigned = self.assigned();
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), offset) in &self.next_offsets {
             let owned = assigned.iter().any(|(t, p)| t == topic && p == partition);
-            if owned && self.committed.get(&(topic.clone(), *partition)) != Some(offset) {
+            let checkpoint = checkpoints.get(partition);
+            let changed = self.committed.get(&(topic.clone(), *partition)) != Some(offset)
+                || self.committed_checkpoints.get(partition) != checkpoint;
+            if owned && changed {
                 tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
                     .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+                if let (Some(meta), Some(mut elem)) =
+                    (checkpoint, tpl.find_partition(topic, *partition))
+                {
+                    // Kafka keeps up to `offset.metadata.max.bytes` (4 KiB
+                    // by default) of metadata with each committed offset.
+                    elem.set_metadata(meta.as_str());
+                }
             }
         }
+        self.committed_checkpoints = checkpoints.clone();
         if tpl.count() == 0 {
             return Ok(());
         }
