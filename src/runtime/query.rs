@@ -49,6 +49,7 @@ pub struct QueryBuilder {
     idle_timeout: Option<Duration>,
     steps: Vec<OperatorFactory>,
     stateful_steps: usize,
+    session_windows: usize,
     output_mode: OutputMode,
     trigger: Trigger,
     clock: Clock,
@@ -75,6 +76,7 @@ impl Query {
             idle_timeout: None,
             steps: Vec::new(),
             stateful_steps: 0,
+            session_windows: 0,
             output_mode: OutputMode::Append,
             trigger: Trigger::default(),
             clock: Clock::System,
@@ -227,6 +229,9 @@ impl QueryBuilder {
             None => crate::operators::TimeColumn::ProcessingTime,
         };
         self.stateful_steps += 1;
+        if window.is_session() {
+            self.session_windows += 1;
+        }
         self.steps.push(Arc::new(move |mode| {
             Box::new(crate::operators::WindowAggregate::new(
                 keys.clone(),
@@ -296,6 +301,12 @@ impl QueryBuilder {
             return Err(Error::config(
                 "output_mode",
                 "append mode with an aggregation needs a watermark (as in Spark): set `watermark`, or use update or complete",
+            ));
+        }
+        if self.session_windows > 0 && self.output_mode == OutputMode::Update {
+            return Err(Error::config(
+                "output_mode",
+                "update output mode is not supported for session windows (as in Spark); use append or complete",
             ));
         }
         if self.watermark.is_some() && self.event_time.is_none() {
@@ -528,11 +539,16 @@ impl Query {
                     }
                 }
             }
-            let watermark_pending = tasks.values().any(|t| {
-                t.watermark
-                    .as_ref()
-                    .is_some_and(|w| w.in_effect() != w.late_threshold())
-            });
+            // Spark runs a no-data batch only for stateful operators that
+            // evict by watermark: append and update mode, not complete.
+            let evicts_by_watermark =
+                self.builder.stateful_steps > 0 && self.builder.output_mode != OutputMode::Complete;
+            let watermark_pending = evicts_by_watermark
+                && tasks.values().any(|t| {
+                    t.watermark
+                        .as_ref()
+                        .is_some_and(|w| w.in_effect() != w.late_threshold())
+                });
             if batch.records.is_empty() && !watermark_pending {
                 if exhausted {
                     break;
@@ -964,5 +980,23 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("needs an aggregation"), "{err}");
+        let err = Query::builder("q")
+            .event_time("t")
+            .watermark("1 minute")
+            .unwrap()
+            .window_aggregate(
+                ["k"],
+                WindowSpec::session("5 minutes").unwrap(),
+                vec![AggregateSpec::new(
+                    AggregateFn::built_in("count").unwrap(),
+                    AggregateInput::Star,
+                )],
+            )
+            .output_mode(OutputMode::Update)
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not supported for session windows"), "{err}");
     }
 }
