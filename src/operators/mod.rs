@@ -5,6 +5,7 @@
 //! Nothing here assumes micro-batches beyond `on_batch_end`, which real-time
 //! mode will call at each watermark advance instead.
 
+mod fixed_windows;
 mod stateless;
 mod window_aggregate;
 
@@ -87,8 +88,18 @@ pub trait Operator: Send {
 
 /// Encodes key values into bytes that compare and hash as the values do.
 pub(crate) fn encode_key(values: &[crate::row::Value]) -> Vec<u8> {
-    use crate::row::Value;
     let mut out = Vec::with_capacity(values.len() * 9);
+    encode_key_into(values.iter(), &mut out);
+    out
+}
+
+/// [`encode_key`] into a reused buffer: the per-row path allocates nothing.
+pub(crate) fn encode_key_into<'a>(
+    values: impl Iterator<Item = &'a crate::row::Value>,
+    out: &mut Vec<u8>,
+) {
+    use crate::row::Value;
+    out.clear();
     for v in values {
         match v {
             Value::Null => out.push(0),
@@ -112,5 +123,4 @@ pub(crate) fn encode_key(values: &[crate::row::Value]) -> Vec<u8> {
             }
         }
     }
-    out
 }

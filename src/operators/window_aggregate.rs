@@ -7,14 +7,15 @@
 //! touched in the batch and then evicts, complete mode emits everything and
 //! evicts nothing.
 
-use super::{encode_key, BatchContext, Operator, OutputMode};
+use super::fixed_windows::FixedWindowState;
+use super::{encode_key, encode_key_into, BatchContext, Operator, OutputMode};
 use crate::aggregate::{Accumulator, AggregateFn};
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::{TimeWindow, WindowSpec};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Which time assigns rows to windows.
@@ -68,11 +69,6 @@ impl AggregateSpec {
     }
 }
 
-struct GroupState {
-    key_values: Vec<Value>,
-    accumulators: Vec<Accumulator>,
-}
-
 struct Session {
     window: TimeWindow,
     accumulators: Vec<Accumulator>,
@@ -91,9 +87,9 @@ pub struct WindowAggregate {
     window: WindowSpec,
     aggregates: Vec<AggregateSpec>,
     mode: OutputMode,
-    /// Fixed windows by (end, start, key): eviction is a range scan.
-    fixed: BTreeMap<(TimestampMicros, TimestampMicros, Vec<u8>), GroupState>,
-    touched: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
+    fixed: FixedWindowState,
+    key_buffer: Vec<u8>,
+    window_buffer: Vec<TimeWindow>,
     sessions: HashMap<Vec<u8>, SessionGroup>,
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
@@ -117,8 +113,9 @@ impl WindowAggregate {
             window,
             aggregates,
             mode,
-            fixed: BTreeMap::new(),
-            touched: BTreeSet::new(),
+            fixed: FixedWindowState::default(),
+            key_buffer: Vec::new(),
+            window_buffer: Vec::new(),
             sessions: HashMap::new(),
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
@@ -126,21 +123,6 @@ impl WindowAggregate {
             rows_updated: 0,
             rows_removed: 0,
         }
-    }
-
-    fn fold(&self, accumulators: &mut [Accumulator], row: &Row) {
-        for (spec, acc) in self.aggregates.iter().zip(accumulators.iter_mut()) {
-            match &spec.input {
-                AggregateInput::Star => spec.function.reduce(acc, &Value::Bool(true)),
-                AggregateInput::Column(c) => spec
-                    .function
-                    .reduce(acc, row.get(c).unwrap_or(&Value::Null)),
-            }
-        }
-    }
-
-    fn zeros(&self) -> Vec<Accumulator> {
-        self.aggregates.iter().map(|a| a.function.zero()).collect()
     }
 
     fn output_row(
@@ -161,101 +143,86 @@ impl WindowAggregate {
         row
     }
 
-    fn add_to_session(
-        &mut self,
-        key: Vec<u8>,
-        key_values: Vec<Value>,
-        window: TimeWindow,
-        row: &Row,
-    ) {
-        let mut accumulators = self.zeros();
-        self.fold(&mut accumulators, row);
-        let group = self.sessions.entry(key).or_insert_with(|| SessionGroup {
-            key_values,
-            sessions: Vec::new(),
-        });
-        // Merge every session that overlaps or touches the new one: sessions
-        // exactly one gap apart merge, and one event may bridge two sessions.
-        let mut merged = Session {
-            window,
-            accumulators,
-            updated: true,
-        };
-        let mut kept = Vec::with_capacity(group.sessions.len() + 1);
-        let mut merged_away = 0;
-        for s in group.sessions.drain(..) {
-            if s.window.start <= merged.window.end && merged.window.start <= s.window.end {
-                merged.window.start = merged.window.start.min(s.window.start);
-                merged.window.end = merged.window.end.max(s.window.end);
-                for ((spec, acc), other) in self
-                    .aggregates
-                    .iter()
-                    .zip(&mut merged.accumulators)
-                    .zip(&s.accumulators)
-                {
-                    spec.function.merge(acc, other);
-                }
-                merged_away += 1;
-            } else {
-                kept.push(s);
-            }
+    /// Adds a row's proto-session `window` to the key's sessions, merging
+    /// every session it overlaps or touches: sessions exactly one gap apart
+    /// merge, and one event may bridge two sessions. The key's sessions are
+    /// disjoint and sorted, so the ones a row reaches are contiguous.
+    fn add_to_session(&mut self, key: &[u8], window: TimeWindow, row: &Row) {
+        if !self.sessions.contains_key(key) {
+            let key_values = self
+                .keys
+                .iter()
+                .map(|k| row.get(k).cloned().unwrap_or(Value::Null))
+                .collect();
+            self.sessions.insert(
+                key.to_vec(),
+                SessionGroup {
+                    key_values,
+                    sessions: Vec::with_capacity(1),
+                },
+            );
         }
-        self.rows_removed += merged_away.max(1) - 1;
-        kept.push(merged);
-        kept.sort_by_key(|s| s.window.start);
-        group.sessions = kept;
+        let group = self.sessions.get_mut(key).expect("inserted above");
+        let aggregates = &self.aggregates;
+        let reaches = |s: &Session| s.window.start <= window.end && window.start <= s.window.end;
+        let Some(i) = group.sessions.iter().position(reaches) else {
+            let mut accumulators: Vec<Accumulator> =
+                aggregates.iter().map(|a| a.function.zero()).collect();
+            fold(aggregates, &mut accumulators, row);
+            let at = group
+                .sessions
+                .partition_point(|s| s.window.start < window.start);
+            group.sessions.insert(
+                at,
+                Session {
+                    window,
+                    accumulators,
+                    updated: true,
+                },
+            );
+            return;
+        };
+        let session = &mut group.sessions[i];
+        session.window.start = session.window.start.min(window.start);
+        session.window.end = session.window.end.max(window.end);
+        session.updated = true;
+        fold(aggregates, &mut session.accumulators, row);
+        while i + 1 < group.sessions.len()
+            && group.sessions[i + 1].window.start <= group.sessions[i].window.end
+        {
+            let next = group.sessions.remove(i + 1);
+            let session = &mut group.sessions[i];
+            session.window.end = session.window.end.max(next.window.end);
+            for ((spec, acc), other) in aggregates
+                .iter()
+                .zip(&mut session.accumulators)
+                .zip(&next.accumulators)
+            {
+                spec.function.merge(acc, other);
+            }
+            self.rows_removed += 1;
+        }
     }
 
     fn finish_fixed(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
-        self.rows_updated += self.touched.len() as u64;
+        let mut fixed = std::mem::take(&mut self.fixed);
+        let touched = match self.mode {
+            OutputMode::Update => fixed.drain_touched(|k, w, a| out.push(self.output_row(k, w, a))),
+            _ => fixed.drain_touched(|_, _, _| {}),
+        };
+        self.rows_updated += touched as u64;
         match self.mode {
-            OutputMode::Complete => {
-                for state in self.fixed.iter() {
-                    let ((end, start, _), g) = state;
-                    out.push(self.output_row(
-                        &g.key_values,
-                        TimeWindow {
-                            start: *start,
-                            end: *end,
-                        },
-                        &g.accumulators,
-                    ));
-                }
-            }
+            OutputMode::Complete => fixed.for_each(|k, w, a| out.push(self.output_row(k, w, a))),
             OutputMode::Update => {
-                for k in &self.touched {
-                    if let Some(g) = self.fixed.get(k) {
-                        out.push(self.output_row(
-                            &g.key_values,
-                            TimeWindow {
-                                start: k.1,
-                                end: k.0,
-                            },
-                            &g.accumulators,
-                        ));
-                    }
-                }
+                self.rows_removed += fixed.evict_until(ctx.watermark, |_, _, _| {}) as u64;
             }
-            OutputMode::Append => {}
-        }
-        self.touched.clear();
-        if self.mode == OutputMode::Complete {
-            return;
-        }
-        let keep = self
-            .fixed
-            .split_off(&(ctx.watermark + 1, i64::MIN, Vec::new()));
-        let expired = std::mem::replace(&mut self.fixed, keep);
-        self.rows_removed += expired.len() as u64;
-        if self.mode == OutputMode::Append {
-            for ((end, start, _), g) in expired {
-                out.push(self.output_row(
-                    &g.key_values,
-                    TimeWindow { start, end },
-                    &g.accumulators,
-                ));
+            OutputMode::Append => {
+                self.rows_removed += fixed
+                    .evict_until(ctx.watermark, |k, w, a| out.push(self.output_row(k, w, &a)))
+                    as u64;
             }
         }
+        self.fixed = fixed;
     }
 
     fn finish_sessions(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
@@ -351,52 +318,43 @@ impl Operator for WindowAggregate {
                 _ => return Ok(()),
             },
         };
-        let key_values: Vec<Value> = self
-            .keys
-            .iter()
-            .map(|k| row.get(k).cloned().unwrap_or(Value::Null))
-            .collect();
-        let key = encode_key(&key_values);
-        let mut any_late = false;
-        let windows = self.window.assign_row(t, &row);
-        let mut accepted = false;
+        let mut key_buffer = std::mem::take(&mut self.key_buffer);
+        encode_key_into(
+            self.keys.iter().map(|k| row.get(k).unwrap_or(&Value::Null)),
+            &mut key_buffer,
+        );
+        let mut windows = std::mem::take(&mut self.window_buffer);
+        windows.clear();
+        windows.extend(self.window.assign_row(t, &row));
+        let (mut any_late, mut accepted) = (false, false);
         for window in windows.iter().copied() {
             if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
                 any_late = true;
                 self.late_in_batch
-                    .insert((window.end, window.start, key.clone()));
+                    .insert((window.end, window.start, key_buffer.clone()));
                 continue;
             }
             accepted = true;
+            let key_values = || {
+                self.keys
+                    .iter()
+                    .map(|k| row.get(k).cloned().unwrap_or(Value::Null))
+                    .collect()
+            };
             if self.window.is_session() {
-                self.add_to_session(key.clone(), key_values.clone(), window, &row);
+                self.add_to_session(&key_buffer, window, &row);
                 continue;
             }
-            let slot = (window.end, window.start, key.clone());
-            if !self.fixed.contains_key(&slot) {
-                let zeros = self.zeros();
-                self.fixed.insert(
-                    slot.clone(),
-                    GroupState {
-                        key_values: key_values.clone(),
-                        accumulators: zeros,
-                    },
-                );
-            }
-            let mut accumulators = std::mem::take(
-                &mut self
-                    .fixed
-                    .get_mut(&slot)
-                    .expect("inserted above")
-                    .accumulators,
-            );
-            self.fold(&mut accumulators, &row);
-            self.fixed
-                .get_mut(&slot)
-                .expect("inserted above")
-                .accumulators = accumulators;
-            self.touched.insert(slot);
+            let aggregates = &self.aggregates;
+            let accumulators = self
+                .fixed
+                .accumulators(&key_buffer, key_values, window, || {
+                    aggregates.iter().map(|a| a.function.zero()).collect()
+                });
+            fold(aggregates, accumulators, &row);
         }
+        self.key_buffer = key_buffer;
+        self.window_buffer = windows;
         if any_late {
             self.late_input_rows += 1;
             // Dropped from every window: the late-data side output gets it.
@@ -443,6 +401,17 @@ impl Operator for WindowAggregate {
         self.rows_updated = 0;
         self.rows_removed = 0;
         Some(progress)
+    }
+}
+
+fn fold(aggregates: &[AggregateSpec], accumulators: &mut [Accumulator], row: &Row) {
+    for (spec, acc) in aggregates.iter().zip(accumulators.iter_mut()) {
+        match &spec.input {
+            AggregateInput::Star => spec.function.reduce(acc, &Value::Bool(true)),
+            AggregateInput::Column(c) => spec
+                .function
+                .reduce(acc, row.get(c).unwrap_or(&Value::Null)),
+        }
     }
 }
 

@@ -1,0 +1,153 @@
+//! State of tumbling and sliding windows: per key, its open windows; an
+//! expiry index by window end so that eviction touches only what expires.
+//!
+//! The per-row path looks a key up by its encoded bytes without allocating
+//! and scans the key's few open windows linearly; allocation happens only
+//! when a key or a window opens.
+
+use crate::aggregate::Accumulator;
+use crate::row::Value;
+use crate::window::TimeWindow;
+use std::collections::{BTreeMap, HashMap};
+
+struct OpenWindow {
+    window: TimeWindow,
+    accumulators: Vec<Accumulator>,
+    touched: bool,
+}
+
+struct KeyWindows {
+    key_values: Vec<Value>,
+    windows: Vec<OpenWindow>,
+}
+
+/// Open fixed windows of one operator in one task.
+#[derive(Default)]
+pub(super) struct FixedWindowState {
+    keys: HashMap<Vec<u8>, KeyWindows>,
+    expiry: BTreeMap<i64, Vec<Vec<u8>>>,
+    touched: Vec<(Vec<u8>, TimeWindow)>,
+    open: usize,
+}
+
+impl FixedWindowState {
+    /// The accumulators of `window` for the key encoded as `key`, opened
+    /// with `key_values()` and `zeros()` when new; marks it touched.
+    pub(super) fn accumulators(
+        &mut self,
+        key: &[u8],
+        key_values: impl FnOnce() -> Vec<Value>,
+        window: TimeWindow,
+        zeros: impl FnOnce() -> Vec<Accumulator>,
+    ) -> &mut [Accumulator] {
+        if !self.keys.contains_key(key) {
+            self.keys.insert(
+                key.to_vec(),
+                KeyWindows {
+                    key_values: key_values(),
+                    windows: Vec::with_capacity(2),
+                },
+            );
+        }
+        let entry = self.keys.get_mut(key).expect("inserted above");
+        let position = match entry.windows.iter().position(|w| w.window == window) {
+            Some(p) => p,
+            None => {
+                entry.windows.push(OpenWindow {
+                    window,
+                    accumulators: zeros(),
+                    touched: false,
+                });
+                self.expiry
+                    .entry(window.end)
+                    .or_default()
+                    .push(key.to_vec());
+                self.open += 1;
+                entry.windows.len() - 1
+            }
+        };
+        let open = &mut entry.windows[position];
+        if !open.touched {
+            open.touched = true;
+            self.touched.push((key.to_vec(), window));
+        }
+        &mut open.accumulators
+    }
+
+    /// Number of open windows.
+    pub(super) fn len(&self) -> usize {
+        self.open
+    }
+
+    /// Windows touched since the last call, in the order first touched;
+    /// clears the marks.
+    pub(super) fn drain_touched(
+        &mut self,
+        mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
+    ) -> usize {
+        let touched = std::mem::take(&mut self.touched);
+        for (key, window) in &touched {
+            if let Some(entry) = self.keys.get_mut(key) {
+                if let Some(open) = entry.windows.iter_mut().find(|w| w.window == *window) {
+                    open.touched = false;
+                    f(&entry.key_values, open.window, &open.accumulators);
+                }
+            }
+        }
+        touched.len()
+    }
+
+    /// Every open window, by window start then key.
+    pub(super) fn for_each(&self, mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator])) {
+        let mut all: Vec<(&Vec<u8>, &KeyWindows, &OpenWindow)> = self
+            .keys
+            .iter()
+            .flat_map(|(k, e)| e.windows.iter().map(move |w| (k, e, w)))
+            .collect();
+        all.sort_by(|a, b| (a.2.window.start, a.0).cmp(&(b.2.window.start, b.0)));
+        for (_, entry, open) in all {
+            f(&entry.key_values, open.window, &open.accumulators);
+        }
+    }
+
+    /// Removes every window ending at or before `watermark`, handing each to
+    /// `f` by window end, start, then key.
+    pub(super) fn evict_until(
+        &mut self,
+        watermark: i64,
+        mut f: impl FnMut(&[Value], TimeWindow, Vec<Accumulator>),
+    ) -> usize {
+        let keep = self.expiry.split_off(&watermark.saturating_add(1));
+        let expired = std::mem::replace(&mut self.expiry, keep);
+        let mut removed = 0;
+        for (end, mut keys) in expired {
+            keys.sort();
+            let mut closed: Vec<(Vec<Value>, OpenWindow)> = Vec::new();
+            for key in keys {
+                let Some(entry) = self.keys.get_mut(&key) else {
+                    continue;
+                };
+                let mut i = 0;
+                while i < entry.windows.len() {
+                    if entry.windows[i].window.end == end {
+                        closed.push((entry.key_values.clone(), entry.windows.swap_remove(i)));
+                    } else {
+                        i += 1;
+                    }
+                }
+                if entry.windows.is_empty() {
+                    self.keys.remove(&key);
+                }
+            }
+            closed.sort_by_key(|(_, w)| w.window.start);
+            for (key_values, open) in closed {
+                removed += 1;
+                f(&key_values, open.window, open.accumulators);
+            }
+        }
+        self.open -= removed;
+        // Touch marks of evicted windows are dropped with them.
+        self.touched.retain(|(_, w)| w.end > watermark);
+        removed
+    }
+}
