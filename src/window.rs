@@ -150,46 +150,50 @@ impl WindowSpec {
     /// The windows that contain `t`, earliest start first. For sessions this
     /// is the row's own proto-session `[t, t + gap)`.
     pub fn assign(&self, t: TimestampMicros) -> Vec<TimeWindow> {
-        match *self {
+        let mut out = Vec::new();
+        self.assign_into(t, None, &mut out);
+        out
+    }
+
+    /// The windows of `t` (and, for a dynamic session gap, of `row`)
+    /// appended to `out`, earliest start first: the allocation-free form
+    /// operators use per row.
+    pub fn assign_into(
+        &self,
+        t: TimestampMicros,
+        row: Option<&crate::row::Row>,
+        out: &mut Vec<TimeWindow>,
+    ) {
+        match self {
             WindowSpec::Tumbling { size, offset } => {
-                let start = t - (t - offset).rem_euclid(size);
-                vec![TimeWindow {
+                let start = t - (t - offset).rem_euclid(*size);
+                out.push(TimeWindow {
                     start,
                     end: start + size,
-                }]
+                });
             }
             WindowSpec::Sliding {
                 size,
                 slide,
                 offset,
             } => {
-                let last_start = t - (t - offset).rem_euclid(slide);
-                let mut windows = Vec::with_capacity(((size + slide - 1) / slide) as usize);
-                let mut start = last_start;
+                let first = out.len();
+                let mut start = t - (t - offset).rem_euclid(*slide);
                 while start + size > t {
-                    windows.push(TimeWindow {
+                    out.push(TimeWindow {
                         start,
                         end: start + size,
                     });
                     start -= slide;
                 }
-                windows.reverse();
-                windows
+                out[first..].reverse();
             }
-            WindowSpec::Session { gap } => vec![TimeWindow {
+            WindowSpec::Session { gap } => out.push(TimeWindow {
                 start: t,
                 end: t + gap,
-            }],
-            // Needs the row: see `assign_row`.
-            WindowSpec::DynamicSession { .. } => Vec::new(),
-        }
-    }
-
-    /// The windows of a row at time `t`: [`WindowSpec::assign`], with the
-    /// dynamic session gap read from the row.
-    pub fn assign_row(&self, t: TimestampMicros, row: &crate::row::Row) -> Vec<TimeWindow> {
-        match self {
+            }),
             WindowSpec::DynamicSession { gap } => {
+                let Some(row) = row else { return };
                 let micros = match gap.eval(row) {
                     crate::row::Value::Str(s) => parse_duration(&s)
                         .ok()
@@ -197,16 +201,22 @@ impl WindowSpec {
                     crate::row::Value::Long(ms) => ms.checked_mul(1000),
                     _ => None,
                 };
-                match micros {
-                    Some(g) if g > 0 => vec![TimeWindow {
+                if let Some(g) = micros.filter(|g| *g > 0) {
+                    out.push(TimeWindow {
                         start: t,
                         end: t.saturating_add(g),
-                    }],
-                    _ => Vec::new(),
+                    });
                 }
             }
-            _ => self.assign(t),
         }
+    }
+
+    /// The windows of a row at time `t`: [`WindowSpec::assign`], with the
+    /// dynamic session gap read from the row.
+    pub fn assign_row(&self, t: TimestampMicros, row: &crate::row::Row) -> Vec<TimeWindow> {
+        let mut out = Vec::new();
+        self.assign_into(t, Some(row), &mut out);
+        out
     }
 
     /// Whether this is a session window.

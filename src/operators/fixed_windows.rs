@@ -8,7 +8,9 @@
 use crate::aggregate::Accumulator;
 use crate::row::Value;
 use crate::window::TimeWindow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 struct OpenWindow {
     window: TimeWindow,

@@ -15,7 +15,9 @@ use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::{TimeWindow, WindowSpec};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 /// Which time assigns rows to windows.
@@ -116,7 +118,7 @@ impl WindowAggregate {
             fixed: FixedWindowState::default(),
             key_buffer: Vec::new(),
             window_buffer: Vec::new(),
-            sessions: HashMap::new(),
+            sessions: HashMap::default(),
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
             late_rows: Vec::new(),
@@ -325,7 +327,7 @@ impl Operator for WindowAggregate {
         );
         let mut windows = std::mem::take(&mut self.window_buffer);
         windows.clear();
-        windows.extend(self.window.assign_row(t, &row));
+        self.window.assign_into(t, Some(&row), &mut windows);
         let (mut any_late, mut accepted) = (false, false);
         for window in windows.iter().copied() {
             if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
