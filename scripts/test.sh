@@ -17,6 +17,9 @@ missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v c++ >/dev/null || missing+=(g++)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
+# RocksDB's bindings are generated with libclang at build time.
+command -v clang >/dev/null || missing+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/x86_64-linux-gnu/libclang*.so*" >/dev/null || missing+=(libclang-dev)
 # librdkafka 2.12's cmake build includes curl/curl.h even with curl off.
 [[ -f /usr/include/x86_64-linux-gnu/curl/curl.h || -f /usr/include/curl/curl.h ]] || missing+=(libcurl4-openssl-dev)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)

@@ -2,9 +2,19 @@
 //!
 //! A [`StateStore`] is an ordered key-value store with prefix and range
 //! scans, so that an operator finds all windows of one key, or every entry
-//! that expires at a watermark, with one scan. [`InMemoryStore`] serves unit
-//! tests and small state; the RocksDB-backed, change-logged layers follow the
-//! Kafka Streams design (see `docs/architecture.md`).
+//! that expires at a watermark, with one scan. Stores stack as in Kafka
+//! Streams: [`CachingStore`] (hot keys in memory between checkpoints) over
+//! [`ChangeLoggingStore`] (the latest value per key to a changelog) over
+//! [`RocksDbStore`] (one RocksDB per task, a column family per store), with
+//! [`InMemoryStore`] for unit tests and small state.
+
+mod caching;
+mod changelog;
+mod rocks;
+
+pub use caching::CachingStore;
+pub use changelog::{ChangeLoggingStore, ChangelogRecord, ChangelogWriter, VecChangelog};
+pub use rocks::{MemoryBudget, RocksDbStore, TaskDb};
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -41,6 +51,22 @@ pub trait StateStore: Send {
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError>;
     /// Number of entries (estimated for disk stores).
     fn approximate_len(&self) -> usize;
+    /// Applies puts (`Some`) and deletes (`None`) together; disk stores
+    /// write them as one atomic batch.
+    fn write_batch(&mut self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
+        for (key, value) in entries {
+            match value {
+                Some(v) => self.put(key, v)?,
+                None => self.delete(key)?,
+            }
+        }
+        Ok(())
+    }
+    /// Makes everything written durable (a flush of dirty caches and
+    /// memtables); called at each checkpoint.
+    fn flush(&mut self) -> Result<(), StateError> {
+        Ok(())
+    }
 }
 
 /// A `BTreeMap` store.

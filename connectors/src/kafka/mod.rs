@@ -1,10 +1,12 @@
 //! Kafka: a consumer-group source, a producer sink, a dead-letter topic and
 //! topic administration, on rdkafka.
 
+mod changelog;
 mod dead_letter;
 mod sink;
 mod source;
 
+pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
 pub use dead_letter::KafkaDeadLetter;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};
@@ -24,6 +26,18 @@ pub fn default_bootstrap() -> String {
 
 /// Creates `topic` with `partitions` partitions if it does not exist.
 pub fn ensure_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+    ensure_topic_with_config(bootstrap, topic, partitions, 1, &[])
+}
+
+/// Creates `topic` if it does not exist, with a replication factor and
+/// topic configuration (e.g. `cleanup.policy=compact`).
+pub fn ensure_topic_with_config(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+    config: &[(&str, &str)],
+) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -32,7 +46,10 @@ pub fn ensure_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()>
         .enable_all()
         .build()
         .map_err(|e| Error::io("starting a runtime for the admin client", e))?;
-    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    for (k, v) in config {
+        new_topic = new_topic.set(k, v);
+    }
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = runtime
         .block_on(admin.create_topics([&new_topic], &options))

@@ -1,0 +1,229 @@
+//! RocksDB: one database per task under `state_dir/<application_id>/<task>`,
+//! a column family per store, one memory budget for block cache and write
+//! buffers.
+
+use crate::{Entries, StateError, StateStore};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, MultiThreaded,
+    Options, WriteBatch, WriteBufferManager,
+};
+
+/// Column families are created while stores are in use, from `&self`.
+type DB = rocksdb::DBWithThreadMode<MultiThreaded>;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Memory RocksDB may use across every task of an instance: half for the
+/// block cache, half for memtables, both charged to the same cache so the
+/// total stays within the budget.
+#[derive(Clone)]
+pub struct MemoryBudget {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+    bytes: usize,
+}
+
+impl MemoryBudget {
+    /// A budget of `bytes` (at least 16 MiB).
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.max(16 << 20);
+        let cache = Cache::new_lru_cache(bytes);
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            bytes / 2,
+            false,
+            cache.clone(),
+        );
+        MemoryBudget {
+            cache,
+            write_buffers,
+            bytes,
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn options(&self) -> Options {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_write_buffer_manager(&self.write_buffers);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&self.cache);
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+        opts.set_block_based_table_factory(&table);
+        opts
+    }
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemoryBudget({} bytes)", self.bytes)
+    }
+}
+
+/// The RocksDB database of one task.
+///
+/// ```
+/// use tidemark_state::{MemoryBudget, StateStore, TaskDb};
+/// let dir = tempfile::tempdir().unwrap();
+/// let db = TaskDb::open(dir.path(), "orders-app", "0_3", &MemoryBudget::new(64 << 20)).unwrap();
+/// let mut windows = db.store("window-aggregate").unwrap();
+/// windows.put(b"k1", b"v1").unwrap();
+/// assert_eq!(windows.get(b"k1").unwrap(), Some(b"v1".to_vec()));
+/// ```
+#[derive(Clone)]
+pub struct TaskDb {
+    db: Arc<DB>,
+    path: PathBuf,
+    budget: MemoryBudget,
+}
+
+fn backend(store: &str, e: impl std::fmt::Display) -> StateError {
+    StateError::Backend {
+        store: store.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+impl TaskDb {
+    /// Opens (or creates) `state_dir/<application_id>/<task>` with every
+    /// column family it already has.
+    pub fn open(
+        state_dir: &Path,
+        application_id: &str,
+        task: &str,
+        budget: &MemoryBudget,
+    ) -> Result<Self, StateError> {
+        let path = state_dir.join(application_id).join(task);
+        std::fs::create_dir_all(&path)
+            .map_err(|e| backend(task, format!("{}: {e}", path.display())))?;
+        let opts = budget.options();
+        let existing = DB::list_cf(&opts, &path).unwrap_or_default();
+        let descriptors = existing
+            .into_iter()
+            .filter(|name| name != "default")
+            .map(|name| ColumnFamilyDescriptor::new(name, budget.options()));
+        let db = DB::open_cf_descriptors(&opts, &path, descriptors)
+            .map_err(|e| backend(task, format!("{}: {e}", path.display())))?;
+        Ok(TaskDb {
+            db: Arc::new(db),
+            path,
+            budget: budget.clone(),
+        })
+    }
+
+    /// The store `name` (its column family, created when missing).
+    pub fn store(&self, name: &str) -> Result<RocksDbStore, StateError> {
+        if self.db.cf_handle(name).is_none() {
+            self.db
+                .create_cf(name, &self.budget.options())
+                .map_err(|e| backend(name, e))?;
+        }
+        Ok(RocksDbStore {
+            db: self.db.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    /// The task's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Deletes the task's directory (local state lost or corrupt: the next
+    /// open starts empty and restores from the changelog).
+    pub fn destroy(state_dir: &Path, application_id: &str, task: &str) -> Result<(), StateError> {
+        let path = state_dir.join(application_id).join(task);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)
+                .map_err(|e| backend(task, format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// One store: a column family of a task's database.
+pub struct RocksDbStore {
+    db: Arc<DB>,
+    name: String,
+}
+
+impl RocksDbStore {
+    fn cf(&self) -> Result<Arc<rocksdb::BoundColumnFamily<'_>>, StateError> {
+        self.db
+            .cf_handle(&self.name)
+            .ok_or_else(|| backend(&self.name, "column family missing"))
+    }
+
+    fn scan(&self, start: &[u8], stop: impl Fn(&[u8]) -> bool) -> Result<Entries, StateError> {
+        let cf = self.cf()?;
+        let mut out = Vec::new();
+        for item in self
+            .db
+            .iterator_cf(&cf, IteratorMode::From(start, Direction::Forward))
+        {
+            let (k, v) = item.map_err(|e| backend(&self.name, e))?;
+            if stop(&k) {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+impl StateStore for RocksDbStore {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        self.db
+            .get_cf(&self.cf()?, key)
+            .map_err(|e| backend(&self.name, e))
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.db
+            .put_cf(&self.cf()?, key, value)
+            .map_err(|e| backend(&self.name, e))
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        self.db
+            .delete_cf(&self.cf()?, key)
+            .map_err(|e| backend(&self.name, e))
+    }
+    fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError> {
+        self.scan(start, |k| k >= end)
+    }
+    fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
+        self.scan(prefix, |k| !k.starts_with(prefix))
+    }
+    fn approximate_len(&self) -> usize {
+        let Ok(cf) = self.cf() else { return 0 };
+        self.db
+            .property_int_value_cf(&cf, "rocksdb.estimate-num-keys")
+            .ok()
+            .flatten()
+            .unwrap_or(0) as usize
+    }
+    fn write_batch(&mut self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
+        let cf = self.cf()?;
+        let mut batch = WriteBatch::default();
+        for (key, value) in entries {
+            match value {
+                Some(v) => batch.put_cf(&cf, key, v),
+                None => batch.delete_cf(&cf, key),
+            }
+        }
+        self.db.write(batch).map_err(|e| backend(&self.name, e))
+    }
+    fn flush(&mut self) -> Result<(), StateError> {
+        self.db
+            .flush_cf(&self.cf()?)
+            .map_err(|e| backend(&self.name, e))
+    }
+}
