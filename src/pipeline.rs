@@ -61,6 +61,9 @@ pub struct PipelineFile {
     /// default: dropped and counted only.
     #[serde(default)]
     pub late_data: Option<SinkSpec>,
+    /// Durable state: `{dir: state/, changelog: true, memory_mb: 256}`.
+    #[serde(default)]
+    pub state: Option<StateSpec>,
     /// Caps the records of one batch.
     #[serde(default)]
     pub max_records_per_batch: Option<usize>,
@@ -583,6 +586,32 @@ pub enum DeadLetterKind {
     Kafka,
     /// A JSON-lines file.
     File,
+}
+
+/// `state:`: where stateful operators keep their state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    /// The state directory (RocksDB per task under `<dir>/<name>/<partition>`).
+    pub dir: String,
+    /// Log every change to a compacted Kafka topic and restore from it
+    /// (default: true for a Kafka source, false for files).
+    #[serde(default)]
+    pub changelog: Option<bool>,
+    /// Memory for RocksDB's block cache and write buffers, in MiB.
+    #[serde(default = "default_state_memory_mb")]
+    pub memory_mb: usize,
+    /// Replication factor of changelog topics.
+    #[serde(default = "default_replication")]
+    pub replication: i32,
+}
+
+fn default_state_memory_mb() -> usize {
+    256
+}
+
+fn default_replication() -> i32 {
+    1
 }
 
 /// `metrics: {prometheus: "127.0.0.1:9000"}`.

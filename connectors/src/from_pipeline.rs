@@ -13,7 +13,7 @@ use tidemark::error::Result;
 use tidemark::pipeline::{
     DeadLetterKind, Format, PipelineFile, SinkKind, SinkSpec, SourceKind, StartingOffsets,
 };
-use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source};
+use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBackend};
 
 /// The connected parts of a pipeline.
 pub struct Connected {
@@ -27,6 +27,8 @@ pub struct Connected {
     pub dead_letter: Box<dyn DeadLetter>,
     /// Where rows dropped as late go, if configured.
     pub late_data: Option<Box<dyn Sink>>,
+    /// Durable state, if configured.
+    pub state_backend: Option<Box<dyn StateBackend>>,
 }
 
 impl Connected {
@@ -36,6 +38,9 @@ impl Connected {
         let mut query = query.decoder(self.decoder).dead_letter(self.dead_letter);
         if let Some(late) = self.late_data {
             query = query.late_data(late);
+        }
+        if let Some(state) = self.state_backend {
+            query = query.state_backend(state);
         }
         (query, self.source, self.sink)
     }
@@ -100,12 +105,43 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             base_dir.join(format!("{}.dead-letter.jsonl", file.name)),
         )),
     };
+    let state_backend: Option<Box<dyn StateBackend>> = match &file.state {
+        None => None,
+        Some(spec) => {
+            let changelog = match spec.changelog.unwrap_or(src.kind == SourceKind::Kafka) {
+                false => None,
+                true => {
+                    let topics = src.topic.clone().map(|t| t.0).unwrap_or_default();
+                    let mut partitions = 1;
+                    for topic in &topics {
+                        partitions = partitions.max(crate::state_backend::partition_count(
+                            &source_bootstrap,
+                            topic,
+                        )?);
+                    }
+                    Some(crate::state_backend::ChangelogConfig {
+                        bootstrap: source_bootstrap.clone(),
+                        partitions,
+                        replication: spec.replication,
+                    })
+                }
+            };
+            Some(Box::new(crate::state_backend::RocksDbStateBackend::new(
+                resolve(base_dir, &spec.dir),
+                &file.name,
+                spec.memory_mb << 20,
+                8 << 20,
+                changelog,
+            )?))
+        }
+    };
     Ok(Connected {
         source,
         sink,
         decoder,
         dead_letter,
         late_data,
+        state_backend,
     })
 }
 

@@ -6,5 +6,6 @@ pub mod avro;
 pub mod files;
 mod from_pipeline;
 pub mod kafka;
+pub mod state_backend;
 
 pub use from_pipeline::{connect, Connected};

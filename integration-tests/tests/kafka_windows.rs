@@ -166,3 +166,69 @@ sink: {{kind: kafka, topic: {output}, key: [machine]}}
         "nothing new written"
     );
 }
+
+fn run_in(dir: &std::path::Path, yaml: &str) -> Vec<QueryProgress> {
+    let file = PipelineFile::parse(yaml).unwrap();
+    let connected = tidemark_connectors::connect(&file, dir).unwrap();
+    let (query, mut source, mut sink) = connected.wire(file.query_builder().unwrap());
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let seen = reports.clone();
+    query
+        .on_progress(move |p: &QueryProgress| seen.lock().unwrap().push(p.clone()))
+        .build()
+        .unwrap()
+        .run(source.as_mut(), sink.as_mut())
+        .unwrap();
+    let reports = reports.lock().unwrap().clone();
+    reports
+}
+
+#[test]
+fn open_windows_survive_a_restart_and_a_lost_state_directory_through_the_changelog() {
+    let (input, output, group) = (unique("readings"), unique("averages"), unique("durable"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"name: {group}
+source:
+  kind: kafka
+  topic: {input}
+  schema: {{eventTimestamp: timestamp, machine: string, temperature: double, pressure: double}}
+event_time: eventTimestamp
+watermark: 10 minutes
+steps:
+  - window_aggregate:
+      keys: [machine]
+      window: {{tumbling: 10 minutes}}
+      aggregates: [{{fn: count, as: readings}}, {{fn: avg, column: temperature, as: avg_temperature}}]
+output_mode: append
+trigger: available_now
+sink: {{kind: kafka, topic: {output}, key: [machine]}}
+state: {{dir: state, changelog: true, memory_mb: 64}}
+"#
+    );
+    // Run 1: 10:50-10:58, nine readings; the 10:50-11:00 window stays open.
+    let first: Vec<_> = (0..9).map(|i| reading(i, "m1", 20.0, 1.0)).collect();
+    produce_to(&input, Some(0), &first);
+    run_in(dir.path(), &yaml);
+    assert_eq!(consume_all(&output, 0, Duration::from_secs(2)).len(), 0);
+
+    // The local state directory is lost between runs.
+    std::fs::remove_dir_all(dir.path().join("state")).unwrap();
+
+    // Run 2: 10:59 and 11:15; the watermark passes 11:00 and the window
+    // closes with all ten readings, nine of them restored from the changelog.
+    let second = vec![reading(9, "m1", 30.0, 1.0), reading(25, "m1", 50.0, 1.0)];
+    produce_to(&input, Some(0), &second);
+    run_in(dir.path(), &yaml);
+    let out = consume_all(&output, 1, Duration::from_secs(30));
+    assert_eq!(out.len(), 1);
+    let row: serde_json::Value = serde_json::from_slice(out[0].value.as_deref().unwrap()).unwrap();
+    assert_eq!(row["window_start"], "2026-01-01T10:50:00Z");
+    assert_eq!(row["readings"], 10, "{row}");
+    assert!(
+        (row["avg_temperature"].as_f64().unwrap() - 21.0).abs() < 1e-9,
+        "{row}"
+    );
+}

@@ -23,6 +23,9 @@ struct KeyWindows {
     windows: Vec<OpenWindow>,
 }
 
+/// A window and its accumulators, borrowed from the state.
+pub(super) type WindowRef<'a> = (TimeWindow, &'a [Accumulator]);
+
 /// Open fixed windows of one operator in one task.
 #[derive(Default)]
 pub(super) struct FixedWindowState {
@@ -30,6 +33,10 @@ pub(super) struct FixedWindowState {
     expiry: BTreeMap<i64, Vec<Vec<u8>>>,
     touched: Vec<(Vec<u8>, TimeWindow)>,
     open: usize,
+    /// Keys changed since the last `take_dirty`, tracked only when the
+    /// state is persisted.
+    track_dirty: bool,
+    dirty: Vec<Vec<u8>>,
 }
 
 impl FixedWindowState {
@@ -76,6 +83,62 @@ impl FixedWindowState {
         &mut open.accumulators
     }
 
+    /// Starts tracking which keys change, for checkpoints.
+    pub(super) fn track_changes(&mut self) {
+        self.track_dirty = true;
+    }
+
+    /// Keys changed since the last call, sorted, each once.
+    pub(super) fn take_dirty(&mut self) -> Vec<Vec<u8>> {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort();
+        dirty.dedup();
+        dirty
+    }
+
+    /// A key's values and open windows, if it has any.
+    pub(super) fn key_state(
+        &self,
+        key: &[u8],
+    ) -> Option<(&[Value], impl Iterator<Item = WindowRef<'_>>)> {
+        let entry = self.keys.get(key)?;
+        Some((
+            entry.key_values.as_slice(),
+            entry
+                .windows
+                .iter()
+                .map(|w| (w.window, w.accumulators.as_slice())),
+        ))
+    }
+
+    /// Puts back a key's windows read from a store.
+    pub(super) fn insert_key(
+        &mut self,
+        key: Vec<u8>,
+        key_values: Vec<Value>,
+        windows: Vec<(TimeWindow, Vec<Accumulator>)>,
+    ) {
+        for (window, _) in &windows {
+            self.expiry.entry(window.end).or_default().push(key.clone());
+        }
+        self.open += windows.len();
+        let windows = windows
+            .into_iter()
+            .map(|(window, accumulators)| OpenWindow {
+                window,
+                accumulators,
+                touched: false,
+            })
+            .collect();
+        self.keys.insert(
+            key,
+            KeyWindows {
+                key_values,
+                windows,
+            },
+        );
+    }
+
     /// Number of open windows.
     pub(super) fn len(&self) -> usize {
         self.open
@@ -88,6 +151,9 @@ impl FixedWindowState {
         mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
     ) -> usize {
         let touched = std::mem::take(&mut self.touched);
+        if self.track_dirty {
+            self.dirty.extend(touched.iter().map(|(k, _)| k.clone()));
+        }
         for (key, window) in &touched {
             if let Some(entry) = self.keys.get_mut(key) {
                 if let Some(open) = entry.windows.iter_mut().find(|w| w.window == *window) {

@@ -6,6 +6,7 @@
 //! mode will call at each watermark advance instead.
 
 mod fixed_windows;
+mod state_codec;
 mod stateless;
 mod window_aggregate;
 
@@ -78,6 +79,22 @@ pub trait Operator: Send {
     /// [`BatchContext::collect_late_rows`] is set).
     fn take_late_rows(&mut self) -> Vec<Row> {
         Vec::new()
+    }
+
+    /// Whether this operator keeps state that must survive a restart.
+    fn is_stateful(&self) -> bool {
+        false
+    }
+
+    /// Rebuilds the operator's state from its store, when its task starts.
+    fn restore(&mut self, _store: &dyn tidemark_state::StateStore) -> Result<()> {
+        Ok(())
+    }
+
+    /// Writes what changed since the last checkpoint to the store (called
+    /// after each batch, before offsets commit).
+    fn checkpoint(&mut self, _store: &mut dyn tidemark_state::StateStore) -> Result<()> {
+        Ok(())
     }
 
     /// Progress of a stateful operator for this batch; `None` if stateless.

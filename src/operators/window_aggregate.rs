@@ -8,6 +8,7 @@
 //! evicts nothing.
 
 use super::fixed_windows::FixedWindowState;
+use super::state_codec::{decode_key_state, encode_key_state};
 use super::{encode_key, encode_key_into, BatchContext, Operator, OutputMode};
 use crate::aggregate::{Accumulator, AggregateFn};
 use crate::error::Result;
@@ -16,6 +17,7 @@ use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::{TimeWindow, WindowSpec};
 use std::collections::BTreeSet;
+use tidemark_state::StateStore;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
@@ -96,6 +98,9 @@ pub struct WindowAggregate {
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
     late_rows: Vec<Row>,
+    /// Whether state is persisted (a store was attached by `restore`).
+    persist: bool,
+    dirty_sessions: Vec<Vec<u8>>,
     rows_updated: u64,
     rows_removed: u64,
 }
@@ -122,6 +127,8 @@ impl WindowAggregate {
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
             late_rows: Vec::new(),
+            persist: false,
+            dirty_sessions: Vec::new(),
             rows_updated: 0,
             rows_removed: 0,
         }
@@ -232,7 +239,17 @@ impl WindowAggregate {
         let mut removed = 0u64;
         let mut updated = 0u64;
         let evict = self.mode != OutputMode::Complete;
-        self.sessions.retain(|_, group| {
+        let persist = self.persist;
+        let mut dirty = Vec::new();
+        self.sessions.retain(|key, group| {
+            if persist
+                && group
+                    .sessions
+                    .iter()
+                    .any(|s| s.updated || (evict && s.window.end <= ctx.watermark))
+            {
+                dirty.push(key.clone());
+            }
             for s in &mut group.sessions {
                 let closed = evict && s.window.end <= ctx.watermark;
                 if s.updated {
@@ -262,6 +279,7 @@ impl WindowAggregate {
         });
         self.rows_updated += updated;
         self.rows_removed += removed;
+        self.dirty_sessions.extend(dirty);
         emitted.sort_by_key(|a| (a.1.start, encode_key(&a.0)));
         for (key_values, window, accumulators, closed) in emitted {
             out.push(self.output_row(&key_values, window, &accumulators));
@@ -373,6 +391,68 @@ impl Operator for WindowAggregate {
         } else {
             self.finish_fixed(ctx, out);
         }
+        Ok(())
+    }
+
+    fn is_stateful(&self) -> bool {
+        true
+    }
+
+    fn restore(&mut self, store: &dyn StateStore) -> Result<()> {
+        self.persist = true;
+        self.fixed.track_changes();
+        for (key, bytes) in store.prefix(b"")? {
+            let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
+            if self.window.is_session() {
+                let sessions = windows
+                    .into_iter()
+                    .map(|(window, accumulators)| Session {
+                        window,
+                        accumulators,
+                        updated: false,
+                    })
+                    .collect();
+                self.sessions.insert(
+                    key,
+                    SessionGroup {
+                        key_values,
+                        sessions,
+                    },
+                );
+            } else {
+                self.fixed.insert_key(key, key_values, windows);
+            }
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, store: &mut dyn StateStore) -> Result<()> {
+        let mut entries = Vec::new();
+        if self.window.is_session() {
+            let mut keys = std::mem::take(&mut self.dirty_sessions);
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let value = self.sessions.get(&key).map(|g| {
+                    encode_key_state(
+                        &g.key_values,
+                        g.sessions
+                            .iter()
+                            .map(|s| (s.window, s.accumulators.as_slice())),
+                        &self.aggregates,
+                    )
+                });
+                entries.push((key, value));
+            }
+        } else {
+            for key in self.fixed.take_dirty() {
+                let value = self.fixed.key_state(&key).map(|(key_values, windows)| {
+                    encode_key_state(key_values, windows, &self.aggregates)
+                });
+                entries.push((key, value));
+            }
+        }
+        store.write_batch(&entries)?;
         Ok(())
     }
 

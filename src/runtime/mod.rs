@@ -136,6 +136,95 @@ impl DeadLetter for LogDeadLetter {
     }
 }
 
+/// Opens the stores of stateful operators, one per (task partition,
+/// operator), and makes their changes durable at each checkpoint.
+pub trait StateBackend: Send {
+    /// The store `name` of the task for `partition`, with its state
+    /// restored (from local disk or a changelog).
+    fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn tidemark_state::StateStore>>;
+    /// Called after every store flushed at a checkpoint: waits until the
+    /// changes are durable (changelog acknowledgements).
+    fn commit(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
+    fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn tidemark_state::StateStore>> {
+        (**self).open(partition, name)
+    }
+    fn commit(&mut self) -> Result<()> {
+        (**self).commit()
+    }
+}
+
+/// Keeps each store in memory, shared across runs of queries that use the
+/// same backend value: restarts in tests without disk or Kafka.
+#[derive(Clone, Default)]
+pub struct InMemoryStateBackend {
+    stores:
+        std::sync::Arc<std::sync::Mutex<BTreeMap<(i32, String), tidemark_state::InMemoryStore>>>,
+}
+
+/// A store of an [`InMemoryStateBackend`]: writes go to the shared map.
+struct SharedInMemoryStore {
+    key: (i32, String),
+    local: tidemark_state::InMemoryStore,
+    shared:
+        std::sync::Arc<std::sync::Mutex<BTreeMap<(i32, String), tidemark_state::InMemoryStore>>>,
+}
+
+impl tidemark_state::StateStore for SharedInMemoryStore {
+    fn name(&self) -> &str {
+        self.local.name()
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, tidemark_state::StateError> {
+        self.local.get(key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), tidemark_state::StateError> {
+        self.local.put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), tidemark_state::StateError> {
+        self.local.delete(key)
+    }
+    fn range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<tidemark_state::Entries, tidemark_state::StateError> {
+        self.local.range(start, end)
+    }
+    fn prefix(&self, prefix: &[u8]) -> Result<tidemark_state::Entries, tidemark_state::StateError> {
+        self.local.prefix(prefix)
+    }
+    fn approximate_len(&self) -> usize {
+        self.local.approximate_len()
+    }
+    fn flush(&mut self) -> Result<(), tidemark_state::StateError> {
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        shared.insert(self.key.clone(), self.local.clone());
+        Ok(())
+    }
+}
+
+impl StateBackend for InMemoryStateBackend {
+    fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn tidemark_state::StateStore>> {
+        let key = (partition, name.to_string());
+        let local = self
+            .stores
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| tidemark_state::InMemoryStore::new(name));
+        Ok(Box::new(SharedInMemoryStore {
+            key,
+            local,
+            shared: self.stores.clone(),
+        }))
+    }
+}
+
 /// When batches run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {

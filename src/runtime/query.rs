@@ -57,6 +57,7 @@ pub struct QueryBuilder {
     decoder: Option<Box<dyn Decoder>>,
     dead_letter: Option<Box<dyn DeadLetter>>,
     late_data: Option<Box<dyn Sink>>,
+    state_backend: Option<Box<dyn super::StateBackend>>,
     event_time_extractor: Option<EventTimeExtractor>,
     listeners: Vec<Box<dyn ProgressListener>>,
 }
@@ -84,6 +85,7 @@ impl Query {
             decoder: None,
             dead_letter: None,
             late_data: None,
+            state_backend: None,
             event_time_extractor: None,
             listeners: Vec::new(),
         }
@@ -121,6 +123,14 @@ impl QueryBuilder {
     /// batch.
     pub fn late_data(mut self, sink: impl Sink + 'static) -> Self {
         self.late_data = Some(Box::new(sink));
+        self
+    }
+
+    /// Keeps stateful operators' state in stores from `backend` (RocksDB
+    /// with Kafka changelogs in production), checkpointed after every batch
+    /// and restored when a task starts. Without one, state lives in memory.
+    pub fn state_backend(mut self, backend: impl super::StateBackend + 'static) -> Self {
+        self.state_backend = Some(Box::new(backend));
         self
     }
 
@@ -367,6 +377,8 @@ pub struct RunSummary {
 /// co-partitioned partitions).
 struct Task {
     operators: Vec<Box<dyn Operator>>,
+    /// The store of each stateful operator, when a state backend is set.
+    stores: Vec<Option<Box<dyn tidemark_state::StateStore>>>,
     watermark: Option<WatermarkTracker>,
 }
 
@@ -451,10 +463,34 @@ impl Query {
             .collect()
     }
 
-    fn new_task(&self) -> Task {
+    /// A task for `partition`; with a state backend, each stateful operator
+    /// gets its store (`op<index>`) and restores from it.
+    fn new_task(
+        &self,
+        partition: i32,
+        backend: Option<&mut (dyn super::StateBackend + 'static)>,
+    ) -> Result<Task> {
         let b = &self.builder;
-        Task {
-            operators: b.steps.iter().map(|f| f(b.output_mode)).collect(),
+        let mut operators: Vec<Box<dyn Operator>> =
+            b.steps.iter().map(|f| f(b.output_mode)).collect();
+        let mut stores = Vec::with_capacity(operators.len());
+        match backend {
+            Some(backend) => {
+                for (index, op) in operators.iter_mut().enumerate() {
+                    if op.is_stateful() {
+                        let store = backend.open(partition, &format!("op{index}"))?;
+                        op.restore(store.as_ref())?;
+                        stores.push(Some(store));
+                    } else {
+                        stores.push(None);
+                    }
+                }
+            }
+            None => stores.resize_with(operators.len(), || None),
+        }
+        Ok(Task {
+            operators,
+            stores,
             watermark: b.watermark.map(|d| {
                 WatermarkTracker::new(
                     d.as_micros() as i64,
@@ -462,7 +498,7 @@ impl Query {
                     b.idle_timeout.map(|t| t.as_micros() as i64),
                 )
             }),
-        }
+        })
     }
 
     /// Runs until the source is exhausted (available-now) or
@@ -480,6 +516,7 @@ impl Query {
             .unwrap_or_else(|| Box::new(super::LogDeadLetter::default()));
         let mut listeners = std::mem::take(&mut self.builder.listeners);
         let mut late_data = self.builder.late_data.take();
+        let mut state_backend = self.builder.state_backend.take();
         let collect_late = late_data.is_some();
         let extractor = self.builder.event_time_extractor.clone();
         let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
@@ -522,7 +559,12 @@ impl Query {
                 }
             }
             for (partition, checkpoint) in &batch.restored_checkpoints {
-                let task = tasks.entry(*partition).or_insert_with(|| self.new_task());
+                let task = match tasks.entry(*partition) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert(self.new_task(*partition, state_backend.as_deref_mut())?)
+                    }
+                };
                 if let Some(w) = task.watermark.as_mut() {
                     match serde_json::from_str::<WatermarkTracker>(checkpoint) {
                         Ok(saved) => {
@@ -568,7 +610,12 @@ impl Query {
                 BTreeMap::new();
             for record in &batch.records {
                 let partition = record.position.partition;
-                let task = tasks.entry(partition).or_insert_with(|| self.new_task());
+                let task = match tasks.entry(partition) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        e.insert(self.new_task(partition, state_backend.as_deref_mut())?)
+                    }
+                };
                 let ctx = *contexts
                     .entry(partition)
                     .or_insert_with(|| task.context(batch_id, processing_time, collect_late));
@@ -654,6 +701,19 @@ impl Query {
 
             // ---- commit: sink, dead letters, then source offsets
             let commit_start = Instant::now();
+            // State first: its changelog is acknowledged before the offsets
+            // that produced it are committed.
+            for task in tasks.values_mut() {
+                for (op, store) in task.operators.iter_mut().zip(task.stores.iter_mut()) {
+                    if let Some(store) = store {
+                        op.checkpoint(store.as_mut())?;
+                        store.flush()?;
+                    }
+                }
+            }
+            if let Some(backend) = state_backend.as_mut() {
+                backend.commit()?;
+            }
             sink.commit(batch_id)?;
             if let Some(late) = late_data.as_mut() {
                 late.write(batch_id, &late_rows)?;
@@ -957,6 +1017,83 @@ mod tests {
             })
             .collect();
         assert_eq!(counts, vec![(0, 1), (1, 2)], "{:?}", sink.rows);
+    }
+
+    #[test]
+    fn window_state_survives_a_restart_through_the_state_backend() {
+        let build = |backend: Option<crate::runtime::InMemoryStateBackend>| {
+            let mut b = Query::builder("durable")
+                .event_time("t")
+                .watermark("1 minute")
+                .unwrap()
+                .window_aggregate(
+                    ["k"],
+                    WindowSpec::tumbling("1 minute").unwrap(),
+                    vec![AggregateSpec::new(
+                        AggregateFn::built_in("count").unwrap(),
+                        AggregateInput::Star,
+                    )],
+                )
+                .trigger(Trigger::AvailableNow);
+            if let Some(backend) = backend {
+                b = b.state_backend(backend);
+            }
+            b.build().unwrap()
+        };
+        let first_half = || {
+            VecSource::json_batches(vec![vec![
+                r#"{"t": "2026-01-01T00:00:10Z", "k": "a"}"#,
+                r#"{"t": "2026-01-01T00:00:20Z", "k": "a"}"#,
+                r#"{"t": "2026-01-01T00:00:30Z", "k": "b"}"#,
+            ]])
+        };
+        let second_half = |checkpoints| {
+            VecSource::json_batches(vec![vec![
+                r#"{"t": "2026-01-01T00:00:40Z", "k": "a"}"#,
+                r#"{"t": "2026-01-01T00:05:00Z", "k": "a"}"#,
+            ]])
+            .restoring(checkpoints)
+        };
+        let counts = |sink: &CollectSink| -> Vec<(String, Value)> {
+            sink.rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.get("k").unwrap().to_string(),
+                        r.get("count").unwrap().clone(),
+                    )
+                })
+                .collect()
+        };
+
+        let backend = crate::runtime::InMemoryStateBackend::default();
+        let mut source = first_half();
+        build(Some(backend.clone()))
+            .run(&mut source, &mut CollectSink::default())
+            .unwrap();
+        let mut sink = CollectSink::default();
+        build(Some(backend))
+            .run(&mut second_half(source.checkpoints().clone()), &mut sink)
+            .unwrap();
+        assert_eq!(
+            counts(&sink),
+            vec![
+                ("a".to_string(), Value::Long(3)),
+                ("b".to_string(), Value::Long(1))
+            ],
+            "the 00:00 windows kept the first run's rows"
+        );
+
+        // Without a backend the first run's open windows are lost.
+        let mut source = first_half();
+        build(None)
+            .run(&mut source, &mut CollectSink::default())
+            .unwrap();
+        let mut sink = CollectSink::default();
+        build(None)
+            .run(&mut second_half(source.checkpoints().clone()), &mut sink)
+            .unwrap();
+        assert_eq!(counts(&sink), vec![("a".to_string(), Value::Long(1))]);
     }
 
     #[test]

@@ -1,0 +1,186 @@
+//! The bytes of operator state in a store: values, windows and
+//! accumulators of one key, in a compact versioned layout.
+
+use crate::aggregate::Accumulator;
+use crate::error::{Error, Result};
+use crate::operators::AggregateSpec;
+use crate::row::Value;
+use crate::window::TimeWindow;
+use std::sync::Arc;
+
+const VERSION: u8 = 1;
+
+fn corrupt(what: &str) -> Error {
+    Error::Source(format!("corrupt operator state: {what}"))
+}
+
+/// Appends one value.
+pub(crate) fn put_value(v: &Value, out: &mut Vec<u8>) {
+    match v {
+        Value::Null => out.push(0),
+        Value::Bool(b) => out.extend([1, *b as u8]),
+        Value::Long(x) => {
+            out.push(2);
+            out.extend(x.to_le_bytes());
+        }
+        Value::Double(x) => {
+            out.push(3);
+            out.extend(x.to_bits().to_le_bytes());
+        }
+        Value::Timestamp(x) => {
+            out.push(4);
+            out.extend(x.to_le_bytes());
+        }
+        Value::Str(s) => {
+            out.push(5);
+            out.extend((s.len() as u32).to_le_bytes());
+            out.extend(s.as_bytes());
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(corrupt("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn value(&mut self) -> Result<Value> {
+        Ok(match self.u8()? {
+            0 => Value::Null,
+            1 => Value::Bool(self.u8()? != 0),
+            2 => Value::Long(self.i64()?),
+            3 => Value::Double(f64::from_bits(self.i64()? as u64)),
+            4 => Value::Timestamp(self.i64()?),
+            5 => {
+                let n = self.u32()? as usize;
+                let s = std::str::from_utf8(self.take(n)?)
+                    .map_err(|_| corrupt("string is not UTF-8"))?;
+                Value::Str(Arc::from(s))
+            }
+            t => return Err(corrupt(&format!("unknown value tag {t}"))),
+        })
+    }
+}
+
+/// Encodes a key's values and its windows with their accumulators.
+pub(crate) fn encode_key_state<'a>(
+    key_values: &[Value],
+    windows: impl Iterator<Item = (TimeWindow, &'a [Accumulator])>,
+    aggregates: &[AggregateSpec],
+) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    out.extend((key_values.len() as u16).to_le_bytes());
+    for v in key_values {
+        put_value(v, &mut out);
+    }
+    let windows: Vec<(TimeWindow, &[Accumulator])> = windows.collect();
+    out.extend((windows.len() as u16).to_le_bytes());
+    for (w, accumulators) in windows {
+        out.extend(w.start.to_le_bytes());
+        out.extend(w.end.to_le_bytes());
+        out.extend((accumulators.len() as u16).to_le_bytes());
+        for (spec, acc) in aggregates.iter().zip(accumulators) {
+            let bytes = spec.function.encode(acc);
+            out.extend((bytes.len() as u32).to_le_bytes());
+            out.extend(bytes);
+        }
+    }
+    out
+}
+
+/// A key's values and windows decoded.
+pub(crate) type KeyState = (Vec<Value>, Vec<(TimeWindow, Vec<Accumulator>)>);
+
+/// Decodes what [`encode_key_state`] wrote.
+pub(crate) fn decode_key_state(bytes: &[u8], aggregates: &[AggregateSpec]) -> Result<KeyState> {
+    let mut r = Reader(bytes);
+    if r.u8()? != VERSION {
+        return Err(corrupt("unknown layout version"));
+    }
+    let key_values = (0..r.u16()?)
+        .map(|_| r.value())
+        .collect::<Result<Vec<_>>>()?;
+    let mut windows = Vec::new();
+    for _ in 0..r.u16()? {
+        let window = TimeWindow {
+            start: r.i64()?,
+            end: r.i64()?,
+        };
+        let n = r.u16()? as usize;
+        if n != aggregates.len() {
+            return Err(corrupt(
+                "the aggregates changed since the state was written",
+            ));
+        }
+        let mut accumulators = Vec::with_capacity(n);
+        for spec in aggregates {
+            let len = r.u32()? as usize;
+            accumulators.push(spec.function.decode(r.take(len)?)?);
+        }
+        windows.push((window, accumulators));
+    }
+    Ok((key_values, windows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::AggregateFn;
+    use crate::operators::AggregateInput;
+
+    #[test]
+    fn round_trips() {
+        let aggs = vec![
+            AggregateSpec::new(
+                AggregateFn::built_in("count").unwrap(),
+                AggregateInput::Star,
+            ),
+            AggregateSpec::new(
+                AggregateFn::built_in("max").unwrap(),
+                AggregateInput::Column("x".into()),
+            ),
+        ];
+        let mut accs: Vec<Accumulator> = aggs.iter().map(|a| a.function.zero()).collect();
+        aggs[0].function.reduce(&mut accs[0], &Value::Bool(true));
+        aggs[1].function.reduce(&mut accs[1], &Value::from("zz"));
+        let key = vec![
+            Value::from("k"),
+            Value::Long(-3),
+            Value::Null,
+            Value::Timestamp(7),
+            Value::Double(1.5),
+        ];
+        let w = TimeWindow { start: 10, end: 20 };
+        let bytes = encode_key_state(&key, std::iter::once((w, accs.as_slice())), &aggs);
+        let (k, windows) = decode_key_state(&bytes, &aggs).unwrap();
+        assert_eq!(k, key);
+        assert_eq!(windows[0].0, w);
+        assert_eq!(aggs[0].function.finish(&windows[0].1[0]), Value::Long(1));
+        assert_eq!(aggs[1].function.finish(&windows[0].1[1]), Value::from("zz"));
+        assert!(decode_key_state(&bytes[..bytes.len() - 1], &aggs).is_err());
+    }
+}
