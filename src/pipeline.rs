@@ -61,6 +61,10 @@ pub struct PipelineFile {
     /// default: dropped and counted only.
     #[serde(default)]
     pub late_data: Option<SinkSpec>,
+    /// `at_least_once` (default) or `exactly_once` (Kafka source and sink:
+    /// output, state changes and offsets in one transaction per batch).
+    #[serde(default)]
+    pub processing_guarantee: ProcessingGuarantee,
     /// Durable state: `{dir: state/, changelog: true, memory_mb: 256}`.
     #[serde(default)]
     pub state: Option<StateSpec>,
@@ -588,6 +592,19 @@ pub enum DeadLetterKind {
     File,
 }
 
+/// Delivery guarantee of a pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessingGuarantee {
+    /// Offsets commit after the output is acknowledged: a failure may
+    /// repeat a batch's output, never lose it.
+    #[default]
+    AtLeastOnce,
+    /// Output records, changelog records and offsets commit in one Kafka
+    /// transaction: read_committed consumers see each batch exactly once.
+    ExactlyOnce,
+}
+
 /// `state:`: where stateful operators keep their state.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -749,6 +766,14 @@ impl PipelineFile {
                 }
                 _ => {}
             }
+        }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+            && (self.source.kind != SourceKind::Kafka || self.sink.kind != SinkKind::Kafka)
+        {
+            return err(
+                "processing_guarantee",
+                "exactly_once needs a kafka source and a kafka sink (allowed otherwise: at_least_once)",
+            );
         }
         if self.watermark.is_some() && self.event_time.is_none() {
             return err("watermark", "a watermark needs `event_time: <column>`");

@@ -5,13 +5,14 @@ use crate::avro::{read_schema_file, AvroDecoder, AvroEncoder};
 use crate::files::{FileDeadLetter, FilesSource, JsonlSink, StdoutSink};
 use crate::kafka::{
     default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
-    ValueFormat,
+    SharedTransactions, ValueFormat,
 };
 use std::path::{Path, PathBuf};
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
-    DeadLetterKind, Format, PipelineFile, SinkKind, SinkSpec, SourceKind, StartingOffsets,
+    DeadLetterKind, Format, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec, SourceKind,
+    StartingOffsets,
 };
 use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBackend};
 
@@ -60,18 +61,36 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     let src = &file.source;
     let source_bootstrap = src.bootstrap.clone().unwrap_or_else(default_bootstrap);
+    let transactions = match file.processing_guarantee {
+        ProcessingGuarantee::AtLeastOnce => None,
+        ProcessingGuarantee::ExactlyOnce => {
+            // Stable per instance: a restarted instance fences the old one
+            // and aborts the transaction it left open.
+            let instance = std::env::var("TIDEMARK_INSTANCE_ID").unwrap_or_else(|_| "0".into());
+            Some(SharedTransactions::new(
+                &source_bootstrap,
+                &format!("{}-{instance}", file.name),
+            )?)
+        }
+    };
     let source: Box<dyn Source> = match src.kind {
         SourceKind::Files => Box::new(FilesSource::new(resolve(
             base_dir,
             src.path.as_deref().unwrap_or("."),
         ))?),
-        SourceKind::Kafka => Box::new(KafkaSource::new(KafkaSourceConfig {
-            bootstrap: source_bootstrap.clone(),
-            topics: src.topic.clone().map(|t| t.0).unwrap_or_default(),
-            group: src.group.clone().unwrap_or_else(|| file.name.clone()),
-            earliest: src.starting_offsets != Some(StartingOffsets::Latest),
-            properties: src.properties.clone(),
-        })?),
+        SourceKind::Kafka => {
+            let source = KafkaSource::new(KafkaSourceConfig {
+                bootstrap: source_bootstrap.clone(),
+                topics: src.topic.clone().map(|t| t.0).unwrap_or_default(),
+                group: src.group.clone().unwrap_or_else(|| file.name.clone()),
+                earliest: src.starting_offsets != Some(StartingOffsets::Latest),
+                properties: src.properties.clone(),
+            })?;
+            match &transactions {
+                Some(t) => Box::new(source.with_transactions(t.clone())),
+                None => Box::new(source),
+            }
+        }
     };
     let decoder: Box<dyn Decoder> = match src.format {
         Format::Json => Box::new(JsonDecoder::new(file.schema())),
@@ -83,9 +102,14 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
-    let sink = build_sink(&file.sink, base_dir, &source_bootstrap)?;
+    let sink = build_sink(
+        &file.sink,
+        base_dir,
+        &source_bootstrap,
+        transactions.as_ref(),
+    )?;
     let late_data = match &file.late_data {
-        Some(spec) => Some(build_sink(spec, base_dir, &source_bootstrap)?),
+        Some(spec) => Some(build_sink(spec, base_dir, &source_bootstrap, None)?),
         None => None,
     };
     let dead_letter: Box<dyn DeadLetter> = match (&file.dead_letter, src.kind) {
@@ -126,13 +150,17 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
                     })
                 }
             };
-            Some(Box::new(crate::state_backend::RocksDbStateBackend::new(
+            let backend = crate::state_backend::RocksDbStateBackend::new(
                 resolve(base_dir, &spec.dir),
                 &file.name,
                 spec.memory_mb << 20,
                 8 << 20,
                 changelog,
-            )?))
+            )?;
+            Some(Box::new(match &transactions {
+                Some(t) => backend.with_transactions(t.clone()),
+                None => backend,
+            }))
         }
     };
     Ok(Connected {
@@ -145,7 +173,12 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     })
 }
 
-fn build_sink(spec: &SinkSpec, base_dir: &Path, default_bootstrap: &str) -> Result<Box<dyn Sink>> {
+fn build_sink(
+    spec: &SinkSpec,
+    base_dir: &Path,
+    default_bootstrap: &str,
+    transactions: Option<&SharedTransactions>,
+) -> Result<Box<dyn Sink>> {
     Ok(match spec.kind {
         SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
             base_dir,
@@ -167,13 +200,17 @@ fn build_sink(spec: &SinkSpec, base_dir: &Path, default_bootstrap: &str) -> Resu
                     )?)
                 }
             };
-            Box::new(KafkaSink::new(
+            let sink = KafkaSink::new(
                 &bootstrap,
                 spec.topic.as_deref().unwrap_or_default(),
                 KeyColumns(spec.key.clone()),
                 format,
                 &spec.properties,
-            )?)
+            )?;
+            match transactions {
+                Some(t) => Box::new(sink.with_transactions(t.clone())),
+                None => Box::new(sink),
+            }
         }
     })
 }

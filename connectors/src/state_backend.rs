@@ -66,6 +66,15 @@ impl RocksDbStateBackend {
         })
     }
 
+    /// Appends changelog records inside `transactions` (exactly-once).
+    pub fn with_transactions(mut self, transactions: crate::kafka::SharedTransactions) -> Self {
+        self.changelog = self
+            .changelog
+            .take()
+            .map(|(config, writer)| (config, writer.with_transactions(transactions)));
+        self
+    }
+
     fn task_db(&mut self, partition: i32) -> Result<TaskDb> {
         if let Some(db) = self.tasks.get(&partition) {
             return Ok(db.clone());
@@ -84,10 +93,15 @@ impl RocksDbStateBackend {
 impl StateBackend for RocksDbStateBackend {
     fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn StateStore>> {
         let db = self.task_db(partition)?;
-        let local = db.store(name)?;
         match &self.changelog {
-            None => Ok(Box::new(CachingStore::new(local, self.cache_bytes))),
+            None => Ok(Box::new(CachingStore::new(
+                db.store(name)?,
+                self.cache_bytes,
+            ))),
             Some((config, writer)) => {
+                // Local writes of a batch whose transaction did not commit
+                // may linger: rebuild from the changelog alone.
+                let local = db.fresh_store(name)?;
                 let topic = changelog_topic(&self.application_id, name);
                 ensure_topic_with_config(
                     &config.bootstrap,

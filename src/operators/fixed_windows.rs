@@ -192,6 +192,9 @@ impl FixedWindowState {
             keys.sort();
             let mut closed: Vec<(Vec<Value>, OpenWindow)> = Vec::new();
             for key in keys {
+                if self.track_dirty {
+                    self.dirty.push(key.clone());
+                }
                 let Some(entry) = self.keys.get_mut(&key) else {
                     continue;
                 };

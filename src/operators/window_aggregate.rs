@@ -452,6 +452,11 @@ impl Operator for WindowAggregate {
                 entries.push((key, value));
             }
         }
+        tracing::debug!(
+            changed_keys = entries.len(),
+            open_windows = self.state_rows(),
+            "window state checkpoint"
+        );
         store.write_batch(&entries)?;
         Ok(())
     }

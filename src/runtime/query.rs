@@ -714,6 +714,12 @@ impl Query {
             if let Some(backend) = state_backend.as_mut() {
                 backend.commit()?;
             }
+            tracing::debug!(
+                batch_id,
+                outputs = outputs.len(),
+                tasks = tasks.len(),
+                "batch committing"
+            );
             sink.commit(batch_id)?;
             if let Some(late) = late_data.as_mut() {
                 late.write(batch_id, &late_rows)?;
@@ -1094,6 +1100,54 @@ mod tests {
             .run(&mut second_half(source.checkpoints().clone()), &mut sink)
             .unwrap();
         assert_eq!(counts(&sink), vec![("a".to_string(), Value::Long(1))]);
+    }
+
+    #[test]
+    fn a_window_written_before_a_restart_is_not_written_again() {
+        let backend = crate::runtime::InMemoryStateBackend::default();
+        let build = || {
+            Query::builder("once")
+                .event_time("t")
+                .watermark("1 minute")
+                .unwrap()
+                .window_aggregate(
+                    ["k"],
+                    WindowSpec::tumbling("1 minute").unwrap(),
+                    vec![AggregateSpec::new(
+                        AggregateFn::built_in("count").unwrap(),
+                        AggregateInput::Star,
+                    )],
+                )
+                .trigger(Trigger::AvailableNow)
+                .state_backend(backend.clone())
+                .build()
+                .unwrap()
+        };
+        let mut checkpoints = Default::default();
+        let mut written = Vec::new();
+        for batch in [
+            vec![r#"{"t": "2026-01-01T00:00:10Z", "k": "a"}"#],
+            vec![r#"{"t": "2026-01-01T00:03:00Z", "k": "a"}"#],
+            vec![r#"{"t": "2026-01-01T00:09:00Z", "k": "a"}"#],
+        ] {
+            let mut source = VecSource::json_batches(vec![batch]).restoring(checkpoints);
+            let mut sink = CollectSink::default();
+            build().run(&mut source, &mut sink).unwrap();
+            checkpoints = source.checkpoints().clone();
+            written.extend(
+                sink.rows
+                    .iter()
+                    .map(|r| r.get("window_start").unwrap().to_string()),
+            );
+        }
+        assert_eq!(
+            written,
+            vec![
+                "2026-01-01T00:00:00Z".to_string(),
+                "2026-01-01T00:03:00Z".to_string()
+            ],
+            "each window once, across restarts"
+        );
     }
 
     #[test]

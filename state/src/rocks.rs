@@ -130,6 +130,15 @@ impl TaskDb {
         })
     }
 
+    /// The store `name`, emptied (its column family dropped and created
+    /// again): the start of a restore from the changelog.
+    pub fn fresh_store(&self, name: &str) -> Result<RocksDbStore, StateError> {
+        if self.db.cf_handle(name).is_some() {
+            self.db.drop_cf(name).map_err(|e| backend(name, e))?;
+        }
+        self.store(name)
+    }
+
     /// The task's directory.
     pub fn path(&self) -> &Path {
         &self.path

@@ -26,9 +26,17 @@ pub struct KafkaChangelogWriter {
     application_id: Arc<str>,
     producer: ThreadedProducer<DeliveryTracker>,
     tracker: DeliveryTracker,
+    transactions: Option<super::SharedTransactions>,
 }
 
 impl KafkaChangelogWriter {
+    /// Appends inside `transactions` (exactly-once): changes commit with
+    /// the batch's output and offsets.
+    pub fn with_transactions(mut self, transactions: super::SharedTransactions) -> Self {
+        self.transactions = Some(transactions);
+        self
+    }
+
     /// A writer for `application_id`'s changelogs.
     pub fn new(bootstrap: &str, application_id: &str) -> Result<Self> {
         let (producer, tracker) = producer(bootstrap, &BTreeMap::new(), "changelog")?;
@@ -36,12 +44,17 @@ impl KafkaChangelogWriter {
             application_id: Arc::from(application_id),
             producer,
             tracker,
+            transactions: None,
         })
     }
 
     /// Waits until every change appended so far is acknowledged: called at
     /// the checkpoint, before offsets commit.
     pub fn flush(&self) -> Result<()> {
+        if self.transactions.is_some() {
+            // Committed with the transaction.
+            return Ok(());
+        }
         self.producer
             .flush(Duration::from_secs(60))
             .map_err(|e| Error::Sink(format!("flushing changelogs: {e}")))?;
@@ -64,7 +77,11 @@ impl ChangelogWriter for KafkaChangelogWriter {
         if let Some(v) = record.value.as_deref() {
             out = out.payload(v);
         }
-        send_with_backpressure(&self.producer, out).map_err(|e| StateError::Backend {
+        let result = match &self.transactions {
+            Some(t) => t.send(out).map_err(|e| e.to_string()),
+            None => send_with_backpressure(&self.producer, out).map_err(|e| e.to_string()),
+        };
+        result.map_err(|e| StateError::Backend {
             store: record.store.clone(),
             reason: format!("changelog `{topic}`: {e}"),
         })

@@ -3,11 +3,13 @@
 
 mod changelog;
 mod dead_letter;
+mod exactly_once;
 mod sink;
 mod source;
 
 pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
 pub use dead_letter::KafkaDeadLetter;
+pub use exactly_once::SharedTransactions;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};
 

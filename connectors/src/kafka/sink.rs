@@ -120,9 +120,17 @@ pub struct KafkaSink {
     tracker: DeliveryTracker,
     key: KeyColumns,
     format: ValueFormat,
+    transactions: Option<super::SharedTransactions>,
 }
 
 impl KafkaSink {
+    /// Sends inside `transactions` (exactly-once): records become visible
+    /// when the source commits the batch's transaction with its offsets.
+    pub fn with_transactions(mut self, transactions: super::SharedTransactions) -> Self {
+        self.transactions = Some(transactions);
+        self
+    }
+
     /// A sink to `topic`.
     pub fn new(
         bootstrap: &str,
@@ -138,6 +146,7 @@ impl KafkaSink {
             tracker,
             key,
             format,
+            transactions: None,
         })
     }
 }
@@ -160,14 +169,22 @@ impl Sink for KafkaSink {
             if let Some(k) = key.as_ref() {
                 record = record.key(k);
             }
-            send_with_backpressure(&self.producer, record)
-                .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic)))?;
+            match &self.transactions {
+                Some(t) => t.send(record)?,
+                None => send_with_backpressure(&self.producer, record)
+                    .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic)))?,
+            }
         }
         Ok(())
     }
 
     fn commit(&mut self, batch_id: u64) -> Result<()> {
         use rdkafka::producer::Producer;
+        if let Some(t) = &self.transactions {
+            // The source commits the transaction with its offsets; an
+            // empty batch still opens one so that its offsets commit.
+            return t.begin();
+        }
         self.producer.flush(Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("batch {batch_id}: flushing `{}`: {e}", self.topic))
         })?;

@@ -30,6 +30,10 @@ pub struct KafkaSourceConfig {
 #[derive(Default)]
 struct RebalanceLog {
     revoked: Vec<i32>,
+    /// Revoked since the poll loop last looked: records already fetched
+    /// from them must not be processed (their offsets cannot be committed
+    /// by this member any more).
+    revoked_unhandled: Vec<(String, i32)>,
     assigned: Vec<(String, i32)>,
 }
 
@@ -50,6 +54,8 @@ impl ConsumerContext for SourceContext {
                     "partition revoked"
                 );
                 log.revoked.push(e.partition());
+                log.revoked_unhandled
+                    .push((e.topic().to_string(), e.partition()));
             }
         }
     }
@@ -77,6 +83,8 @@ pub struct KafkaSource {
     next_offsets: HashMap<(String, i32), i64>,
     committed: HashMap<(String, i32), i64>,
     committed_checkpoints: BTreeMap<i32, String>,
+    /// Exactly-once: offsets commit inside the batch's transaction.
+    transactions: Option<super::SharedTransactions>,
     /// Available-now: end offsets fixed at the first batch.
     end_offsets: Option<HashMap<(String, i32), i64>>,
 }
@@ -119,8 +127,16 @@ impl KafkaSource {
             next_offsets: HashMap::new(),
             committed: HashMap::new(),
             committed_checkpoints: BTreeMap::new(),
+            transactions: None,
             end_offsets: None,
         })
+    }
+
+    /// Commits offsets inside `transactions` together with the batch's
+    /// output and state changes (exactly-once).
+    pub fn with_transactions(mut self, transactions: super::SharedTransactions) -> Self {
+        self.transactions = Some(transactions);
+        self
     }
 
     fn assigned(&self) -> Vec<(String, i32)> {
@@ -164,6 +180,24 @@ impl KafkaSource {
         }
         self.end_offsets = Some(ends);
         Ok(())
+    }
+
+    /// Drops what was fetched from partitions revoked since the last look:
+    /// their new owner (maybe this member again) reads them from the last
+    /// committed offset, so processing them here would duplicate them.
+    fn forget_revoked(&mut self, records: &mut Vec<Record>) {
+        let revoked = {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::take(&mut log.revoked_unhandled)
+        };
+        for (topic, partition) in revoked {
+            records.retain(|r| {
+                !(r.position.topic.as_ref() == topic && r.position.partition == partition)
+            });
+            self.next_offsets.remove(&(topic.clone(), partition));
+            self.committed.remove(&(topic, partition));
+            self.committed_checkpoints.remove(&partition);
+        }
     }
 
     /// The checkpoints committed with the offsets of newly assigned
@@ -225,6 +259,9 @@ impl Source for KafkaSource {
                 break;
             }
             let wait = (request.deadline - now).min(Duration::from_millis(100));
+            // Revocations happen inside poll: purge what the last poll made
+            // stale before fetching more.
+            self.forget_revoked(&mut records);
             match self.consumer.poll(wait) {
                 None => continue,
                 Some(Err(e)) => {
@@ -267,6 +304,7 @@ impl Source for KafkaSource {
                 }
             }
         }
+        self.forget_revoked(&mut records);
         let (revoked, assigned) = {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
             (
@@ -303,12 +341,19 @@ impl Source for KafkaSource {
             }
         }
         self.committed_checkpoints = checkpoints.clone();
-        if tpl.count() == 0 {
-            return Ok(());
+        if let Some(t) = &self.transactions {
+            let group = self.consumer.group_metadata().ok_or_else(|| {
+                Error::Source("no consumer group metadata for the transaction".into())
+            })?;
+            t.commit(&tpl, &group)?;
+        } else {
+            if tpl.count() == 0 {
+                return Ok(());
+            }
+            self.consumer
+                .commit(&tpl, CommitMode::Sync)
+                .map_err(|e| Error::Source(format!("committing offsets: {e}")))?;
         }
-        self.consumer
-            .commit(&tpl, CommitMode::Sync)
-            .map_err(|e| Error::Source(format!("committing offsets: {e}")))?;
         for e in tpl.elements() {
             if let Some(o) = e.offset().to_raw() {
                 self.committed

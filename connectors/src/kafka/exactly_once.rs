@@ -1,0 +1,137 @@
+//! Exactly-once: one transactional producer per instance carries a batch's
+//! output records, its state changelog records and its consumer offsets in
+//! one Kafka transaction (KIP-447: offsets sent with the consumer group's
+//! metadata, so a zombie instance is fenced by the group generation).
+//!
+//! The sink and the changelog writer send through it during the batch; the
+//! source commits the transaction with its offsets when the runtime commits
+//! the batch. A failure aborts the transaction: nothing of the batch is
+//! visible to `read_committed` readers and the batch is replayed from the
+//! last committed offsets.
+
+use super::sink::{send_with_backpressure, DeliveryTracker};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::TopicPartitionList;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tidemark::error::{Error, Result};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The transaction state shared by the source, the sink and the changelog
+/// writer of one query.
+pub struct Transactions {
+    producer: ThreadedProducer<DeliveryTracker>,
+    tracker: DeliveryTracker,
+    open: bool,
+}
+
+/// A cheap handle on [`Transactions`].
+#[derive(Clone)]
+pub struct SharedTransactions(Arc<Mutex<Transactions>>);
+
+impl SharedTransactions {
+    /// A transactional producer with `transactional_id` (stable per
+    /// instance, so that a restarted instance fences its predecessor at
+    /// once and aborts what it left open).
+    pub fn new(bootstrap: &str, transactional_id: &str) -> Result<Self> {
+        let tracker = DeliveryTracker::default();
+        let producer: ThreadedProducer<DeliveryTracker> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("transactional.id", transactional_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("transaction.timeout.ms", "60000")
+            .create_with_context(tracker.clone())
+            .map_err(|e| {
+                Error::config(
+                    "processing_guarantee",
+                    format!("transactional producer: {e}"),
+                )
+            })?;
+        producer.init_transactions(TIMEOUT).map_err(|e| {
+            Error::Sink(format!(
+                "initialising transactions for `{transactional_id}`: {e}"
+            ))
+        })?;
+        Ok(SharedTransactions(Arc::new(Mutex::new(Transactions {
+            producer,
+            tracker,
+            open: false,
+        }))))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Transactions> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends a record inside the current transaction, opening it if needed.
+    pub fn send<K, P>(&self, record: BaseRecord<'_, K, P>) -> Result<()>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
+        let mut t = self.lock();
+        t.begin()?;
+        send_with_backpressure(&t.producer, record)
+            .map_err(|e| Error::Sink(format!("transactional send: {e}")))
+    }
+
+    /// Opens the batch's transaction if it is not open yet.
+    pub fn begin(&self) -> Result<()> {
+        self.lock().begin()
+    }
+
+    /// Commits the transaction with the consumer's `offsets`; on failure
+    /// aborts it and returns the error (the batch will be replayed).
+    pub fn commit(
+        &self,
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<()> {
+        let mut t = self.lock();
+        t.begin()?;
+        let offsets_sent = if offsets.count() > 0 {
+            t.producer
+                .send_offsets_to_transaction(offsets, group, TIMEOUT)
+        } else {
+            Ok(())
+        };
+        let result = offsets_sent.and_then(|_| t.producer.commit_transaction(TIMEOUT));
+        let failures = t.tracker.take_failures();
+        match (result, failures.first()) {
+            (Ok(()), None) => {
+                t.open = false;
+                Ok(())
+            }
+            (result, failure) => {
+                let reason = match (result, failure) {
+                    (Err(e), _) => e.to_string(),
+                    (_, Some(f)) => f.clone(),
+                    _ => unreachable!("one of the two failed"),
+                };
+                let _ = t.producer.abort_transaction(TIMEOUT);
+                t.open = false;
+                Err(Error::Sink(format!(
+                    "transaction aborted, the batch will be replayed: {reason}"
+                )))
+            }
+        }
+    }
+}
+
+impl Transactions {
+    fn begin(&mut self) -> Result<()> {
+        if !self.open {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| Error::Sink(format!("beginning a transaction: {e}")))?;
+            self.open = true;
+        }
+        Ok(())
+    }
+}
