@@ -167,16 +167,8 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
             .context("starting the Prometheus endpoint")?;
     }
     let base = path.parent().unwrap_or(Path::new("."));
-    let connected = tidemark_connectors::connect(&file, base)?;
-    let status = StatusLine {
-        terminal: std::io::stderr().is_terminal(),
-        print_json: progress,
-    };
-    let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
-    let query = query
-        .on_progress(move |p: &QueryProgress| status.show(p))
-        .build()?;
-    let stop = query.stop_handle();
+    let stop = tidemark::runtime::StopHandle::default();
+    let on_ctrl_c = stop.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -185,14 +177,56 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
             let _ = tokio::signal::ctrl_c().await;
         });
         eprintln!("\nstopping after the current batch…");
-        stop.stop();
+        on_ctrl_c.stop();
     });
-    let summary = query.run(source.as_mut(), sink.as_mut())?;
-    eprintln!(
-        "\n{} batches, {} input records, {} output rows, {} bad records",
-        summary.batches, summary.input_records, summary.output_rows, summary.bad_records
-    );
-    Ok(())
+    // A failed batch is never half-committed: rebuilding the query resumes
+    // from the last commit (state from the changelog, offsets from the
+    // group). Transient failures — a broker restart, a fenced transaction —
+    // are retried with a capped backoff; configuration errors are not.
+    let mut failures = 0u32;
+    loop {
+        let attempt = || -> anyhow::Result<tidemark::runtime::RunSummary> {
+            let connected = tidemark_connectors::connect(&file, base)?;
+            let status = StatusLine {
+                terminal: std::io::stderr().is_terminal(),
+                print_json: progress,
+            };
+            let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
+            let query = query
+                .on_progress(move |p: &QueryProgress| status.show(p))
+                .build()?
+                .with_stop_handle(stop.clone());
+            Ok(query.run(source.as_mut(), sink.as_mut())?)
+        };
+        match attempt() {
+            Ok(summary) => {
+                eprintln!(
+                    "\n{} batches, {} input records, {} output rows, {} bad records",
+                    summary.batches,
+                    summary.input_records,
+                    summary.output_rows,
+                    summary.bad_records
+                );
+                return Ok(());
+            }
+            Err(e) if is_transient(&e) && !stop.is_stopped() => {
+                failures += 1;
+                let backoff = std::time::Duration::from_millis(500 * 2u64.pow(failures.min(6)));
+                tracing::warn!(error = %format!("{e:#}"), failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
+                std::thread::sleep(backoff);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether rebuilding the query may succeed: configuration and expression
+/// errors will fail the same way again.
+fn is_transient(error: &anyhow::Error) -> bool {
+    !matches!(
+        error.downcast_ref::<tidemark::Error>(),
+        Some(tidemark::Error::Config { .. } | tidemark::Error::Expression { .. })
+    )
 }
 
 fn main() -> ExitCode {

@@ -444,6 +444,13 @@ impl Decoder for InferJsonDecoder {
 }
 
 impl Query {
+    /// Uses `handle` to stop this query: one handle can stop a query that a
+    /// supervisor rebuilds after failures.
+    pub fn with_stop_handle(mut self, handle: StopHandle) -> Self {
+        self.stop = handle;
+        self
+    }
+
     /// A handle that stops this query after its current batch.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
