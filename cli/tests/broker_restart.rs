@@ -2,13 +2,14 @@
 //! running `tidemark` recovers by itself and the output is exact. Runs only
 //! against the broker that `scripts/kafka.sh` manages (it restarts it).
 
-use std::collections::BTreeMap;
+mod common;
+
+use common::*;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
 
-const KEYS: i64 = 5;
 const PARTITIONS: i32 = 2;
 
 fn kafka_script(command: &str) -> bool {
@@ -40,27 +41,12 @@ fn a_broker_restart_mid_run_is_survived_with_exact_results() {
     let file = dir.path().join("pipeline.yaml");
     std::fs::write(
         &file,
-        format!(
-            r#"name: {group}
-source:
-  kind: kafka
-  topic: {input}
-  schema: {{event_time: timestamp, id: string, amount: double}}
-  properties: {{session.timeout.ms: "6000", heartbeat.interval.ms: "1000"}}
-event_time: event_time
-watermark: 30 seconds
-steps:
-  - window_aggregate:
-      keys: [id]
-      window: {{tumbling: 1 minute}}
-      aggregates: [{{fn: count, as: n}}]
-output_mode: append
-trigger: {{micro_batch: 200 milliseconds}}
-max_records_per_batch: 50
-sink: {{kind: kafka, topic: {output}, key: [id]}}
-state: {{dir: state, changelog: true, memory_mb: 32}}
-processing_guarantee: exactly_once
-"#
+        windowed_pipeline(
+            &group,
+            &input,
+            &output,
+            "{micro_batch: 200 milliseconds}",
+            50,
         ),
     )
     .unwrap();
@@ -71,54 +57,26 @@ processing_guarantee: exactly_once
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let start = tidemark::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap();
-    let produce_range = |from: i64, to: i64| {
-        for p in 0..PARTITIONS {
-            let records: Vec<_> = (from..to)
-                .map(|i| {
-                    let id = format!("p{p}-{}", i % KEYS);
-                    let t = tidemark::time::format_rfc3339(start + i * 1_000_000);
-                    (
-                        id.clone(),
-                        format!(r#"{{"event_time": "{t}", "id": "{id}", "amount": 1}}"#)
-                            .into_bytes(),
-                    )
-                })
-                .collect();
-            produce_to(&input, Some(p), &records);
-        }
-    };
-    produce_range(0, 300);
+    produce_seconds(&input, PARTITIONS, 0, 300);
     std::thread::sleep(Duration::from_secs(3));
     assert!(kafka_script("stop"), "stopping the broker");
     std::thread::sleep(Duration::from_secs(3));
     assert!(kafka_script("start"), "starting the broker again");
-    produce_range(300, 600);
+    produce_seconds(&input, PARTITIONS, 300, 600);
 
-    let expected_rows = PARTITIONS as usize * 9 * KEYS as usize;
+    let expected = expected_rows(PARTITIONS);
     let deadline = Instant::now() + Duration::from_secs(150);
     while Instant::now() < deadline
-        && consume_all(&output, expected_rows, Duration::from_secs(10)).len() < expected_rows
+        && consume_all(&output, expected, Duration::from_secs(10)).len() < expected
     {}
     let _ = Command::new("kill")
         .args(["-INT", &app.id().to_string()])
         .status();
     let status = app.wait().unwrap();
-    let out = consume_all(&output, expected_rows, Duration::from_secs(10));
-    let mut seen: BTreeMap<(String, String), i64> = BTreeMap::new();
-    for r in &out {
-        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-        let key = (
-            v["id"].as_str().unwrap().to_string(),
-            v["window_start"].as_str().unwrap().to_string(),
-        );
-        assert!(
-            seen.insert(key.clone(), v["n"].as_i64().unwrap()).is_none(),
-            "duplicate window {key:?}"
-        );
-    }
-    assert_eq!(seen.len(), expected_rows, "{seen:?}");
-    assert!(seen.values().all(|n| *n == 12), "{seen:?}");
+    assert_exact_windows(
+        &consume_all(&output, expected, Duration::from_secs(10)),
+        PARTITIONS,
+    );
     assert!(
         status.success(),
         "the app kept running and stopped cleanly on Ctrl-C: {status:?}"

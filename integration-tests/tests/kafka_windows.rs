@@ -21,20 +21,7 @@ fn reading(minute: i64, machine: &str, temperature: f64, pressure: f64) -> (Stri
 }
 
 fn run(yaml: &str) -> Vec<QueryProgress> {
-    let dir = tempfile::tempdir().unwrap();
-    let file = PipelineFile::parse(yaml).unwrap();
-    let connected = tidemark_connectors::connect(&file, dir.path()).unwrap();
-    let (query, mut source, mut sink) = connected.wire(file.query_builder().unwrap());
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let seen = reports.clone();
-    query
-        .on_progress(move |p: &QueryProgress| seen.lock().unwrap().push(p.clone()))
-        .build()
-        .unwrap()
-        .run(source.as_mut(), sink.as_mut())
-        .unwrap();
-    let reports = reports.lock().unwrap().clone();
-    reports
+    run_in(tempfile::tempdir().unwrap().path(), yaml)
 }
 
 #[test]
