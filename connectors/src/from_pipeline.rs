@@ -79,12 +79,20 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             src.path.as_deref().unwrap_or("."),
         ))?),
         SourceKind::Kafka => {
+            let mut properties = src.properties.clone();
+            // Static membership: an instance restarted within the session
+            // timeout gets its partitions back without a rebalance.
+            if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
+                properties
+                    .entry("group.instance.id".into())
+                    .or_insert_with(|| format!("{}-{instance}", file.name));
+            }
             let source = KafkaSource::new(KafkaSourceConfig {
                 bootstrap: source_bootstrap.clone(),
                 topics: src.topic.clone().map(|t| t.0).unwrap_or_default(),
                 group: src.group.clone().unwrap_or_else(|| file.name.clone()),
                 earliest: src.starting_offsets != Some(StartingOffsets::Latest),
-                properties: src.properties.clone(),
+                properties,
             })?;
             match &transactions {
                 Some(t) => Box::new(source.with_transactions(t.clone())),
