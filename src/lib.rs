@@ -12,7 +12,7 @@
 //!     .event_time("ts")
 //!     .watermark("1 minute").unwrap()
 //!     .window_aggregate(["user"], WindowSpec::tumbling("1 minute").unwrap(), vec![
-//!         AggregateSpec::new(AggregateFn::built_in("count").unwrap(), AggregateInput::Star),
+//!         AggregateSpec::count(),
 //!     ])
 //!     .trigger(Trigger::AvailableNow)
 //!     .build().unwrap();

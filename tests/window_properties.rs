@@ -26,10 +26,7 @@ fn run(batches: &[Vec<Event>], window: &WindowSpec, delay_s: i64, mode: OutputMo
             ["k"],
             window.clone(),
             vec![
-                AggregateSpec::new(
-                    AggregateFn::built_in("count").unwrap(),
-                    AggregateInput::Star,
-                ),
+                AggregateSpec::count(),
                 AggregateSpec::new(
                     AggregateFn::built_in("sum").unwrap(),
                     AggregateInput::Column("a".into()),

@@ -80,10 +80,7 @@ fn operator(window: WindowSpec) -> WindowAggregate {
         TimeColumn::EventTime(Arc::from("event_time")),
         window,
         vec![
-            AggregateSpec::new(
-                AggregateFn::built_in("count").unwrap(),
-                AggregateInput::Star,
-            ),
+            AggregateSpec::count(),
             AggregateSpec::new(
                 AggregateFn::built_in("sum").unwrap(),
                 AggregateInput::Column(Arc::from("amount")),

@@ -155,10 +155,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let aggs = vec![
-            AggregateSpec::new(
-                AggregateFn::built_in("count").unwrap(),
-                AggregateInput::Star,
-            ),
+            AggregateSpec::count(),
             AggregateSpec::new(
                 AggregateFn::built_in("max").unwrap(),
                 AggregateInput::Column("x".into()),

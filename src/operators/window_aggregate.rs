@@ -66,6 +66,28 @@ impl AggregateSpec {
         }
     }
 
+    /// `count(*)`, named `count`.
+    ///
+    /// ```
+    /// use tidemark::operators::AggregateSpec;
+    /// assert_eq!(AggregateSpec::count().output.as_ref(), "count");
+    /// ```
+    pub fn count() -> Self {
+        AggregateSpec::new(
+            AggregateFn::built_in("count").expect("count is built in"),
+            AggregateInput::Star,
+        )
+    }
+
+    /// A built-in aggregate of one column, e.g. `of("sum", "amount")`,
+    /// named as Spark names it (`sum(amount)`).
+    pub fn of(function: &str, column: &str) -> Result<Self> {
+        Ok(AggregateSpec::new(
+            AggregateFn::built_in(function)?,
+            AggregateInput::Column(Arc::from(column)),
+        ))
+    }
+
     /// Renames the output column.
     pub fn alias(mut self, name: &str) -> Self {
         self.output = Arc::from(name);
@@ -529,10 +551,7 @@ mod tests {
             vec![Arc::from("id")],
             TimeColumn::EventTime(Arc::from("event_time")),
             window,
-            vec![AggregateSpec::new(
-                AggregateFn::built_in("count").unwrap(),
-                AggregateInput::Star,
-            )],
+            vec![AggregateSpec::count()],
             mode,
         )
     }

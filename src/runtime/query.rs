@@ -27,7 +27,7 @@ pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + 
 ///     .watermark("10 minutes").unwrap()
 ///     .filter("amount >= 0").unwrap()
 ///     .window_aggregate(["id"], WindowSpec::tumbling("5 minutes").unwrap(), vec![
-///         AggregateSpec::new(AggregateFn::built_in("count").unwrap(), AggregateInput::Star),
+///         AggregateSpec::count(),
 ///     ])
 ///     .output_mode(OutputMode::Update)
 ///     .trigger(Trigger::AvailableNow)
@@ -875,8 +875,7 @@ fn merge_state_progress(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::AggregateFn;
-    use crate::operators::{AggregateInput, AggregateSpec};
+    use crate::operators::AggregateSpec;
     use crate::runtime::testing::{CollectSink, VecSource};
     use crate::window::WindowSpec;
 
@@ -930,10 +929,7 @@ mod tests {
                 .window_aggregate(
                     ["k"],
                     WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::new(
-                        AggregateFn::built_in("count").unwrap(),
-                        AggregateInput::Star,
-                    )],
+                    vec![AggregateSpec::count()],
                 )
                 .trigger(Trigger::AvailableNow)
                 .build()
@@ -979,12 +975,7 @@ mod tests {
 
     #[test]
     fn update_mode_emits_groups_touched_even_when_they_close_in_the_batch() {
-        let count = || {
-            vec![AggregateSpec::new(
-                AggregateFn::built_in("count").unwrap(),
-                AggregateInput::Star,
-            )]
-        };
+        let count = || vec![AggregateSpec::count()];
         let query = Query::builder("update")
             .event_time("t")
             .watermark("0 seconds")
@@ -1042,10 +1033,7 @@ mod tests {
                 .window_aggregate(
                     ["k"],
                     WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::new(
-                        AggregateFn::built_in("count").unwrap(),
-                        AggregateInput::Star,
-                    )],
+                    vec![AggregateSpec::count()],
                 )
                 .trigger(Trigger::AvailableNow);
             if let Some(backend) = backend {
@@ -1120,10 +1108,7 @@ mod tests {
                 .window_aggregate(
                     ["k"],
                     WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::new(
-                        AggregateFn::built_in("count").unwrap(),
-                        AggregateInput::Star,
-                    )],
+                    vec![AggregateSpec::count()],
                 )
                 .trigger(Trigger::AvailableNow)
                 .state_backend(backend.clone())
@@ -1159,10 +1144,7 @@ mod tests {
 
     #[test]
     fn append_needs_a_watermark_and_complete_needs_an_aggregation() {
-        let agg = vec![AggregateSpec::new(
-            AggregateFn::built_in("count").unwrap(),
-            AggregateInput::Star,
-        )];
+        let agg = vec![AggregateSpec::count()];
         let err = Query::builder("q")
             .event_time("t")
             .window_aggregate(["k"], WindowSpec::tumbling("1 minute").unwrap(), agg)
@@ -1185,10 +1167,7 @@ mod tests {
             .window_aggregate(
                 ["k"],
                 WindowSpec::session("5 minutes").unwrap(),
-                vec![AggregateSpec::new(
-                    AggregateFn::built_in("count").unwrap(),
-                    AggregateInput::Star,
-                )],
+                vec![AggregateSpec::count()],
             )
             .output_mode(OutputMode::Update)
             .build()
