@@ -38,25 +38,9 @@ fn a_broker_restart_mid_run_is_survived_with_exact_results() {
     create_topic(&input, PARTITIONS);
     create_topic(&output, 1);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pipeline.yaml");
-    std::fs::write(
-        &file,
-        windowed_pipeline(
-            &group,
-            &input,
-            &output,
-            "{micro_batch: 200 milliseconds}",
-            50,
-        ),
-    )
-    .unwrap();
-    let mut app = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["run", file.to_str().unwrap()])
-        .env("KAFKA_BOOTSTRAP", bootstrap())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let names = (group.as_str(), input.as_str(), output.as_str());
+    let file = write_pipeline(dir.path(), names, "{micro_batch: 200 milliseconds}", 50);
+    let mut app = tidemark_run(&file, None, Stdio::null()).spawn().unwrap();
     produce_seconds(&input, PARTITIONS, 0, 300);
     std::thread::sleep(Duration::from_secs(3));
     assert!(kafka_script("stop"), "stopping the broker");
@@ -69,10 +53,7 @@ fn a_broker_restart_mid_run_is_survived_with_exact_results() {
     while Instant::now() < deadline
         && consume_all(&output, expected, Duration::from_secs(10)).len() < expected
     {}
-    let _ = Command::new("kill")
-        .args(["-INT", &app.id().to_string()])
-        .status();
-    let status = app.wait().unwrap();
+    let status = interrupt(&mut app);
     assert_exact_windows(
         &consume_all(&output, expected, Duration::from_secs(10)),
         PARTITIONS,

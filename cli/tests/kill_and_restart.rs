@@ -6,20 +6,14 @@ mod common;
 
 use common::*;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
 
 /// Runs `tidemark run` until it has reported `batches` progress lines, then
 /// kills it with SIGKILL.
 fn run_and_kill(file: &std::path::Path, batches: usize) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["run", "--progress", file.to_str().unwrap()])
-        .env("KAFKA_BOOTSTRAP", bootstrap())
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = tidemark_run(file, None, Stdio::piped()).spawn().unwrap();
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut seen = 0;
@@ -43,30 +37,12 @@ fn sigkill_twice_under_exactly_once_then_the_output_is_exact() {
     create_topic(&output, 1);
     produce_seconds(&input, 4, 0, 600);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pipeline.yaml");
-    std::fs::write(
-        &file,
-        windowed_pipeline(
-            &group,
-            &input,
-            &output,
-            "{micro_batch: 200 milliseconds}",
-            100,
-        ),
-    )
-    .unwrap();
+    let names = (group.as_str(), input.as_str(), output.as_str());
+    let file = write_pipeline(dir.path(), names, "{micro_batch: 200 milliseconds}", 100);
     run_and_kill(&file, 4);
     run_and_kill(&file, 6);
-    std::fs::write(
-        &file,
-        windowed_pipeline(&group, &input, &output, "available_now", 100),
-    )
-    .unwrap();
-    let done = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["run", file.to_str().unwrap()])
-        .env("KAFKA_BOOTSTRAP", bootstrap())
-        .output()
-        .unwrap();
+    write_pipeline(dir.path(), names, "available_now", 100);
+    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
     assert!(
         done.status.success(),
         "{}",

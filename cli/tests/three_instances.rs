@@ -6,22 +6,11 @@
 mod common;
 
 use common::*;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
 
 const PARTITIONS: i32 = 6;
-
-fn instance(file: &std::path::Path, id: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["run", file.to_str().unwrap()])
-        .env("KAFKA_BOOTSTRAP", bootstrap())
-        .env("TIDEMARK_INSTANCE_ID", id)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
 
 #[test]
 fn a_killed_instance_hands_its_partitions_and_state_to_the_survivors() {
@@ -31,23 +20,15 @@ fn a_killed_instance_hands_its_partitions_and_state_to_the_survivors() {
     // Each instance keeps its state in its own directory, as on separate
     // machines: a moved partition can only come back through the changelog.
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let names = (group.as_str(), input.as_str(), output.as_str());
     let mut instances: Vec<Child> = dirs
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let file = d.path().join("pipeline.yaml");
-            std::fs::write(
-                &file,
-                windowed_pipeline(
-                    &group,
-                    &input,
-                    &output,
-                    "{micro_batch: 200 milliseconds}",
-                    50,
-                ),
-            )
-            .unwrap();
-            instance(&file, &format!("i{i}"))
+            let file = write_pipeline(d.path(), names, "{micro_batch: 200 milliseconds}", 50);
+            tidemark_run(&file, Some(&format!("i{i}")), Stdio::null())
+                .spawn()
+                .unwrap()
         })
         .collect();
     std::thread::sleep(Duration::from_secs(3));
@@ -65,10 +46,7 @@ fn a_killed_instance_hands_its_partitions_and_state_to_the_survivors() {
         && consume_all(&output, expected, Duration::from_secs(10)).len() < expected
     {}
     for i in [0, 2] {
-        let _ = Command::new("kill")
-            .args(["-INT", &instances[i].id().to_string()])
-            .status();
-        instances[i].wait().unwrap();
+        interrupt(&mut instances[i]);
     }
     assert_exact_windows(
         &consume_all(&output, expected, Duration::from_secs(10)),

@@ -879,6 +879,17 @@ mod tests {
     use crate::runtime::testing::{CollectSink, VecSource};
     use crate::window::WindowSpec;
 
+    /// A query counting rows per `k` in `window` over event time `t` with
+    /// `delay` as watermark, available-now: what most tests here build.
+    fn counting(name: &str, delay: &str, window: WindowSpec) -> QueryBuilder {
+        Query::builder(name)
+            .event_time("t")
+            .watermark(delay)
+            .unwrap()
+            .window_aggregate(["k"], window, vec![AggregateSpec::count()])
+            .trigger(Trigger::AvailableNow)
+    }
+
     #[derive(serde::Deserialize, serde::Serialize)]
     struct Order {
         id: String,
@@ -922,18 +933,13 @@ mod tests {
     #[test]
     fn watermark_is_checkpointed_with_offsets_and_restored() {
         let build = || {
-            Query::builder("restore")
-                .event_time("t")
-                .watermark("1 minute")
-                .unwrap()
-                .window_aggregate(
-                    ["k"],
-                    WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::count()],
-                )
-                .trigger(Trigger::AvailableNow)
-                .build()
-                .unwrap()
+            counting(
+                "restore",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            )
+            .build()
+            .unwrap()
         };
         let mut first =
             VecSource::json_batches(vec![vec![r#"{"t": "2026-01-01T00:10:00Z", "k": "a"}"#]]);
@@ -975,16 +981,14 @@ mod tests {
 
     #[test]
     fn update_mode_emits_groups_touched_even_when_they_close_in_the_batch() {
-        let count = || vec![AggregateSpec::count()];
-        let query = Query::builder("update")
-            .event_time("t")
-            .watermark("0 seconds")
-            .unwrap()
-            .window_aggregate(["k"], WindowSpec::tumbling("1 minute").unwrap(), count())
-            .output_mode(OutputMode::Update)
-            .trigger(Trigger::AvailableNow)
-            .build()
-            .unwrap();
+        let query = counting(
+            "update",
+            "0 seconds",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .output_mode(OutputMode::Update)
+        .build()
+        .unwrap();
         let mut source = VecSource::json_batches(vec![
             vec![
                 r#"{"t": "2026-01-01T00:00:30Z", "k": "a"}"#,
@@ -1026,16 +1030,11 @@ mod tests {
     #[test]
     fn window_state_survives_a_restart_through_the_state_backend() {
         let build = |backend: Option<crate::runtime::InMemoryStateBackend>| {
-            let mut b = Query::builder("durable")
-                .event_time("t")
-                .watermark("1 minute")
-                .unwrap()
-                .window_aggregate(
-                    ["k"],
-                    WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::count()],
-                )
-                .trigger(Trigger::AvailableNow);
+            let mut b = counting(
+                "durable",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            );
             if let Some(backend) = backend {
                 b = b.state_backend(backend);
             }
@@ -1101,19 +1100,14 @@ mod tests {
     fn a_window_written_before_a_restart_is_not_written_again() {
         let backend = crate::runtime::InMemoryStateBackend::default();
         let build = || {
-            Query::builder("once")
-                .event_time("t")
-                .watermark("1 minute")
-                .unwrap()
-                .window_aggregate(
-                    ["k"],
-                    WindowSpec::tumbling("1 minute").unwrap(),
-                    vec![AggregateSpec::count()],
-                )
-                .trigger(Trigger::AvailableNow)
-                .state_backend(backend.clone())
-                .build()
-                .unwrap()
+            counting(
+                "once",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            )
+            .state_backend(backend.clone())
+            .build()
+            .unwrap()
         };
         let mut checkpoints = Default::default();
         let mut written = Vec::new();
@@ -1160,15 +1154,7 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("needs an aggregation"), "{err}");
-        let err = Query::builder("q")
-            .event_time("t")
-            .watermark("1 minute")
-            .unwrap()
-            .window_aggregate(
-                ["k"],
-                WindowSpec::session("5 minutes").unwrap(),
-                vec![AggregateSpec::count()],
-            )
+        let err = counting("q", "1 minute", WindowSpec::session("5 minutes").unwrap())
             .output_mode(OutputMode::Update)
             .build()
             .err()

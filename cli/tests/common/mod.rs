@@ -1,6 +1,9 @@
 //! What the crash and restart tests share: the exactly-once windowed
 //! pipeline they run and the event stream they produce.
 
+// Each test binary compiles this module and uses only part of it.
+#![allow(dead_code)]
+
 use tidemark_integration_tests::produce_to;
 
 /// Keys per partition (`p<partition>-<0..KEYS>`).
@@ -86,4 +89,48 @@ pub fn assert_exact_windows(out: &[tidemark_integration_tests::Consumed], partit
 /// The number of output rows [`assert_exact_windows`] expects.
 pub fn expected_rows(partitions: i32) -> usize {
     partitions as usize * 9 * KEYS as usize
+}
+
+/// Writes [`windowed_pipeline`] to `dir/pipeline.yaml` and returns its path.
+pub fn write_pipeline(
+    dir: &std::path::Path,
+    names: (&str, &str, &str),
+    trigger: &str,
+    batch: usize,
+) -> std::path::PathBuf {
+    let (group, input, output) = names;
+    let file = dir.join("pipeline.yaml");
+    std::fs::write(
+        &file,
+        windowed_pipeline(group, input, output, trigger, batch),
+    )
+    .unwrap();
+    file
+}
+
+/// `tidemark run FILE` against the test broker, as instance `instance`
+/// when given (`TIDEMARK_INSTANCE_ID`); stdout discarded, stderr as asked.
+pub fn tidemark_run(
+    file: &std::path::Path,
+    instance: Option<&str>,
+    stderr: std::process::Stdio,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    command
+        .args(["run", "--progress", file.to_str().unwrap()])
+        .env("KAFKA_BOOTSTRAP", tidemark_integration_tests::bootstrap())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    if let Some(id) = instance {
+        command.env("TIDEMARK_INSTANCE_ID", id);
+    }
+    command
+}
+
+/// Stops a running instance with Ctrl-C (SIGINT) and waits for it.
+pub fn interrupt(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    child.wait().unwrap()
 }
