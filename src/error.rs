@@ -40,6 +40,11 @@ pub enum Error {
     /// A sink failed (write, flush, commit).
     #[error("sink error: {0}")]
     Sink(String),
+    /// The batch's transaction was aborted (a rebalance moved partitions
+    /// while it ran, or it timed out): nothing of it is visible, and the
+    /// query replays from the last commit without restarting its clients.
+    #[error("batch aborted, replaying from the last commit: {0}")]
+    BatchAborted(String),
     /// State could not be read or written.
     #[error("state error: {0}")]
     State(#[from] tidemark_state::StateError),

@@ -22,7 +22,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineFile {
-    /// The query's name (progress reports, consumer group default).
+    /// The query's name, also spelled `application_id` as in Kafka
+    /// Streams: consumer group default, changelog and repartition topic
+    /// prefix, transactional id prefix, state directory.
+    #[serde(alias = "application_id")]
     pub name: String,
     /// Where records come from.
     pub source: SourceSpec,
@@ -68,12 +71,36 @@ pub struct PipelineFile {
     /// Durable state: `{dir: state/, changelog: true, memory_mb: 256}`.
     #[serde(default)]
     pub state: Option<StateSpec>,
+    /// Shorthand for `state: {dir: <state_dir>}` with the other keys at
+    /// their defaults.
+    #[serde(default)]
+    pub state_dir: Option<String>,
     /// Caps the records of one batch.
     #[serde(default)]
     pub max_records_per_batch: Option<usize>,
     /// `{prometheus: "127.0.0.1:9000"}` serves metrics over HTTP.
     #[serde(default)]
     pub metrics: Option<MetricsSpec>,
+    /// Set on the reading stage of a repartition: the watermark comes from
+    /// markers (not settable in a file).
+    #[serde(skip)]
+    pub watermark_from_markers: bool,
+}
+
+/// A pipeline split at a grouping that is not on the record key: the
+/// writing stage runs the steps before the grouping and writes rows keyed
+/// by the grouping columns to an internal topic; the reading stage consumes
+/// that topic, so that each key's state lives in exactly one task.
+#[derive(Debug, Clone)]
+pub struct RepartitionStages {
+    /// The internal topic, `<name>-op<index>-repartition`.
+    pub topic: String,
+    /// The grouping columns the rows are keyed by.
+    pub keys: Vec<String>,
+    /// Input → steps before the grouping → the repartition topic.
+    pub writer: PipelineFile,
+    /// The repartition topic → the grouping and later steps → the sink.
+    pub reader: PipelineFile,
 }
 
 /// A duration written as a Spark interval string; checked on read.
@@ -191,6 +218,12 @@ pub struct SourceSpec {
     /// Extra librdkafka properties.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// kafka: the columns the record key is made of. A grouping on exactly
+    /// these columns runs where the records are (Kafka Streams'
+    /// `groupByKey`); any other grouping first goes through a repartition
+    /// topic (`groupBy`).
+    #[serde(default)]
+    pub keyed_by: Option<Vec<String>>,
 }
 
 /// Where a new consumer group starts.
@@ -566,6 +599,10 @@ pub struct SinkSpec {
     /// Extra librdkafka properties.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Set on the writing stage of a repartition: the sink also sends
+    /// watermark markers (not settable in a file).
+    #[serde(skip)]
+    pub repartition_markers: bool,
 }
 
 /// Where bad records go.
@@ -790,6 +827,12 @@ impl PipelineFile {
                 }
             }
         }
+        if self.state.is_some() && self.state_dir.is_some() {
+            return err(
+                "state_dir",
+                "give either `state_dir: <dir>` or `state: {dir: <dir>, ...}`, not both",
+            );
+        }
         if let Some(d) = &self.dead_letter {
             match d.kind {
                 DeadLetterKind::Kafka if d.topic.is_none() => {
@@ -802,6 +845,107 @@ impl PipelineFile {
             }
         }
         Ok(())
+    }
+
+    /// The two stages this pipeline runs as, when its first grouping is not
+    /// on the Kafka record key (`source.keyed_by`); `None` when it runs as
+    /// one stage.
+    pub fn repartition_stages(&self) -> Option<RepartitionStages> {
+        if self.source.kind != SourceKind::Kafka {
+            return None;
+        }
+        let at = self
+            .steps
+            .iter()
+            .position(|s| matches!(s, StepSpec::WindowAggregate(_)))?;
+        let StepSpec::WindowAggregate(grouping) = &self.steps[at] else {
+            return None;
+        };
+        let keys = grouping.keys.clone();
+        let on_record_key = self.source.keyed_by.as_ref().is_some_and(|k| {
+            let mut a = k.clone();
+            let mut b = keys.clone();
+            a.sort();
+            b.sort();
+            a == b
+        });
+        if on_record_key {
+            return None;
+        }
+        let topic = format!("{}-op{at}-repartition", self.name);
+        let group = self
+            .source
+            .group
+            .clone()
+            .unwrap_or_else(|| self.name.clone());
+        let dead_letter = self.dead_letter.clone().or_else(|| {
+            Some(DeadLetterSpec {
+                kind: DeadLetterKind::Kafka,
+                topic: Some(format!("{}-dlq", self.name)),
+                path: None,
+            })
+        });
+
+        let mut writer = self.clone();
+        writer.name = format!("{}-repartition-writer", self.name);
+        writer.source.group = Some(group.clone());
+        writer.steps = self.steps[..at].to_vec();
+        writer.watermark = None;
+        writer.output_mode = OutputMode::Append;
+        writer.sink = SinkSpec {
+            kind: SinkKind::Kafka,
+            path: None,
+            topic: Some(topic.clone()),
+            bootstrap: self.source.bootstrap.clone(),
+            format: Format::Json,
+            key: keys.clone(),
+            avro_schema: None,
+            avro_schema_id: None,
+            properties: BTreeMap::new(),
+            repartition_markers: true,
+        };
+        writer.dead_letter = dead_letter.clone();
+        writer.late_data = None;
+        writer.state = None;
+        writer.state_dir = None;
+        writer.metrics = None;
+
+        let mut reader = self.clone();
+        reader.source = SourceSpec {
+            kind: SourceKind::Kafka,
+            path: None,
+            bootstrap: self.source.bootstrap.clone(),
+            topic: Some(TopicList(vec![topic.clone()])),
+            group: Some(format!("{group}-repartition")),
+            starting_offsets: Some(StartingOffsets::Earliest),
+            format: Format::Json,
+            schema: SchemaSpec::default(),
+            schema_registry: None,
+            avro_schemas: BTreeMap::new(),
+            properties: self.source.properties.clone(),
+            keyed_by: Some(keys.clone()),
+        };
+        reader.steps = self.steps[at..].to_vec();
+        reader.dead_letter = dead_letter;
+        reader.watermark_from_markers = true;
+        Some(RepartitionStages {
+            topic,
+            keys,
+            writer,
+            reader,
+        })
+    }
+
+    /// The state settings from `state:` or `state_dir:`, if any.
+    pub fn state_spec(&self) -> Option<StateSpec> {
+        self.state.clone().or_else(|| {
+            self.state_dir.as_ref().map(|dir| StateSpec {
+                dir: dir.clone(),
+                changelog: None,
+                memory_mb: default_state_memory_mb(),
+                replication: default_replication(),
+            })
+        })
     }
 
     /// The source's schema (empty: infer).
@@ -832,6 +976,9 @@ impl PipelineFile {
         }
         if let Some(m) = self.max_records_per_batch {
             b = b.max_records_per_batch(m);
+        }
+        if self.watermark_from_markers {
+            b = b.watermark_from_markers();
         }
         for step in &self.steps {
             b = match step {
@@ -970,6 +1117,46 @@ sink: {kind: jsonl, path: out.jsonl}
 
         let e = error_for("watermark: 10 minutes", "watermark: 1 month");
         assert!(e.message.contains("months and years"), "{e}");
+    }
+
+    #[test]
+    fn a_grouping_off_the_record_key_splits_at_the_repartition_topic() {
+        let text = r#"
+application_id: orders
+source: {kind: kafka, topic: in, group: g, schema: {event_time: timestamp, region: string}}
+event_time: event_time
+watermark: 1 minute
+steps:
+  - filter: "region is not null"
+  - window_aggregate: {keys: [region], window: {tumbling: 1 minute}, aggregates: [{fn: count}]}
+sink: {kind: kafka, topic: out}
+state_dir: state
+processing_guarantee: exactly_once
+"#;
+        let file = PipelineFile::parse(text).unwrap();
+        assert_eq!(file.name, "orders");
+        assert_eq!(file.state_spec().unwrap().dir, "state");
+        let stages = file.repartition_stages().unwrap();
+        assert_eq!(stages.topic, "orders-op1-repartition");
+        assert_eq!(stages.writer.steps.len(), 1);
+        assert_eq!(stages.writer.sink.key, vec!["region".to_string()]);
+        assert!(stages.writer.sink.repartition_markers);
+        assert!(stages.writer.state_spec().is_none());
+        assert_eq!(stages.writer.source.group.as_deref(), Some("g"));
+        assert_eq!(stages.reader.name, "orders");
+        assert_eq!(stages.reader.steps.len(), 1);
+        assert!(stages.reader.watermark_from_markers);
+        assert_eq!(stages.reader.source.group.as_deref(), Some("g-repartition"));
+        assert!(stages.reader.repartition_stages().is_none());
+
+        let keyed = text.replace("group: g,", "group: g, keyed_by: [region],");
+        let file = PipelineFile::parse(&keyed).unwrap();
+        assert!(file.repartition_stages().is_none());
+        let both = format!("{text}state: {{dir: s}}\n");
+        assert!(PipelineFile::parse(&both)
+            .unwrap_err()
+            .message
+            .contains("state_dir"));
     }
 
     #[test]

@@ -97,6 +97,20 @@ impl WatermarkTracker {
         }
     }
 
+    /// Makes `input` known before it delivers anything: under the `min`
+    /// policy it then holds the watermark back until it reports.
+    pub fn register(&mut self, input: &str, processing_time: TimestampMicros) {
+        if !self.inputs.contains_key(input) {
+            self.inputs.insert(
+                input.to_string(),
+                InputProgress {
+                    max_event_time: TimestampMicros::MIN,
+                    last_active_processing_time: processing_time,
+                },
+            );
+        }
+    }
+
     /// The watermark in effect in this batch: emission and eviction use it.
     pub fn in_effect(&self) -> TimestampMicros {
         self.in_effect
@@ -192,6 +206,19 @@ mod tests {
         }
         assert_eq!(min.in_effect(), 10);
         assert_eq!(max.in_effect(), 50);
+    }
+
+    #[test]
+    fn a_registered_silent_input_holds_the_min_back() {
+        let mut wm = WatermarkTracker::new(0, WatermarkPolicy::Min, None);
+        wm.register("late-starter", 0);
+        wm.observe("early", 50, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 0);
+        wm.observe("late-starter", 30, 0);
+        wm.register("late-starter", 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 30);
     }
 
     #[test]

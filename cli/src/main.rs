@@ -109,7 +109,18 @@ fn describe(file: &PipelineFile) -> anyhow::Result<Vec<String>> {
             file.multiple_watermark_policy
         ));
     }
-    lines.extend(query.describe());
+    match file.repartition_stages() {
+        Some(stages) => {
+            lines.extend(stages.writer.query_builder()?.build()?.describe());
+            lines.push(format!(
+                "Repartition [keys: {}] through `{}`",
+                stages.keys.join(", "),
+                stages.topic
+            ));
+            lines.extend(stages.reader.query_builder()?.build()?.describe());
+        }
+        None => lines.extend(query.describe()),
+    }
     lines.push(format!(
         "Sink [{:?}] output mode {:?}, trigger {:?}",
         file.sink.kind, file.output_mode, file.trigger.0
@@ -179,6 +190,59 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         eprintln!("\nstopping after the current batch…");
         on_ctrl_c.stop();
     });
+    let Some(stages) = file.repartition_stages() else {
+        let summary = run_stage(&file, base, progress, true, &stop)?;
+        print_summary(&summary);
+        return Ok(());
+    };
+    // A grouping that is not on the record key runs as two stages joined
+    // by the repartition topic, as Kafka Streams' sub-topologies.
+    tidemark_connectors::ensure_repartition_topic(&file, &stages)?;
+    let summary = if file.trigger.0 == tidemark::runtime::Trigger::AvailableNow {
+        // The reader's end offsets must include everything the writer
+        // wrote: run the writer to the end first.
+        run_stage(&stages.writer, base, progress, false, &stop)?;
+        run_stage(&stages.reader, base, progress, true, &stop)?
+    } else {
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let result = run_stage(&stages.writer, base, progress, false, &stop);
+                if result.is_err() {
+                    stop.stop();
+                }
+                result
+            });
+            let reader = run_stage(&stages.reader, base, progress, true, &stop);
+            if reader.is_err() {
+                stop.stop();
+            }
+            let writer = writer
+                .join()
+                .map_err(|_| anyhow::anyhow!("the repartition writer panicked"))?;
+            writer?;
+            reader
+        })?
+    };
+    print_summary(&summary);
+    Ok(())
+}
+
+fn print_summary(summary: &tidemark::runtime::RunSummary) {
+    eprintln!(
+        "\n{} batches, {} input records, {} output rows, {} bad records",
+        summary.batches, summary.input_records, summary.output_rows, summary.bad_records
+    );
+}
+
+/// Runs one stage until it ends or `stop`; `status` shows the terminal
+/// status line for it.
+fn run_stage(
+    file: &PipelineFile,
+    base: &Path,
+    progress: bool,
+    status: bool,
+    stop: &tidemark::runtime::StopHandle,
+) -> anyhow::Result<tidemark::runtime::RunSummary> {
     // A failed batch is never half-committed: rebuilding the query resumes
     // from the last commit (state from the changelog, offsets from the
     // group). Transient failures — a broker restart, a fenced transaction —
@@ -186,9 +250,9 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let mut failures = 0u32;
     loop {
         let attempt = || -> anyhow::Result<tidemark::runtime::RunSummary> {
-            let connected = tidemark_connectors::connect(&file, base)?;
+            let connected = tidemark_connectors::connect(file, base)?;
             let status = StatusLine {
-                terminal: std::io::stderr().is_terminal(),
+                terminal: status && std::io::stderr().is_terminal(),
                 print_json: progress,
             };
             let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
@@ -199,20 +263,11 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
             Ok(query.run(source.as_mut(), sink.as_mut())?)
         };
         match attempt() {
-            Ok(summary) => {
-                eprintln!(
-                    "\n{} batches, {} input records, {} output rows, {} bad records",
-                    summary.batches,
-                    summary.input_records,
-                    summary.output_rows,
-                    summary.bad_records
-                );
-                return Ok(());
-            }
+            Ok(summary) => return Ok(summary),
             Err(e) if is_transient(&e) && !stop.is_stopped() => {
                 failures += 1;
                 let backoff = std::time::Duration::from_millis(500 * 2u64.pow(failures.min(6)));
-                tracing::warn!(error = %format!("{e:#}"), failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
+                tracing::warn!(stage = %file.name, error = %format!("{e:#}"), failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
                 std::thread::sleep(backoff);
             }
             Err(e) => return Err(e),

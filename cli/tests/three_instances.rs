@@ -1,7 +1,9 @@
 //! Three `tidemark run` instances in one consumer group under
 //! `exactly_once`; one is killed with SIGKILL mid-stream. Its partitions move
 //! to the survivors, which restore its state from the changelog, and the
-//! output holds every window exactly once.
+//! output holds every window exactly once. The records are keyed by the
+//! grouping column (`keyed_by`), so this is the path without a repartition
+//! topic; `kill_and_restart` and `broker_restart` cover the other.
 
 mod common;
 
@@ -25,7 +27,8 @@ fn a_killed_instance_hands_its_partitions_and_state_to_the_survivors() {
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let file = write_pipeline(d.path(), names, "{micro_batch: 200 milliseconds}", 50);
+            let file =
+                write_direct_pipeline(d.path(), names, "{micro_batch: 200 milliseconds}", 50);
             tidemark_run(&file, Some(&format!("i{i}")), Stdio::null())
                 .spawn()
                 .unwrap()

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
-    DeadLetterKind, Format, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec, SourceKind,
-    StartingOffsets,
+    DeadLetterKind, Format, PipelineFile, ProcessingGuarantee, RepartitionStages, SinkKind,
+    SinkSpec, SourceKind, StartingOffsets,
 };
 use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBackend};
 
@@ -110,12 +110,16 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
-    let sink = build_sink(
-        &file.sink,
-        base_dir,
-        &source_bootstrap,
-        transactions.as_ref(),
-    )?;
+    let sink = if file.sink.repartition_markers {
+        repartition_sink(file, &source_bootstrap, transactions.as_ref())?
+    } else {
+        build_sink(
+            &file.sink,
+            base_dir,
+            &source_bootstrap,
+            transactions.as_ref(),
+        )?
+    };
     let late_data = match &file.late_data {
         Some(spec) => Some(build_sink(spec, base_dir, &source_bootstrap, None)?),
         None => None,
@@ -137,7 +141,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             base_dir.join(format!("{}.dead-letter.jsonl", file.name)),
         )),
     };
-    let state_backend: Option<Box<dyn StateBackend>> = match &file.state {
+    let state_backend: Option<Box<dyn StateBackend>> = match &file.state_spec() {
         None => None,
         Some(spec) => {
             let changelog = match spec.changelog.unwrap_or(src.kind == SourceKind::Kafka) {
@@ -179,6 +183,59 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
         late_data,
         state_backend,
     })
+}
+
+/// The input partitions (`topic/partition`) of a Kafka source.
+fn input_partitions(bootstrap: &str, topics: &[String]) -> Result<Vec<String>> {
+    let mut origins = Vec::new();
+    for topic in topics {
+        let count = crate::state_backend::partition_count(bootstrap, topic)?;
+        origins.extend((0..count).map(|p| format!("{topic}/{p}")));
+    }
+    Ok(origins)
+}
+
+/// The writing stage's sink: rows keyed by the grouping columns, plus
+/// watermark markers for every input partition.
+fn repartition_sink(
+    file: &PipelineFile,
+    bootstrap: &str,
+    transactions: Option<&SharedTransactions>,
+) -> Result<Box<dyn Sink>> {
+    let topic = file.sink.topic.as_deref().unwrap_or_default();
+    let inputs = file.source.topic.clone().map(|t| t.0).unwrap_or_default();
+    let origins = input_partitions(bootstrap, &inputs)?;
+    let partitions = crate::state_backend::partition_count(bootstrap, topic)?;
+    let sink = KafkaSink::new(
+        bootstrap,
+        topic,
+        KeyColumns(file.sink.key.clone()),
+        ValueFormat::Json,
+        &file.sink.properties,
+    )?
+    .with_watermark_markers(origins, partitions);
+    Ok(match transactions {
+        Some(t) => Box::new(sink.with_transactions(t.clone())),
+        None => Box::new(sink),
+    })
+}
+
+/// Creates the repartition topic of `stages` if missing: as many
+/// partitions as the widest input topic, or one for a grouping without
+/// keys (a global aggregate runs in one task).
+pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages) -> Result<()> {
+    let bootstrap = file
+        .source
+        .bootstrap
+        .clone()
+        .unwrap_or_else(default_bootstrap);
+    let mut partitions = 1;
+    if !stages.keys.is_empty() {
+        for topic in file.source.topic.iter().flat_map(|t| t.0.iter()) {
+            partitions = partitions.max(crate::state_backend::partition_count(&bootstrap, topic)?);
+        }
+    }
+    crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)
 }
 
 fn build_sink(

@@ -8,4 +8,4 @@ mod from_pipeline;
 pub mod kafka;
 pub mod state_backend;
 
-pub use from_pipeline::{connect, Connected};
+pub use from_pipeline::{connect, ensure_repartition_topic, Connected};

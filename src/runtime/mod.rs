@@ -1,9 +1,11 @@
 //! The runtime: sources, sinks, dead letters, clocks, triggers and the one
 //! trigger loop that runs a [`Query`].
 
+mod markers;
 mod query;
 pub mod testing;
 
+pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use query::{Query, QueryBuilder, RunSummary, StopHandle};
 
 use crate::error::{Error, Result};
@@ -59,6 +61,13 @@ pub trait Source: Send {
     fn watermark_input(&self, topic: &str, partition: i32) -> String {
         format!("{topic}/{partition}")
     }
+    /// Goes back to the last committed position after an aborted batch:
+    /// the next batch re-reads from there and hands back every owned
+    /// partition's checkpoint in [`SourceBatch::restored_checkpoints`].
+    /// Sources that cannot return `false` and the query fails instead.
+    fn rewind(&mut self) -> Result<bool> {
+        Ok(false)
+    }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None
@@ -81,6 +90,10 @@ pub trait Sink: Send {
     /// Makes the batch durable (flush, wait for acknowledgements, commit a
     /// transaction). Source offsets are committed only after this returns.
     fn commit(&mut self, batch_id: u64) -> Result<()>;
+    /// The largest event time each input (`topic/partition`) delivered in
+    /// the batch about to commit; called before [`Sink::commit`]. A
+    /// repartition sink forwards it as [`WatermarkMarker`]s.
+    fn event_time_progress(&mut self, _max_event_time: &BTreeMap<String, TimestampMicros>) {}
 }
 
 /// Where records that fail go, with the error, so that nothing is lost.

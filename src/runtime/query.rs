@@ -60,6 +60,7 @@ pub struct QueryBuilder {
     state_backend: Option<Box<dyn super::StateBackend>>,
     event_time_extractor: Option<EventTimeExtractor>,
     listeners: Vec<Box<dyn ProgressListener>>,
+    watermark_from_markers: bool,
 }
 
 /// Computes a row's event time (microseconds) when no column holds it.
@@ -88,6 +89,7 @@ impl Query {
             state_backend: None,
             event_time_extractor: None,
             listeners: Vec::new(),
+            watermark_from_markers: false,
         }
     }
 }
@@ -140,6 +142,14 @@ impl QueryBuilder {
             .map_err(|e| Error::config("watermark", e.to_string()))?;
         self.watermark = Some(d);
         Ok(self)
+    }
+
+    /// Takes the watermark from [`super::WatermarkMarker`] records instead of
+    /// from rows: the reading side of a repartition topic, whose rows come
+    /// from many input partitions interleaved.
+    pub fn watermark_from_markers(mut self) -> Self {
+        self.watermark_from_markers = true;
+        self
     }
 
     /// How inputs' watermarks combine (`min` default, `max`).
@@ -615,6 +625,7 @@ impl Query {
             let mut contexts: BTreeMap<i32, BatchContext> = BTreeMap::new();
             let mut batch_max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros> =
                 BTreeMap::new();
+            let mut markers = 0u64;
             for record in &batch.records {
                 let partition = record.position.partition;
                 let task = match tasks.entry(partition) {
@@ -623,6 +634,26 @@ impl Query {
                         e.insert(self.new_task(partition, state_backend.as_deref_mut())?)
                     }
                 };
+                if self.builder.watermark_from_markers {
+                    if let Some(marker) = super::WatermarkMarker::of_record(record) {
+                        markers += 1;
+                        match marker {
+                            Ok(m) => {
+                                if let Some(w) = task.watermark.as_mut() {
+                                    for origin in &m.origins {
+                                        w.register(origin, processing_time);
+                                    }
+                                    w.observe(&m.origin, m.max_event_time, processing_time);
+                                }
+                            }
+                            Err(error) => {
+                                bad_records += 1;
+                                dead_letter.send(record, &error)?;
+                            }
+                        }
+                        continue;
+                    }
+                }
                 let ctx = *contexts
                     .entry(partition)
                     .or_insert_with(|| task.context(batch_id, processing_time, collect_late));
@@ -645,7 +676,7 @@ impl Query {
                         max_et = max_et.max(t);
                         sum_et += t as i128;
                         n_et += 1;
-                        if task.watermark.is_some() {
+                        {
                             let slot = batch_max_event_time
                                 .entry((record.position.topic.clone(), partition))
                                 .or_insert(t);
@@ -667,17 +698,20 @@ impl Query {
                     dead_letter.send(record, &error)?;
                 }
             }
+            // Markers carry progress, not rows.
+            let num_input = num_input - markers;
+            let mut event_time_progress: BTreeMap<String, TimestampMicros> = BTreeMap::new();
             for ((topic, partition), t) in &batch_max_event_time {
-                if let Some(w) = tasks
-                    .get_mut(partition)
-                    .and_then(|task| task.watermark.as_mut())
-                {
-                    w.observe(
-                        &source.watermark_input(topic, *partition),
-                        *t,
-                        processing_time,
-                    );
+                let input = source.watermark_input(topic, *partition);
+                if !self.builder.watermark_from_markers {
+                    if let Some(w) = tasks
+                        .get_mut(partition)
+                        .and_then(|task| task.watermark.as_mut())
+                    {
+                        w.observe(&input, *t, processing_time);
+                    }
                 }
+                event_time_progress.insert(input, *t);
             }
             let mut state_operators = Vec::new();
             let mut late_rows = Vec::new();
@@ -727,6 +761,7 @@ impl Query {
                 tasks = tasks.len(),
                 "batch committing"
             );
+            sink.event_time_progress(&event_time_progress);
             sink.commit(batch_id)?;
             if let Some(late) = late_data.as_mut() {
                 late.write(batch_id, &late_rows)?;
@@ -737,7 +772,17 @@ impl Query {
                 .iter()
                 .filter_map(|(p, t)| Some((*p, serde_json::to_string(t.watermark.as_ref()?).ok()?)))
                 .collect();
-            source.commit(&checkpoints)?;
+            match source.commit(&checkpoints) {
+                Err(Error::BatchAborted(reason)) if source.rewind()? => {
+                    // Tasks are rebuilt from their stores' changelogs and
+                    // the committed checkpoints, as after a rebalance.
+                    tracing::warn!(batch_id, %reason, "batch aborted; replaying from the last commit");
+                    metrics::counter!("tidemark_batches_aborted_total").increment(1);
+                    tasks.clear();
+                    continue;
+                }
+                other => other?,
+            }
             let commit_ms = commit_start.elapsed().as_millis() as u64;
 
             // ---- progress
@@ -888,6 +933,58 @@ mod tests {
             .unwrap()
             .window_aggregate(["k"], window, vec![AggregateSpec::count()])
             .trigger(Trigger::AvailableNow)
+    }
+
+    #[test]
+    fn behind_a_repartition_the_watermark_follows_markers_not_rows() {
+        use crate::record::{Record, SourcePosition};
+        use crate::runtime::{WatermarkMarker, WATERMARK_MARKER_HEADER};
+        let origins = vec!["in/0".to_string(), "in/1".to_string()];
+        let at = |offset: i64| SourcePosition::new("in-repartition", 0, offset);
+        let row = |offset, t: &str| Record {
+            value: Some(format!(r#"{{"k": "a", "t": "2026-01-01T{t}:00Z"}}"#).into_bytes()),
+            position: at(offset),
+            ..Default::default()
+        };
+        let marker = |offset, origin: &str, t: &str| Record {
+            value: Some(
+                WatermarkMarker {
+                    origin: origin.into(),
+                    max_event_time: crate::time::parse_rfc3339(&format!("2026-01-01T{t}:00Z"))
+                        .unwrap(),
+                    origins: origins.clone(),
+                }
+                .encode(),
+            ),
+            headers: vec![(WATERMARK_MARKER_HEADER.into(), b"1".to_vec())],
+            position: at(offset),
+            ..Default::default()
+        };
+        // Input partition 0 runs ahead to 10:10; partition 1's row at 10:00
+        // comes a batch later. Rows alone would have made it late.
+        let mut source = VecSource::record_batches(vec![
+            vec![row(0, "10:10"), marker(1, "in/0", "10:10")],
+            vec![row(2, "10:00"), marker(3, "in/1", "10:10")],
+        ]);
+        let mut sink = CollectSink::default();
+        let summary = counting(
+            "markers",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .watermark_from_markers()
+        .build()
+        .unwrap()
+        .run(&mut source, &mut sink)
+        .unwrap();
+        let starts: Vec<String> = sink
+            .rows
+            .iter()
+            .map(|r| r.get("window_start").unwrap().to_string())
+            .collect();
+        assert_eq!(starts, vec!["2026-01-01T10:00:00Z"], "{:?}", sink.rows);
+        assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
+        assert_eq!(summary.input_records, 2, "markers are not input rows");
     }
 
     #[derive(serde::Deserialize, serde::Serialize)]

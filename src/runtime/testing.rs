@@ -47,6 +47,14 @@ impl VecSource {
         }
     }
 
+    /// Batches of ready-made records (headers, keys, positions as given).
+    pub fn record_batches(batches: Vec<Vec<Record>>) -> Self {
+        VecSource {
+            batches: batches.into(),
+            ..Default::default()
+        }
+    }
+
     /// Hands `checkpoints` back with the first batch, as Kafka does after a
     /// restart.
     pub fn restoring(mut self, checkpoints: std::collections::BTreeMap<i32, String>) -> Self {

@@ -10,7 +10,9 @@ use tidemark_integration_tests::produce_to;
 pub const KEYS: i64 = 5;
 
 /// An exactly-once pipeline: 1-minute tumbling counts (and sums) per `id`,
-/// 30-second watermark, append mode, RocksDB state with a changelog.
+/// 30-second watermark, append mode, RocksDB state with a changelog. The
+/// source does not say it is keyed by `id`, so the aggregation runs behind
+/// a repartition topic (see [`write_direct_pipeline`] for the other way).
 pub fn windowed_pipeline(
     group: &str,
     input: &str,
@@ -105,6 +107,23 @@ pub fn write_pipeline(
         windowed_pipeline(group, input, output, trigger, batch),
     )
     .unwrap();
+    file
+}
+
+/// [`write_pipeline`] with `keyed_by: [id]`: the records' key is the
+/// grouping column, so the aggregation runs where the records are, without
+/// the repartition topic.
+pub fn write_direct_pipeline(
+    dir: &std::path::Path,
+    names: (&str, &str, &str),
+    trigger: &str,
+    batch: usize,
+) -> std::path::PathBuf {
+    let file = write_pipeline(dir, names, trigger, batch);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let keyed = text.replacen("  kind: kafka\n", "  kind: kafka\n  keyed_by: [id]\n", 1);
+    assert_ne!(text, keyed);
+    std::fs::write(&file, keyed).unwrap();
     file
 }
 

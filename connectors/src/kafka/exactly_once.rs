@@ -109,16 +109,25 @@ impl SharedTransactions {
                 Ok(())
             }
             (result, failure) => {
+                // A fatal error (fenced by a newer instance) needs a new
+                // producer; anything else aborts and replays in place.
+                let fatal = matches!(
+                    &result,
+                    Err(rdkafka::error::KafkaError::Transaction(e)) if e.is_fatal()
+                );
                 let reason = match (result, failure) {
                     (Err(e), _) => e.to_string(),
                     (_, Some(f)) => f.clone(),
                     _ => unreachable!("one of the two failed"),
                 };
-                let _ = t.producer.abort_transaction(TIMEOUT);
+                let aborted = t.producer.abort_transaction(TIMEOUT);
                 t.open = false;
-                Err(Error::Sink(format!(
-                    "transaction aborted, the batch will be replayed: {reason}"
-                )))
+                if fatal || aborted.is_err() {
+                    return Err(Error::Sink(format!(
+                        "transaction failed, the producer must be recreated: {reason}"
+                    )));
+                }
+                Err(Error::BatchAborted(reason))
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use crate::avro::AvroEncoder;
 use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use std::collections::BTreeMap;
@@ -10,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::row::{Row, Value};
-use tidemark::runtime::Sink;
+use tidemark::runtime::{Sink, WatermarkMarker, WATERMARK_MARKER_HEADER};
+use tidemark::time::TimestampMicros;
 
 /// Collects delivery failures reported by the producer's thread.
 #[derive(Clone, Default)]
@@ -121,6 +123,15 @@ pub struct KafkaSink {
     key: KeyColumns,
     format: ValueFormat,
     transactions: Option<super::SharedTransactions>,
+    markers: Option<MarkerState>,
+}
+
+/// What a repartition sink needs to broadcast watermark markers.
+struct MarkerState {
+    origins: Vec<String>,
+    partitions: i32,
+    max_event_time: BTreeMap<String, TimestampMicros>,
+    changed: Vec<String>,
 }
 
 impl KafkaSink {
@@ -129,6 +140,59 @@ impl KafkaSink {
     pub fn with_transactions(mut self, transactions: super::SharedTransactions) -> Self {
         self.transactions = Some(transactions);
         self
+    }
+
+    /// Makes this the writing side of a repartition topic with `partitions`
+    /// partitions: at each commit, every input in `origins` that delivered
+    /// rows in the batch gets a [`WatermarkMarker`] in every partition.
+    pub fn with_watermark_markers(mut self, origins: Vec<String>, partitions: i32) -> Self {
+        self.markers = Some(MarkerState {
+            origins,
+            partitions,
+            max_event_time: BTreeMap::new(),
+            changed: Vec::new(),
+        });
+        self
+    }
+
+    fn send(&self, record: BaseRecord<'_, String, Vec<u8>>) -> Result<()> {
+        match &self.transactions {
+            Some(t) => t.send(record),
+            None => send_with_backpressure(&self.producer, record)
+                .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic))),
+        }
+    }
+
+    fn send_markers(&mut self) -> Result<()> {
+        let Some(markers) = self.markers.as_mut() else {
+            return Ok(());
+        };
+        let changed = std::mem::take(&mut markers.changed);
+        let mut payloads = Vec::with_capacity(changed.len());
+        for origin in changed {
+            let marker = WatermarkMarker {
+                max_event_time: markers.max_event_time[&origin],
+                origin,
+                origins: markers.origins.clone(),
+            };
+            payloads.push(marker.encode());
+        }
+        let partitions = markers.partitions;
+        for payload in &payloads {
+            for partition in 0..partitions {
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: WATERMARK_MARKER_HEADER,
+                    value: Some("1"),
+                });
+                self.send(
+                    BaseRecord::to(&self.topic)
+                        .partition(partition)
+                        .payload(payload)
+                        .headers(headers),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// A sink to `topic`.
@@ -147,6 +211,7 @@ impl KafkaSink {
             key,
             format,
             transactions: None,
+            markers: None,
         })
     }
 }
@@ -169,17 +234,24 @@ impl Sink for KafkaSink {
             if let Some(k) = key.as_ref() {
                 record = record.key(k);
             }
-            match &self.transactions {
-                Some(t) => t.send(record)?,
-                None => send_with_backpressure(&self.producer, record)
-                    .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic)))?,
-            }
+            self.send(record)?;
         }
         Ok(())
     }
 
+    fn event_time_progress(&mut self, max_event_time: &BTreeMap<String, TimestampMicros>) {
+        if let Some(markers) = self.markers.as_mut() {
+            for (origin, t) in max_event_time {
+                let slot = markers.max_event_time.entry(origin.clone()).or_insert(*t);
+                *slot = (*slot).max(*t);
+                markers.changed.push(origin.clone());
+            }
+        }
+    }
+
     fn commit(&mut self, batch_id: u64) -> Result<()> {
         use rdkafka::producer::Producer;
+        self.send_markers()?;
         if let Some(t) = &self.transactions {
             // The source commits the transaction with its offsets; an
             // empty batch still opens one so that its offsets commit.

@@ -231,12 +231,27 @@ impl KafkaSource {
     }
 
     fn caught_up(&self) -> bool {
-        match &self.end_offsets {
-            Some(ends) => ends
-                .iter()
-                .all(|(tp, end)| self.next_offsets.get(tp).copied().unwrap_or(0) >= *end),
-            None => false,
-        }
+        let Some(ends) = &self.end_offsets else {
+            return false;
+        };
+        // A transactional topic ends with a commit marker that is never
+        // handed out: the consumer's position (the application's, so never
+        // ahead of undelivered records) moves past it; the offset after the
+        // last record does not.
+        let position = self.consumer.position().ok();
+        ends.iter().all(|((topic, partition), end)| {
+            let handed_out = self
+                .next_offsets
+                .get(&(topic.clone(), *partition))
+                .copied()
+                .unwrap_or(0);
+            let fetched = position
+                .as_ref()
+                .and_then(|p| p.find_partition(topic, *partition))
+                .and_then(|e| e.offset().to_raw())
+                .unwrap_or(0);
+            handed_out.max(fetched) >= *end
+        })
     }
 }
 
@@ -361,6 +376,50 @@ impl Source for KafkaSource {
             }
         }
         Ok(())
+    }
+
+    fn rewind(&mut self) -> Result<bool> {
+        let assigned = self.assigned();
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &assigned {
+            tpl.add_partition(topic, *partition);
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+        for e in committed.elements() {
+            let (topic, partition) = (e.topic().to_string(), e.partition());
+            let offset = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ if self.config.earliest => Offset::Beginning,
+                _ => Offset::End,
+            };
+            // Seeking also drops what was prefetched from the partition.
+            self.consumer
+                .seek(&topic, partition, offset, Duration::from_secs(10))
+                .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
+            match offset {
+                Offset::Offset(o) => {
+                    self.next_offsets.insert((topic.clone(), partition), o);
+                    self.committed.insert((topic, partition), o);
+                }
+                _ => {
+                    self.next_offsets.remove(&(topic.clone(), partition));
+                    self.committed.remove(&(topic, partition));
+                }
+            }
+        }
+        self.committed_checkpoints.clear();
+        // The next batch hands back every owned partition's checkpoint, as
+        // after an assignment.
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .assigned
+            .extend(assigned);
+        tracing::info!("source rewound to the committed offsets");
+        Ok(true)
     }
 
     fn offsets(&self) -> serde_json::Value {

@@ -1,0 +1,148 @@
+//! A grouping on a field that is not the record key, over a 4-partition
+//! topic, with two `tidemark run` instances: every key's rows are spread
+//! over all partitions, so without the repartition topic each task would
+//! emit its own partial count for the same key and window.
+
+mod common;
+
+use common::*;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tidemark_integration_tests::*;
+
+const PARTITIONS: i32 = 4;
+const REGIONS: [&str; 3] = ["north", "south", "west"];
+
+fn pipeline(app: &str, input: &str, output: &str, trigger: &str) -> String {
+    format!(
+        r#"application_id: {app}
+source:
+  kind: kafka
+  topic: {input}
+  group: {app}
+  format: json
+  schema: {{event_time: long, region: string, amount: double}}
+  properties: {{session.timeout.ms: "6000", heartbeat.interval.ms: "1000"}}
+event_time: event_time
+watermark: 30 seconds
+steps:
+  - filter: "amount > 0"
+  - window_aggregate:
+      keys: [region]
+      window: {{tumbling: 1 minute}}
+      aggregates: [{{fn: count, as: n}}, {{fn: sum, column: amount, as: total}}]
+output_mode: append
+trigger: {trigger}
+max_records_per_batch: 200
+sink: {{kind: kafka, topic: {output}, format: json}}
+state_dir: state
+processing_guarantee: exactly_once
+"#
+    )
+}
+
+/// One event a second per partition for 10 minutes from 10:00, regions
+/// rotating, event time in epoch milliseconds, keyed by a sequence number
+/// that says nothing about the region.
+fn produce_events(input: &str) {
+    let start_ms = tidemark::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap() / 1000;
+    for p in 0..PARTITIONS {
+        let records: Vec<_> = (0..600i64)
+            .map(|i| {
+                let region = REGIONS[(i as usize + p as usize) % REGIONS.len()];
+                let t = start_ms + i * 1000;
+                (
+                    format!("seq-{p}-{i}"),
+                    format!(r#"{{"event_time": {t}, "region": "{region}", "amount": 0.5}}"#)
+                        .into_bytes(),
+                )
+            })
+            .collect();
+        produce_to(input, Some(p), &records);
+    }
+}
+
+/// Each of 3 regions × 9 closed windows once, with all 4 × 20 events.
+fn assert_one_row_per_region_and_window(out: &[Consumed]) {
+    let mut seen = std::collections::BTreeMap::new();
+    for r in out {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let key = (
+            v["region"].as_str().unwrap().to_string(),
+            v["window_start"].as_str().unwrap().to_string(),
+        );
+        let n = v["n"].as_i64().unwrap();
+        assert!(seen.insert(key.clone(), n).is_none(), "duplicate {key:?}");
+        assert_eq!((n, v["total"].as_f64().unwrap()), (80, 40.0), "{key:?}");
+    }
+    assert_eq!(seen.len(), REGIONS.len() * 9, "{seen:?}");
+}
+
+#[test]
+fn two_instances_group_by_a_non_key_field_through_the_repartition_topic() {
+    let (input, output, app) = (unique("rp-in"), unique("rp-out"), unique("rp-app"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, 1);
+    produce_events(&input);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut instances: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let file = d.path().join("pipeline.yaml");
+            let text = pipeline(&app, &input, &output, "{micro_batch: 200 milliseconds}");
+            std::fs::write(&file, text).unwrap();
+            tidemark_run(&file, Some(&format!("i{i}")), Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let expected = REGIONS.len() * 9;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline
+        && consume_all(&output, expected, Duration::from_secs(5)).len() < expected
+    {}
+    for instance in &mut instances {
+        interrupt(instance);
+    }
+    assert_one_row_per_region_and_window(&consume_all(&output, expected, Duration::from_secs(10)));
+    // The rows really went through the internal topic, keyed by region.
+    let internal = consume_all(
+        &format!("{app}-op1-repartition"),
+        PARTITIONS as usize * 600,
+        Duration::from_secs(10),
+    );
+    let rows: Vec<_> = internal.iter().filter(|r| r.key.is_some()).collect();
+    assert_eq!(rows.len(), PARTITIONS as usize * 600);
+    let mut partition_of = std::collections::BTreeMap::new();
+    for r in rows {
+        let region = String::from_utf8(r.key.clone().unwrap()).unwrap();
+        assert_eq!(
+            *partition_of.entry(region.clone()).or_insert(r.partition),
+            r.partition,
+            "{region} in two partitions"
+        );
+    }
+}
+
+#[test]
+fn available_now_runs_the_writer_to_the_end_then_the_reader() {
+    let (input, output, app) = (unique("rpa-in"), unique("rpa-out"), unique("rpa-app"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, 1);
+    produce_events(&input);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(&file, pipeline(&app, &input, &output, "available_now")).unwrap();
+    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_one_row_per_region_and_window(&consume_all(
+        &output,
+        REGIONS.len() * 9,
+        Duration::from_secs(10),
+    ));
+}

@@ -1,0 +1,65 @@
+//! Watermark markers: how event-time progress crosses a repartition topic.
+//!
+//! After a repartition, each partition of the internal topic holds rows from
+//! every input partition, interleaved in arrival order. A watermark computed
+//! from those rows alone would let one input partition that runs ahead make
+//! another's rows late. Instead, as in Flink, the writing stage broadcasts a
+//! marker to every partition of the repartition topic at each commit,
+//! carrying the largest event time each input partition has delivered; the
+//! reading stage's watermark is the policy's combination of those (by
+//! default the minimum), and rows themselves do not move it. A marker
+//! follows the rows it covers in each partition, so a row is late only if
+//! its own input partition was out of order by more than the delay.
+
+use crate::error::{Error, Result};
+use crate::record::Record;
+use crate::time::TimestampMicros;
+
+/// The header that makes a record a marker rather than a row.
+pub const WATERMARK_MARKER_HEADER: &str = "tidemark-watermark";
+
+/// One input partition's event-time progress, as written to a repartition
+/// topic.
+///
+/// ```
+/// use tidemark::runtime::WatermarkMarker;
+/// let marker = WatermarkMarker {
+///     origin: "orders/0".into(),
+///     max_event_time: 42,
+///     origins: vec!["orders/0".into(), "orders/1".into()],
+/// };
+/// let bytes = marker.encode();
+/// assert_eq!(WatermarkMarker::decode(&bytes).unwrap(), marker);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WatermarkMarker {
+    /// The input partition (`topic/partition`) the progress is of.
+    pub origin: String,
+    /// The largest event time it has delivered, in microseconds.
+    pub max_event_time: TimestampMicros,
+    /// Every input partition of the writing stage: under the `min` policy
+    /// one that has reported nothing yet holds the watermark at its start.
+    pub origins: Vec<String>,
+}
+
+impl WatermarkMarker {
+    /// The marker's record value.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a marker serializes")
+    }
+
+    /// Reads a marker's record value.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| Error::Source(format!("unreadable watermark marker: {e}")))
+    }
+
+    /// The marker `record` carries, if it is one.
+    pub fn of_record(record: &Record) -> Option<Result<Self>> {
+        record
+            .headers
+            .iter()
+            .any(|(name, _)| name == WATERMARK_MARKER_HEADER)
+            .then(|| Self::decode(record.value.as_deref().unwrap_or_default()))
+    }
+}
