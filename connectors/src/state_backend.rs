@@ -40,7 +40,9 @@ pub struct RocksDbStateBackend {
 
 impl RocksDbStateBackend {
     /// A backend; `memory_bytes` bounds RocksDB's block cache and write
-    /// buffers together, `cache_bytes` each store's write cache.
+    /// buffers together, `cache_bytes` the state each store's operator keeps
+    /// in memory (the rest is read from RocksDB when needed), an eighth of
+    /// which is the store's write cache.
     pub fn new(
         state_dir: impl Into<PathBuf>,
         application_id: &str,
@@ -96,7 +98,7 @@ impl StateBackend for RocksDbStateBackend {
         match &self.changelog {
             None => Ok(Box::new(CachingStore::new(
                 db.store(name)?,
-                self.cache_bytes,
+                self.cache_bytes / 8,
             ))),
             Some((config, writer)) => {
                 // Local writes of a batch whose transaction did not commit
@@ -130,9 +132,13 @@ impl StateBackend for RocksDbStateBackend {
                     rate_per_s = restored as f64 / started.elapsed().as_secs_f64().max(1e-6),
                     "state restored from changelog"
                 );
-                Ok(Box::new(CachingStore::new(logged, self.cache_bytes)))
+                Ok(Box::new(CachingStore::new(logged, self.cache_bytes / 8)))
             }
         }
+    }
+
+    fn cache_bytes(&self) -> Option<usize> {
+        Some(self.cache_bytes)
     }
 
     fn commit(&mut self) -> Result<()> {

@@ -23,6 +23,9 @@ struct KeyWindows {
     windows: Vec<OpenWindow>,
 }
 
+/// Expiry index entries added and removed: `(window end, key)`.
+pub(super) type IndexChanges = (Vec<(i64, Vec<u8>)>, Vec<(i64, Vec<u8>)>);
+
 /// A window and its accumulators, borrowed from the state.
 pub(super) type WindowRef<'a> = (TimeWindow, &'a [Accumulator]);
 
@@ -37,6 +40,10 @@ pub(super) struct FixedWindowState {
     /// state is persisted.
     track_dirty: bool,
     dirty: Vec<Vec<u8>>,
+    /// Windows opened and removed since the last checkpoint: the store's
+    /// expiry index entries to add and delete (tracked with `dirty`).
+    opened: Vec<(i64, Vec<u8>)>,
+    closed: Vec<(i64, Vec<u8>)>,
 }
 
 impl FixedWindowState {
@@ -71,6 +78,9 @@ impl FixedWindowState {
                     .entry(window.end)
                     .or_default()
                     .push(key.to_vec());
+                if self.track_dirty {
+                    self.opened.push((window.end, key.to_vec()));
+                }
                 self.open += 1;
                 entry.windows.len() - 1
             }
@@ -94,6 +104,71 @@ impl FixedWindowState {
         dirty.sort();
         dirty.dedup();
         dirty
+    }
+
+    /// Windows opened and closed since the last call, by end and key.
+    pub(super) fn take_index_changes(&mut self) -> IndexChanges {
+        (
+            std::mem::take(&mut self.opened),
+            std::mem::take(&mut self.closed),
+        )
+    }
+
+    /// Whether the key's windows are in memory.
+    pub(super) fn contains(&self, key: &[u8]) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    /// Puts back a key read from the store on demand: its windows are
+    /// already counted and in the store's expiry index.
+    pub(super) fn insert_loaded(
+        &mut self,
+        key: Vec<u8>,
+        key_values: Vec<Value>,
+        windows: Vec<(TimeWindow, Vec<Accumulator>)>,
+    ) {
+        let windows = windows
+            .into_iter()
+            .map(|(window, accumulators)| OpenWindow {
+                window,
+                accumulators,
+                touched: false,
+            })
+            .collect();
+        self.keys.insert(
+            key,
+            KeyWindows {
+                key_values,
+                windows,
+            },
+        );
+    }
+
+    /// Makes `key`'s window ending at `end` (found in the store's expiry
+    /// index) a candidate for the next eviction.
+    pub(super) fn schedule_expiry(&mut self, end: i64, key: Vec<u8>) {
+        self.expiry.entry(end).or_default().push(key);
+    }
+
+    /// Counts windows that live only in the store.
+    pub(super) fn add_stored(&mut self, windows: usize) {
+        self.open += windows;
+    }
+
+    /// After a checkpoint, when the store holds everything: forgets the
+    /// in-memory expiry index (the store's answers for it) and keeps at
+    /// most `max_keys` keys in memory. Clean keys only: every change was
+    /// just written.
+    pub(super) fn shrink_to(&mut self, max_keys: usize) {
+        self.expiry.clear();
+        if self.keys.len() > max_keys {
+            let keep = max_keys * 3 / 4;
+            let mut seen = 0usize;
+            self.keys.retain(|_, _| {
+                seen += 1;
+                seen <= keep
+            });
+        }
     }
 
     /// A key's values and open windows, if it has any.
@@ -137,6 +212,11 @@ impl FixedWindowState {
                 windows,
             },
         );
+    }
+
+    /// Number of keys held in memory.
+    pub(super) fn cached_keys(&self) -> usize {
+        self.keys.len()
     }
 
     /// Number of open windows.
@@ -201,6 +281,9 @@ impl FixedWindowState {
                 let mut i = 0;
                 while i < entry.windows.len() {
                     if entry.windows[i].window.end == end {
+                        if self.track_dirty {
+                            self.closed.push((end, key.clone()));
+                        }
                         closed.push((entry.key_values.clone(), entry.windows.swap_remove(i)));
                     } else {
                         i += 1;
@@ -216,7 +299,8 @@ impl FixedWindowState {
                 f(&key_values, open.window, open.accumulators);
             }
         }
-        self.open -= removed;
+        // With state in the store the count starts from an estimate.
+        self.open = self.open.saturating_sub(removed);
         // Touch marks of evicted windows are dropped with them.
         self.touched.retain(|(_, w)| w.end > watermark);
         removed

@@ -86,14 +86,22 @@ pub trait Operator: Send {
         false
     }
 
-    /// Rebuilds the operator's state from its store, when its task starts.
-    fn restore(&mut self, _store: &dyn tidemark_state::StateStore) -> Result<()> {
+    /// Hands a stateful operator its store when its task starts: the
+    /// operator restores from it and keeps it. With `cache_bytes`, at most
+    /// about that much state stays in memory between batches and the rest
+    /// is read from the store when needed (state larger than memory);
+    /// `None` keeps all state in memory.
+    fn open_state(
+        &mut self,
+        _store: Box<dyn tidemark_state::StateStore>,
+        _cache_bytes: Option<usize>,
+    ) -> Result<()> {
         Ok(())
     }
 
-    /// Writes what changed since the last checkpoint to the store (called
-    /// after each batch, before offsets commit).
-    fn checkpoint(&mut self, _store: &mut dyn tidemark_state::StateStore) -> Result<()> {
+    /// Writes what changed since the last checkpoint to the store and
+    /// flushes it (called after each batch, before offsets commit).
+    fn checkpoint(&mut self) -> Result<()> {
         Ok(())
     }
 

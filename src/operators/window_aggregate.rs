@@ -120,8 +120,12 @@ pub struct WindowAggregate {
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
     late_rows: Vec<Row>,
-    /// Whether state is persisted (a store was attached by `restore`).
+    /// Whether state is persisted (a store was attached by `open_state`).
     persist: bool,
+    store: Option<Box<dyn StateStore>>,
+    /// Fixed windows only: at most this many keys stay in memory between
+    /// batches; the others are read from the store when a row needs them.
+    max_cached_keys: Option<usize>,
     dirty_sessions: Vec<Vec<u8>>,
     rows_updated: u64,
     rows_removed: u64,
@@ -150,6 +154,8 @@ impl WindowAggregate {
             late_input_rows: 0,
             late_rows: Vec::new(),
             persist: false,
+            store: None,
+            max_cached_keys: None,
             dirty_sessions: Vec::new(),
             rows_updated: 0,
             rows_removed: 0,
@@ -320,6 +326,88 @@ impl WindowAggregate {
         }
     }
 
+    /// Reads a key's windows from the store into memory, if it has any.
+    fn load_key(&mut self, key: &[u8]) -> Result<()> {
+        let Some(store) = self.store.as_ref() else {
+            return Ok(());
+        };
+        if let Some(bytes) = store.get(&state_key(key))? {
+            let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
+            self.fixed.insert_loaded(key.to_vec(), key_values, windows);
+        }
+        Ok(())
+    }
+
+    /// Finds, in the store's expiry index, the windows ending at or before
+    /// `watermark` and loads their keys, so that eviction sees them.
+    fn schedule_stored_expiry(&mut self, watermark: TimestampMicros) -> Result<()> {
+        let Some(store) = self.store.as_ref() else {
+            return Ok(());
+        };
+        let expired = store.range(
+            &expiry_key(i64::MIN, b""),
+            &expiry_key(watermark.saturating_add(1), b""),
+        )?;
+        for (index_key, _) in expired {
+            let Some((end, key)) = parse_expiry_key(&index_key) else {
+                continue;
+            };
+            if !self.fixed.contains(key) {
+                self.load_key(key)?;
+            }
+            self.fixed.schedule_expiry(end, key.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Writes changed keys and expiry index entries as one batch, then
+    /// flushes the store.
+    fn write_changes(&mut self, store: &mut dyn StateStore) -> Result<()> {
+        let mut entries = Vec::new();
+        if self.window.is_session() {
+            let mut keys = std::mem::take(&mut self.dirty_sessions);
+            keys.sort();
+            keys.dedup();
+            for key in keys {
+                let value = self.sessions.get(&key).map(|g| {
+                    encode_key_state(
+                        &g.key_values,
+                        g.sessions
+                            .iter()
+                            .map(|s| (s.window, s.accumulators.as_slice())),
+                        &self.aggregates,
+                    )
+                });
+                entries.push((state_key(&key), value));
+            }
+        } else {
+            let (opened, closed) = self.fixed.take_index_changes();
+            for (end, key) in opened {
+                entries.push((expiry_key(end, &key), Some(Vec::new())));
+            }
+            for (end, key) in closed {
+                entries.push((expiry_key(end, &key), None));
+            }
+            for key in self.fixed.take_dirty() {
+                let value = self.fixed.key_state(&key).map(|(key_values, windows)| {
+                    encode_key_state(key_values, windows, &self.aggregates)
+                });
+                entries.push((state_key(&key), value));
+            }
+        }
+        tracing::debug!(
+            changes = entries.len(),
+            open_windows = self.state_rows(),
+            "window state checkpoint"
+        );
+        store.write_batch(&entries)?;
+        store.flush()?;
+        if let Some(max_keys) = self.max_cached_keys {
+            self.fixed.shrink_to(max_keys);
+        }
+        Ok(())
+    }
+
     fn state_rows(&self) -> usize {
         self.fixed.len()
             + self
@@ -368,6 +456,10 @@ impl Operator for WindowAggregate {
         let mut windows = std::mem::take(&mut self.window_buffer);
         windows.clear();
         self.window.assign_into(t, Some(&row), &mut windows);
+        // A key not in memory may have windows in the store.
+        if self.max_cached_keys.is_some() && !self.fixed.contains(&key_buffer) {
+            self.load_key(&key_buffer)?;
+        }
         let (mut any_late, mut accepted) = (false, false);
         for window in windows.iter().copied() {
             if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
@@ -408,6 +500,9 @@ impl Operator for WindowAggregate {
     }
 
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        if self.max_cached_keys.is_some() && self.mode != OutputMode::Complete {
+            self.schedule_stored_expiry(ctx.watermark)?;
+        }
         if self.window.is_session() {
             self.finish_sessions(ctx, out);
         } else {
@@ -420,10 +515,24 @@ impl Operator for WindowAggregate {
         true
     }
 
-    fn restore(&mut self, store: &dyn StateStore) -> Result<()> {
+    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
         self.persist = true;
         self.fixed.track_changes();
-        for (key, bytes) in store.prefix(b"")? {
+        // Sessions merge across keys' neighbours in time and stay in memory;
+        // fixed windows can live in the store, a bounded set of keys cached.
+        let spill = !self.window.is_session() && self.mode != OutputMode::Complete;
+        self.max_cached_keys = cache_bytes
+            .filter(|_| spill)
+            .map(|bytes| (bytes / (256 + 64 * self.aggregates.len())).max(16));
+        if self.max_cached_keys.is_some() {
+            // Every stored key has an expiry entry per window.
+            let stored_windows = store.approximate_len() / 2;
+            self.fixed.add_stored(stored_windows);
+            self.store = Some(store);
+            return Ok(());
+        }
+        for (key, bytes) in store.prefix(KEY_PREFIX)? {
+            let key = key[KEY_PREFIX.len()..].to_vec();
             let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
             if self.window.is_session() {
                 let sessions = windows
@@ -445,42 +554,17 @@ impl Operator for WindowAggregate {
                 self.fixed.insert_key(key, key_values, windows);
             }
         }
+        self.store = Some(store);
         Ok(())
     }
 
-    fn checkpoint(&mut self, store: &mut dyn StateStore) -> Result<()> {
-        let mut entries = Vec::new();
-        if self.window.is_session() {
-            let mut keys = std::mem::take(&mut self.dirty_sessions);
-            keys.sort();
-            keys.dedup();
-            for key in keys {
-                let value = self.sessions.get(&key).map(|g| {
-                    encode_key_state(
-                        &g.key_values,
-                        g.sessions
-                            .iter()
-                            .map(|s| (s.window, s.accumulators.as_slice())),
-                        &self.aggregates,
-                    )
-                });
-                entries.push((key, value));
-            }
-        } else {
-            for key in self.fixed.take_dirty() {
-                let value = self.fixed.key_state(&key).map(|(key_values, windows)| {
-                    encode_key_state(key_values, windows, &self.aggregates)
-                });
-                entries.push((key, value));
-            }
-        }
-        tracing::debug!(
-            changed_keys = entries.len(),
-            open_windows = self.state_rows(),
-            "window state checkpoint"
-        );
-        store.write_batch(&entries)?;
-        Ok(())
+    fn checkpoint(&mut self) -> Result<()> {
+        let Some(mut store) = self.store.take() else {
+            return Ok(());
+        };
+        let result = self.write_changes(store.as_mut());
+        self.store = Some(store);
+        result
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {
@@ -500,7 +584,11 @@ impl Operator for WindowAggregate {
             num_rows_updated: self.rows_updated,
             num_rows_removed: self.rows_removed,
             num_rows_dropped_by_watermark: self.late_in_batch.len() as u64,
-            memory_used_bytes: rows * per_row as u64,
+            // With state in the store, memory holds the cached keys only.
+            memory_used_bytes: match self.max_cached_keys {
+                Some(_) => self.fixed.cached_keys() as u64 * per_row as u64,
+                None => rows * per_row as u64,
+            },
             custom_metrics: [("numLateInputRows".to_string(), self.late_input_rows)]
                 .into_iter()
                 .collect(),
@@ -511,6 +599,37 @@ impl Operator for WindowAggregate {
         self.rows_removed = 0;
         Some(progress)
     }
+}
+
+/// Store keys: `K` + encoded key → the key's windows; `E` + window end +
+/// encoded key → nothing, the expiry index that eviction scans by range.
+const KEY_PREFIX: &[u8] = b"K";
+const EXPIRY_PREFIX: u8 = b'E';
+
+fn state_key(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    out.extend_from_slice(KEY_PREFIX);
+    out.extend_from_slice(key);
+    out
+}
+
+/// Big-endian with the sign bit flipped: byte order is time order.
+fn expiry_key(end: TimestampMicros, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 9);
+    out.push(EXPIRY_PREFIX);
+    out.extend(((end as u64) ^ (1 << 63)).to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+fn parse_expiry_key(bytes: &[u8]) -> Option<(TimestampMicros, &[u8])> {
+    let (&prefix, rest) = bytes.split_first()?;
+    if prefix != EXPIRY_PREFIX || rest.len() < 8 {
+        return None;
+    }
+    let (end, key) = rest.split_at(8);
+    let end = u64::from_be_bytes(end.try_into().ok()?) ^ (1 << 63);
+    Some((end as i64, key))
 }
 
 fn fold(aggregates: &[AggregateSpec], accumulators: &mut [Accumulator], row: &Row) {
@@ -563,6 +682,50 @@ mod tests {
             late_threshold: if late.is_empty() { 0 } else { ts(late) },
             collect_late_rows: true,
             watermark: if wm.is_empty() { 0 } else { ts(wm) },
+        }
+    }
+
+    /// Six batches over 200 keys, sliding windows, the watermark ten
+    /// minutes behind; every row as text, in emission order, and the most
+    /// keys held in memory after a checkpoint.
+    fn run_batches(mode: OutputMode, cache_bytes: Option<usize>) -> (Vec<String>, usize) {
+        let window = WindowSpec::sliding("10 minutes", "5 minutes").unwrap();
+        let mut w = op(window, mode);
+        w.open_state(
+            Box::new(tidemark_state::InMemoryStore::new("t")),
+            cache_bytes,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let mut most_cached = 0;
+        let hhmm = |m: i64| format!("{:02}:{:02}", 10 + m / 60, m % 60);
+        for batch in 0..6i64 {
+            let (late, wm) = (hhmm(batch * 10 + 40), hhmm(batch * 10 + 50));
+            let c = ctx(&late, &wm);
+            for i in 0..200i64 {
+                let minute = 60 + batch * 10 + (i * 7) % 13;
+                w.on_row(row(&hhmm(minute), &format!("k{i}")), &c, &mut Vec::new())
+                    .unwrap();
+            }
+            w.on_batch_end(&c, &mut out).unwrap();
+            w.checkpoint().unwrap();
+            most_cached = most_cached.max(w.fixed.cached_keys());
+        }
+        (
+            out.iter().map(|r| r.to_json().to_string()).collect(),
+            most_cached,
+        )
+    }
+
+    #[test]
+    fn state_read_through_the_store_gives_the_in_memory_results() {
+        for mode in [OutputMode::Append, OutputMode::Update] {
+            let (in_memory, all) = run_batches(mode, None);
+            let (spilled, cached) = run_batches(mode, Some(1));
+            assert!(in_memory.len() > 200, "{mode:?}: {}", in_memory.len());
+            assert_eq!(spilled, in_memory, "{mode:?}");
+            assert!(all >= 200, "{all}");
+            assert!(cached <= 16, "{mode:?}: {cached} keys cached");
         }
     }
 

@@ -160,6 +160,11 @@ pub trait StateBackend: Send {
     fn commit(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Memory for each stateful operator's in-memory state; `None` keeps
+    /// all of it in memory.
+    fn cache_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
@@ -168,6 +173,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn commit(&mut self) -> Result<()> {
         (**self).commit()
+    }
+    fn cache_bytes(&self) -> Option<usize> {
+        (**self).cache_bytes()
     }
 }
 

@@ -387,8 +387,6 @@ pub struct RunSummary {
 /// co-partitioned partitions).
 struct Task {
     operators: Vec<Box<dyn Operator>>,
-    /// The store of each stateful operator, when a state backend is set.
-    stores: Vec<Option<Box<dyn tidemark_state::StateStore>>>,
     watermark: Option<WatermarkTracker>,
 }
 
@@ -490,24 +488,17 @@ impl Query {
         let b = &self.builder;
         let mut operators: Vec<Box<dyn Operator>> =
             b.steps.iter().map(|f| f(b.output_mode)).collect();
-        let mut stores = Vec::with_capacity(operators.len());
-        match backend {
-            Some(backend) => {
-                for (index, op) in operators.iter_mut().enumerate() {
-                    if op.is_stateful() {
-                        let store = backend.open(partition, &format!("op{index}"))?;
-                        op.restore(store.as_ref())?;
-                        stores.push(Some(store));
-                    } else {
-                        stores.push(None);
-                    }
+        if let Some(backend) = backend {
+            let cache_bytes = backend.cache_bytes();
+            for (index, op) in operators.iter_mut().enumerate() {
+                if op.is_stateful() {
+                    let store = backend.open(partition, &format!("op{index}"))?;
+                    op.open_state(store, cache_bytes)?;
                 }
             }
-            None => stores.resize_with(operators.len(), || None),
         }
         Ok(Task {
             operators,
-            stores,
             watermark: b.watermark.map(|d| {
                 WatermarkTracker::new(
                     d.as_micros() as i64,
@@ -745,11 +736,8 @@ impl Query {
             // State first: its changelog is acknowledged before the offsets
             // that produced it are committed.
             for task in tasks.values_mut() {
-                for (op, store) in task.operators.iter_mut().zip(task.stores.iter_mut()) {
-                    if let Some(store) = store {
-                        op.checkpoint(store.as_mut())?;
-                        store.flush()?;
-                    }
+                for op in task.operators.iter_mut() {
+                    op.checkpoint()?;
                 }
             }
             if let Some(backend) = state_backend.as_mut() {
