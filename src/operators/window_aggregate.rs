@@ -523,7 +523,7 @@ impl Operator for WindowAggregate {
         let spill = !self.window.is_session() && self.mode != OutputMode::Complete;
         self.max_cached_keys = cache_bytes
             .filter(|_| spill)
-            .map(|bytes| (bytes / (256 + 64 * self.aggregates.len())).max(16));
+            .map(|bytes| (bytes / (384 + 64 * self.aggregates.len())).max(16));
         if self.max_cached_keys.is_some() {
             // Every stored key has an expiry entry per window.
             let stored_windows = store.approximate_len() / 2;

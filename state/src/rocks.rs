@@ -55,6 +55,15 @@ impl MemoryBudget {
         table.set_block_cache(&self.cache);
         table.set_bloom_filter(10.0, false);
         table.set_cache_index_and_filter_blocks(true);
+        // Partitioned index and filters: a whole-file filter block of a
+        // large SST (megabytes) is bigger than a block-cache shard, is
+        // never cached, and would be re-read and checksummed on every
+        // lookup of a key the cache does not hold.
+        table.set_partition_filters(true);
+        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_metadata_block_size(4096);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         opts.set_block_based_table_factory(&table);
         opts
     }

@@ -1,0 +1,133 @@
+//! State benchmark: a tumbling-window count and sum per key, driven batch by
+//! batch through the operator, with state all in memory or read through a
+//! RocksDB store under one memory budget. Reports events/s, peak RSS and the
+//! keys and windows held.
+//!
+//! ```text
+//! # 10M keys of state under a 512 MiB budget
+//! cargo run -p tidemark-bench --bin state -- --store rocksdb --keys 10000000 --events 10000000
+//! # the same in memory, for comparison
+//! cargo run -p tidemark-bench --bin state -- --store memory --keys 10000000 --events 10000000
+//! # steady state: 10M events over 100k hot keys
+//! cargo run -p tidemark-bench --bin state -- --store rocksdb --keys 100000 --events 10000000
+//! ```
+//!
+//! Each run is its own process, so that the peak RSS (`VmHWM`) is its own.
+
+use clap::{Parser, ValueEnum};
+use std::sync::Arc;
+use std::time::Instant;
+use tidemark::operators::{
+    AggregateSpec, BatchContext, Operator, OutputMode, TimeColumn, WindowAggregate,
+};
+use tidemark::row::{Row, Value};
+use tidemark::window::WindowSpec;
+use tidemark_state::{CachingStore, MemoryBudget, TaskDb};
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Store {
+    /// All state in the operator's hash map.
+    Memory,
+    /// RocksDB under the budget; the operator keeps half of it in memory.
+    Rocksdb,
+}
+
+#[derive(Parser)]
+struct Args {
+    /// Where state lives.
+    #[arg(long, value_enum, default_value = "rocksdb")]
+    store: Store,
+    /// Distinct keys; event i goes to key i % keys.
+    #[arg(long, default_value_t = 10_000_000)]
+    keys: u64,
+    /// Events in total.
+    #[arg(long, default_value_t = 10_000_000)]
+    events: u64,
+    /// Events per batch (one checkpoint each).
+    #[arg(long, default_value_t = 100_000)]
+    batch: u64,
+    /// The memory budget in MiB: half to RocksDB, half to the operator.
+    #[arg(long, default_value_t = 512)]
+    budget_mb: usize,
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut op = WindowAggregate::new(
+        vec![Arc::from("id")],
+        TimeColumn::EventTime(Arc::from("event_time")),
+        // One window for the whole run: no key's state expires.
+        WindowSpec::tumbling("1 day")?,
+        vec![AggregateSpec::count(), AggregateSpec::of("sum", "amount")?],
+        OutputMode::Append,
+    );
+    let dir = tempfile::tempdir()?;
+    let budget_bytes = args.budget_mb << 20;
+    let _db = match args.store {
+        Store::Memory => None,
+        Store::Rocksdb => {
+            let budget = MemoryBudget::new(budget_bytes / 2);
+            let db = TaskDb::open(dir.path(), "bench-state", "0", &budget)?;
+            let operator_bytes = budget_bytes / 2;
+            let store = CachingStore::new(db.store("op0")?, operator_bytes / 8);
+            op.open_state(Box::new(store), Some(operator_bytes))?;
+            Some((db, budget))
+        }
+    };
+    let start_micros = tidemark::time::parse_rfc3339("2026-01-01T00:00:00Z")
+        .ok_or_else(|| anyhow::anyhow!("bad start time"))?;
+    let ctx = BatchContext {
+        batch_id: 0,
+        processing_time: 0,
+        late_threshold: 0,
+        watermark: 0,
+        collect_late_rows: false,
+    };
+    let id_column: Arc<str> = Arc::from("id");
+    let started = Instant::now();
+    let mut out = Vec::new();
+    let mut done = 0u64;
+    while done < args.events {
+        let n = args.batch.min(args.events - done);
+        for i in done..done + n {
+            let mut row = Row::new();
+            row.set(
+                "event_time",
+                Value::Timestamp(start_micros + (i % 1000) as i64),
+            );
+            row.set(
+                id_column.clone(),
+                Value::from(format!("key-{}", i % args.keys).as_str()),
+            );
+            row.set("amount", Value::Double(1.5));
+            op.on_row(row, &ctx, &mut out)?;
+        }
+        op.on_batch_end(&ctx, &mut out)?;
+        op.checkpoint()?;
+        done += n;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let progress = op.state_progress().expect("a stateful operator");
+    let result = serde_json::json!({
+        "store": match args.store { Store::Memory => "memory", Store::Rocksdb => "rocksdb" },
+        "keys": args.keys,
+        "events": args.events,
+        "budget_mb": args.budget_mb,
+        "seconds": elapsed,
+        "events_per_second": args.events as f64 / elapsed,
+        "peak_rss_mib": peak_rss_mib(),
+        "windows_total": progress.num_rows_total,
+        "state_memory_estimate_mib": progress.memory_used_bytes as f64 / (1 << 20) as f64,
+    });
+    println!("{result}");
+    Ok(())
+}
