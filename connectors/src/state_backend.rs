@@ -34,6 +34,10 @@ pub struct RocksDbStateBackend {
     cache_bytes: usize,
     changelog: Option<(ChangelogConfig, KafkaChangelogWriter)>,
     tasks: std::collections::HashMap<i32, TaskDb>,
+    /// Per task: the stores opened, and the changelog offsets its local
+    /// checkpoint file vouched for when the task started.
+    opened: std::collections::HashMap<i32, Vec<String>>,
+    local_checkpoints: std::collections::HashMap<i32, LocalCheckpoint>,
     /// Records restored, for progress and logs.
     pub restored_records: u64,
 }
@@ -64,6 +68,8 @@ impl RocksDbStateBackend {
             cache_bytes,
             changelog,
             tasks: Default::default(),
+            opened: Default::default(),
+            local_checkpoints: Default::default(),
             restored_records: 0,
         })
     }
@@ -82,11 +88,35 @@ impl RocksDbStateBackend {
             return Ok(db.clone());
         }
         let task = partition.to_string();
-        if self.changelog.is_some() {
-            // The changelog is the truth: local files are rebuilt from it.
+        let checkpoint_file = self
+            .state_dir
+            .join(&self.application_id)
+            .join(&task)
+            .join(CHECKPOINT_FILE);
+        let checkpoint = if self.changelog.is_some() {
+            take_local_checkpoint(&checkpoint_file)
+        } else {
+            LocalCheckpoint::new()
+        };
+        if self.changelog.is_some() && checkpoint.is_empty() {
+            // No clean close vouches for the local files: rebuild them
+            // from the changelog, the truth.
             TaskDb::destroy(&self.state_dir, &self.application_id, &task)?;
         }
-        let db = TaskDb::open(&self.state_dir, &self.application_id, &task, &self.budget)?;
+        let db = match TaskDb::open(&self.state_dir, &self.application_id, &task, &self.budget) {
+            Ok(db) => db,
+            Err(e) if self.changelog.is_some() => {
+                tracing::warn!(partition, error = %e, "local state unreadable; restoring from the changelog");
+                TaskDb::destroy(&self.state_dir, &self.application_id, &task)?;
+                self.local_checkpoints
+                    .insert(partition, LocalCheckpoint::new());
+                let db = TaskDb::open(&self.state_dir, &self.application_id, &task, &self.budget)?;
+                self.tasks.insert(partition, db.clone());
+                return Ok(db);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.local_checkpoints.insert(partition, checkpoint);
         self.tasks.insert(partition, db.clone());
         Ok(db)
     }
@@ -101,9 +131,25 @@ impl StateBackend for RocksDbStateBackend {
                 self.cache_bytes / 8,
             ))),
             Some((config, writer)) => {
-                // Local writes of a batch whose transaction did not commit
-                // may linger: rebuild from the changelog alone.
-                let local = db.fresh_store(name)?;
+                // Local files are kept only when the task's last run
+                // closed cleanly after a commit and recorded the changelog
+                // offset they match; then only what came later is replayed.
+                // Otherwise local writes of a batch whose transaction did
+                // not commit may linger: rebuild from the changelog alone.
+                // Taken, not read: a store reopened in this process (after
+                // an aborted batch) may hold uncommitted writes.
+                let from = self
+                    .local_checkpoints
+                    .get_mut(&partition)
+                    .and_then(|c| c.remove(name));
+                let local = match from {
+                    Some(_) => db.store(name)?,
+                    None => db.fresh_store(name)?,
+                };
+                self.opened
+                    .entry(partition)
+                    .or_default()
+                    .push(name.to_string());
                 let topic = changelog_topic(&self.application_id, name);
                 ensure_topic_with_config(
                     &config.bootstrap,
@@ -119,7 +165,7 @@ impl StateBackend for RocksDbStateBackend {
                     &self.application_id,
                     name,
                     partition,
-                    None,
+                    from,
                 )?;
                 let restored = logged.restore(records)?;
                 self.restored_records += restored;
@@ -127,6 +173,7 @@ impl StateBackend for RocksDbStateBackend {
                 tracing::info!(
                     store = name,
                     partition,
+                    from_local_checkpoint = from,
                     records = restored,
                     end_offset = end,
                     rate_per_s = restored as f64 / started.elapsed().as_secs_f64().max(1e-6),
@@ -147,6 +194,75 @@ impl StateBackend for RocksDbStateBackend {
             None => Ok(()),
         }
     }
+
+    fn close(&mut self, partition: i32) -> Result<()> {
+        let db = self.tasks.remove(&partition);
+        let stores = self.opened.remove(&partition).unwrap_or_default();
+        self.local_checkpoints.remove(&partition);
+        let (Some(db), Some((config, _))) = (db, &self.changelog) else {
+            return Ok(());
+        };
+        // After the last commit the local stores equal their changelogs up
+        // to the end: record where, so the next start replays only what
+        // comes after.
+        let mut checkpoint = LocalCheckpoint::new();
+        for name in stores {
+            let topic = changelog_topic(&self.application_id, &name);
+            let end = changelog_end(&config.bootstrap, &topic, partition)?;
+            checkpoint.insert(name, end);
+        }
+        let file = db.path().join(CHECKPOINT_FILE);
+        drop(db);
+        write_local_checkpoint(&file, &checkpoint)?;
+        tracing::info!(
+            partition,
+            stores = checkpoint.len(),
+            "local state checkpointed"
+        );
+        Ok(())
+    }
+}
+
+/// The file a cleanly closed task leaves next to its RocksDB files.
+const CHECKPOINT_FILE: &str = ".checkpoint";
+
+/// Changelog offset (exclusive) each store's local files reflect.
+type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
+
+/// Reads and deletes the task's checkpoint file: from now on the local
+/// files change, and a crash before the next clean close must not trust
+/// them. Missing or unreadable: empty.
+fn take_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return LocalCheckpoint::new();
+    };
+    let _ = std::fs::remove_file(file);
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        tracing::warn!(file = %file.display(), error = %e, "unreadable local checkpoint ignored");
+        LocalCheckpoint::new()
+    })
+}
+
+/// Writes the checkpoint file atomically (temporary file, then rename).
+fn write_local_checkpoint(file: &std::path::Path, checkpoint: &LocalCheckpoint) -> Result<()> {
+    let text = serde_json::to_string(checkpoint).map_err(|e| Error::Source(e.to_string()))?;
+    let temporary = file.with_extension("tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|_| std::fs::rename(&temporary, file))
+        .map_err(|e| Error::io(format!("writing {}", file.display()), e))
+}
+
+/// The end offset of a changelog partition (after its last commit marker).
+fn changelog_end(bootstrap: &str, topic: &str, partition: i32) -> Result<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| Error::Source(format!("metadata client: {e}")))?;
+    let (_, high) = consumer
+        .fetch_watermarks(topic, partition, std::time::Duration::from_secs(10))
+        .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))?;
+    Ok(high)
 }
 
 impl std::fmt::Debug for RocksDbStateBackend {

@@ -165,6 +165,12 @@ pub trait StateBackend: Send {
     fn cache_bytes(&self) -> Option<usize> {
         None
     }
+    /// The task of `partition` stopped right after a commit (its partition
+    /// was revoked, or the query ended): its stores match their changelogs,
+    /// which a backend may record to restore less next time.
+    fn close(&mut self, _partition: i32) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
@@ -176,6 +182,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn cache_bytes(&self) -> Option<usize> {
         (**self).cache_bytes()
+    }
+    fn close(&mut self, partition: i32) -> Result<()> {
+        (**self).close(partition)
     }
 }
 

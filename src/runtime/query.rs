@@ -564,6 +564,9 @@ impl Query {
             for p in &batch.revoked_partitions {
                 if tasks.remove(p).is_some() {
                     tracing::info!(partition = p, "partition revoked; task closed");
+                    if let Some(backend) = state_backend.as_mut() {
+                        backend.close(*p)?;
+                    }
                 }
             }
             for (partition, checkpoint) in &batch.restored_checkpoints {
@@ -858,6 +861,15 @@ impl Query {
                         std::thread::sleep(rest.min(interval));
                     }
                 }
+            }
+        }
+        // Every batch so far committed: tasks close in step with their
+        // changelogs.
+        let partitions: Vec<i32> = tasks.keys().copied().collect();
+        drop(tasks);
+        if let Some(backend) = state_backend.as_mut() {
+            for partition in partitions {
+                backend.close(partition)?;
             }
         }
         Ok(summary)
