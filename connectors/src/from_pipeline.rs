@@ -163,14 +163,15 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
                 }
             };
             let partitions = changelog.as_ref().map_or(1, |c| c.partitions);
+            let (rocksdb_bytes, operator_bytes) = crate::state_backend::split_memory_budget(
+                spec.memory_mb << 20,
+                partitions.max(1) as usize,
+            );
             let backend = crate::state_backend::RocksDbStateBackend::new(
                 resolve(base_dir, &spec.dir),
                 &file.name,
-                // One budget: half to RocksDB (block cache and write
-                // buffers), half to the operators' in-memory state, shared
-                // by the tasks of the widest input.
-                (spec.memory_mb << 20) / 2,
-                ((spec.memory_mb << 20) / 2 / partitions.max(1) as usize).max(1 << 20),
+                rocksdb_bytes,
+                operator_bytes,
                 changelog,
             )?;
             Some(Box::new(match &transactions {

@@ -9,3 +9,4 @@ pub mod kafka;
 pub mod state_backend;
 
 pub use from_pipeline::{connect, ensure_repartition_topic, Connected};
+pub use state_backend::split_memory_budget;

@@ -271,6 +271,22 @@ impl std::fmt::Debug for RocksDbStateBackend {
     }
 }
 
+/// Splits one state memory budget of `total_bytes` for `tasks` tasks:
+/// returns RocksDB's share (block cache and write buffers, for all tasks)
+/// and each task's operator share (cached keys). Three eighths each; the
+/// last quarter is left for what is not charged to either: a batch's rows
+/// and write batches, and allocator slack after keys are dropped.
+///
+/// ```
+/// let (rocksdb, per_task) = tidemark_connectors::split_memory_budget(512 << 20, 4);
+/// assert_eq!(rocksdb, 192 << 20);
+/// assert_eq!(per_task, 48 << 20);
+/// ```
+pub fn split_memory_budget(total_bytes: usize, tasks: usize) -> (usize, usize) {
+    let share = total_bytes / 8 * 3;
+    (share, (share / tasks.max(1)).max(1 << 20))
+}
+
 /// The partition count of `topic`.
 pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
     use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -28,7 +28,7 @@ use tidemark_state::{CachingStore, MemoryBudget, TaskDb};
 enum Store {
     /// All state in the operator's hash map.
     Memory,
-    /// RocksDB under the budget; the operator keeps half of it in memory.
+    /// RocksDB under the budget; the operator keeps its share in memory.
     Rocksdb,
 }
 
@@ -46,7 +46,7 @@ struct Args {
     /// Events per batch (one checkpoint each).
     #[arg(long, default_value_t = 100_000)]
     batch: u64,
-    /// The memory budget in MiB: half to RocksDB, half to the operator.
+    /// The memory budget in MiB, split as `state.memory_mb` is.
     #[arg(long, default_value_t = 512)]
     budget_mb: usize,
 }
@@ -75,9 +75,10 @@ fn main() -> anyhow::Result<()> {
     let _db = match args.store {
         Store::Memory => None,
         Store::Rocksdb => {
-            let budget = MemoryBudget::new(budget_bytes / 2);
+            let (rocksdb_bytes, operator_bytes) =
+                tidemark_connectors::split_memory_budget(budget_bytes, 1);
+            let budget = MemoryBudget::new(rocksdb_bytes);
             let db = TaskDb::open(dir.path(), "bench-state", "0", &budget)?;
-            let operator_bytes = budget_bytes / 2;
             let store = CachingStore::new(db.store("op0")?, operator_bytes / 8);
             op.open_state(Box::new(store), Some(operator_bytes))?;
             Some((db, budget))
