@@ -658,6 +658,11 @@ pub struct StateSpec {
     /// Replication factor of changelog topics.
     #[serde(default = "default_replication")]
     pub replication: i32,
+    /// Standby replicas: with 1 or more, each instance keeps warm copies
+    /// of the partitions it does not own, so a moved task replays only the
+    /// changelog's tail.
+    #[serde(default)]
+    pub num_standby_replicas: usize,
 }
 
 fn default_state_memory_mb() -> usize {
@@ -944,6 +949,7 @@ impl PipelineFile {
                 changelog: None,
                 memory_mb: default_state_memory_mb(),
                 replication: default_replication(),
+                num_standby_replicas: 0,
             })
         })
     }

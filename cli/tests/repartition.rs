@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tidemark_integration_tests::*;
 
 const PARTITIONS: i32 = 4;
@@ -98,10 +98,7 @@ fn two_instances_group_by_a_non_key_field_through_the_repartition_topic() {
         })
         .collect();
     let expected = REGIONS.len() * 9;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline
-        && consume_all(&output, expected, Duration::from_secs(5)).len() < expected
-    {}
+    wait_for_records(&output, expected);
     for instance in &mut instances {
         interrupt(instance);
     }

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tidemark_integration_tests::*;
 
 const PARTITIONS: i32 = 6;
@@ -44,10 +44,7 @@ fn a_killed_instance_hands_its_partitions_and_state_to_the_survivors() {
     produce_seconds(&input, PARTITIONS, 300, 600);
 
     let expected = expected_rows(PARTITIONS);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while Instant::now() < deadline
-        && consume_all(&output, expected, Duration::from_secs(10)).len() < expected
-    {}
+    wait_for_records(&output, expected);
     for i in [0, 2] {
         interrupt(&mut instances[i]);
     }

@@ -173,7 +173,8 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
                 rocksdb_bytes,
                 operator_bytes,
                 changelog,
-            )?;
+            )?
+            .with_standby_replicas(spec.num_standby_replicas)?;
             Some(Box::new(match &transactions {
                 Some(t) => backend.with_transactions(t.clone()),
                 None => backend,

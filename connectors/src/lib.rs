@@ -6,6 +6,7 @@ pub mod avro;
 pub mod files;
 mod from_pipeline;
 pub mod kafka;
+mod standby;
 pub mod state_backend;
 
 pub use from_pipeline::{connect, ensure_repartition_topic, Connected};

@@ -38,6 +38,7 @@ pub struct RocksDbStateBackend {
     /// checkpoint file vouched for when the task started.
     opened: std::collections::HashMap<i32, Vec<String>>,
     local_checkpoints: std::collections::HashMap<i32, LocalCheckpoint>,
+    standbys: Option<crate::standby::Standbys>,
     /// Records restored, for progress and logs.
     pub restored_records: u64,
 }
@@ -70,6 +71,7 @@ impl RocksDbStateBackend {
             tasks: Default::default(),
             opened: Default::default(),
             local_checkpoints: Default::default(),
+            standbys: None,
             restored_records: 0,
         })
     }
@@ -83,9 +85,28 @@ impl RocksDbStateBackend {
         self
     }
 
+    /// Keeps warm copies of the partitions this instance does not own
+    /// (`replicas` ≥ 1; see the `standby` module: every instance is a
+    /// standby for every partition it does not own). Needs a changelog.
+    pub fn with_standby_replicas(mut self, replicas: usize) -> Result<Self> {
+        if replicas > 0 {
+            if let Some((config, _)) = &self.changelog {
+                self.standbys = Some(crate::standby::Standbys::new(
+                    &config.bootstrap,
+                    self.state_dir.clone(),
+                    &self.application_id,
+                )?);
+            }
+        }
+        Ok(self)
+    }
+
     fn task_db(&mut self, partition: i32) -> Result<TaskDb> {
         if let Some(db) = self.tasks.get(&partition) {
             return Ok(db.clone());
+        }
+        if let Some(standbys) = self.standbys.as_mut() {
+            standbys.release(partition)?;
         }
         let task = partition.to_string();
         let checkpoint_file = self
@@ -150,6 +171,9 @@ impl StateBackend for RocksDbStateBackend {
                     .entry(partition)
                     .or_default()
                     .push(name.to_string());
+                if let Some(standbys) = self.standbys.as_mut() {
+                    standbys.know_store(name);
+                }
                 let topic = changelog_topic(&self.application_id, name);
                 ensure_topic_with_config(
                     &config.bootstrap,
@@ -195,6 +219,19 @@ impl StateBackend for RocksDbStateBackend {
         }
     }
 
+    fn between_batches(&mut self) -> Result<()> {
+        let (Some(standbys), Some((config, _))) = (self.standbys.as_mut(), &self.changelog) else {
+            return Ok(());
+        };
+        let active: Vec<i32> = self.tasks.keys().copied().collect();
+        standbys.sync(
+            config.partitions,
+            &active,
+            &self.budget,
+            std::time::Duration::from_millis(50),
+        )
+    }
+
     fn close(&mut self, partition: i32) -> Result<()> {
         let db = self.tasks.remove(&partition);
         let stores = self.opened.remove(&partition).unwrap_or_default();
@@ -224,10 +261,10 @@ impl StateBackend for RocksDbStateBackend {
 }
 
 /// The file a cleanly closed task leaves next to its RocksDB files.
-const CHECKPOINT_FILE: &str = ".checkpoint";
+pub(crate) const CHECKPOINT_FILE: &str = ".checkpoint";
 
 /// Changelog offset (exclusive) each store's local files reflect.
-type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
+pub(crate) type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
 
 /// Reads and deletes the task's checkpoint file: from now on the local
 /// files change, and a crash before the next clean close must not trust
@@ -243,8 +280,20 @@ fn take_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
     })
 }
 
+/// Reads a checkpoint file without deleting it; missing or unreadable:
+/// empty.
+pub(crate) fn read_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default()
+}
+
 /// Writes the checkpoint file atomically (temporary file, then rename).
-fn write_local_checkpoint(file: &std::path::Path, checkpoint: &LocalCheckpoint) -> Result<()> {
+pub(crate) fn write_local_checkpoint(
+    file: &std::path::Path,
+    checkpoint: &LocalCheckpoint,
+) -> Result<()> {
     let text = serde_json::to_string(checkpoint).map_err(|e| Error::Source(e.to_string()))?;
     let temporary = file.with_extension("tmp");
     std::fs::write(&temporary, text)

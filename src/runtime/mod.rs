@@ -171,6 +171,11 @@ pub trait StateBackend: Send {
     fn close(&mut self, _partition: i32) -> Result<()> {
         Ok(())
     }
+    /// Called before each trigger, between batches: backends with standby
+    /// replicas catch them up here.
+    fn between_batches(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
@@ -185,6 +190,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn close(&mut self, partition: i32) -> Result<()> {
         (**self).close(partition)
+    }
+    fn between_batches(&mut self) -> Result<()> {
+        (**self).between_batches()
     }
 }
 

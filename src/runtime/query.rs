@@ -540,6 +540,9 @@ impl Query {
         let mut exhausted = false;
 
         while !self.stop.is_stopped() {
+            if let Some(backend) = state_backend.as_mut() {
+                backend.between_batches()?;
+            }
             let trigger_start = Instant::now();
             let start_offsets = source.offsets();
             let (batch, get_batch_ms) = if exhausted {

@@ -146,6 +146,20 @@ pub fn tidemark_run(
     command
 }
 
+/// Waits up to two minutes until `topic` holds `expected` records.
+pub fn wait_for_records(topic: &str, expected: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::time::Instant::now() < deadline
+        && tidemark_integration_tests::consume_all(
+            topic,
+            expected,
+            std::time::Duration::from_secs(5),
+        )
+        .len()
+            < expected
+    {}
+}
+
 /// Stops a running instance with Ctrl-C (SIGINT) and waits for it.
 pub fn interrupt(child: &mut std::process::Child) -> std::process::ExitStatus {
     let _ = std::process::Command::new("kill")
