@@ -41,6 +41,7 @@ pub struct RocksDbStateBackend {
     standbys: Option<crate::standby::Standbys>,
     /// Records restored, for progress and logs.
     pub restored_records: u64,
+    restore_stats: tidemark::runtime::RestoreStats,
 }
 
 impl RocksDbStateBackend {
@@ -73,6 +74,7 @@ impl RocksDbStateBackend {
             local_checkpoints: Default::default(),
             standbys: None,
             restored_records: 0,
+            restore_stats: Default::default(),
         })
     }
 
@@ -193,6 +195,8 @@ impl StateBackend for RocksDbStateBackend {
                 )?;
                 let restored = logged.restore(records)?;
                 self.restored_records += restored;
+                self.restore_stats.records += restored;
+                self.restore_stats.millis += started.elapsed().as_millis() as u64;
                 metrics::counter!("tidemark_state_restored_records_total").increment(restored);
                 tracing::info!(
                     store = name,
@@ -217,6 +221,10 @@ impl StateBackend for RocksDbStateBackend {
             Some((_, writer)) => writer.flush(),
             None => Ok(()),
         }
+    }
+
+    fn take_restore_stats(&mut self) -> tidemark::runtime::RestoreStats {
+        std::mem::take(&mut self.restore_stats)
     }
 
     fn between_batches(&mut self) -> Result<()> {

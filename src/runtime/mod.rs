@@ -176,6 +176,20 @@ pub trait StateBackend: Send {
     fn between_batches(&mut self) -> Result<()> {
         Ok(())
     }
+    /// What restores did since the last call (reported in the batch's
+    /// progress as `numRestoredRecords` and `restoreDurationMs`).
+    fn take_restore_stats(&mut self) -> RestoreStats {
+        RestoreStats::default()
+    }
+}
+
+/// Records replayed into stores when tasks started, and the time it took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreStats {
+    /// Records (changelog records, or stored entries) replayed.
+    pub records: u64,
+    /// Wall time spent restoring, in milliseconds.
+    pub millis: u64,
 }
 
 impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
@@ -194,6 +208,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     fn between_batches(&mut self) -> Result<()> {
         (**self).between_batches()
     }
+    fn take_restore_stats(&mut self) -> RestoreStats {
+        (**self).take_restore_stats()
+    }
 }
 
 /// Keeps each store in memory, shared across runs of queries that use the
@@ -202,6 +219,7 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
 pub struct InMemoryStateBackend {
     stores:
         std::sync::Arc<std::sync::Mutex<BTreeMap<(i32, String), tidemark_state::InMemoryStore>>>,
+    restored: RestoreStats,
 }
 
 /// A store of an [`InMemoryStateBackend`]: writes go to the shared map.
@@ -255,11 +273,15 @@ impl StateBackend for InMemoryStateBackend {
             .get(&key)
             .cloned()
             .unwrap_or_else(|| tidemark_state::InMemoryStore::new(name));
+        self.restored.records += tidemark_state::StateStore::approximate_len(&local) as u64;
         Ok(Box::new(SharedInMemoryStore {
             key,
             local,
             shared: self.stores.clone(),
         }))
+    }
+    fn take_restore_stats(&mut self) -> RestoreStats {
+        std::mem::take(&mut self.restored)
     }
 }
 

@@ -733,7 +733,20 @@ impl Query {
                     w.finish_batch(processing_time);
                 }
             }
-            let state_operators = merge_state_progress(state_operators);
+            let mut state_operators = merge_state_progress(state_operators);
+            if let (Some(backend), Some(first)) =
+                (state_backend.as_mut(), state_operators.first_mut())
+            {
+                let restore = backend.take_restore_stats();
+                if restore != super::RestoreStats::default() {
+                    first
+                        .custom_metrics
+                        .insert("numRestoredRecords".into(), restore.records);
+                    first
+                        .custom_metrics
+                        .insert("restoreDurationMs".into(), restore.millis);
+                }
+            }
             sink.write(batch_id, &outputs)?;
             let add_batch_ms = add_batch_start.elapsed().as_millis() as u64;
 
@@ -1172,9 +1185,29 @@ mod tests {
             .run(&mut source, &mut CollectSink::default())
             .unwrap();
         let mut sink = CollectSink::default();
-        build(Some(backend))
-            .run(&mut second_half(source.checkpoints().clone()), &mut sink)
-            .unwrap();
+        let restored = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = restored.clone();
+        counting(
+            "durable",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .state_backend(backend)
+        .on_progress(move |p: &crate::progress::QueryProgress| {
+            let metrics = &p.state_operators[0].custom_metrics;
+            seen.lock()
+                .unwrap()
+                .push(metrics.get("numRestoredRecords").copied());
+        })
+        .build()
+        .unwrap()
+        .run(&mut second_half(source.checkpoints().clone()), &mut sink)
+        .unwrap();
+        // The first batch reports the keys restored (a and b, plus their
+        // expiry index entries), later ones nothing.
+        let restored = restored.lock().unwrap().clone();
+        assert_eq!(restored.first(), Some(&Some(4)), "{restored:?}");
+        assert!(restored[1..].iter().all(Option::is_none), "{restored:?}");
         assert_eq!(
             counts(&sink),
             vec![

@@ -120,8 +120,21 @@ pub fn read_changelog(
         .assign(&tpl)
         .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
     let deadline = Instant::now() + Duration::from_secs(300);
+    let started = Instant::now();
+    let mut last_report = started;
     let mut next = start;
     while next < high {
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            last_report = Instant::now();
+            tracing::info!(
+                topic,
+                partition,
+                records = records.len(),
+                remaining = high - next,
+                rate_per_s = records.len() as f64 / started.elapsed().as_secs_f64(),
+                "restoring"
+            );
+        }
         if Instant::now() > deadline {
             return Err(Error::Source(format!(
                 "restoring `{topic}`/{partition}: stuck at offset {next} of {high}"
