@@ -230,10 +230,20 @@ impl KafkaSource {
         out.into_iter().collect()
     }
 
-    fn caught_up(&self) -> bool {
+    /// Whether every partition reached its available-now end. The cheap
+    /// test (offsets handed out) runs per record; the consumer position,
+    /// which also passes commit markers, only when `idle` (a poll found
+    /// nothing).
+    fn caught_up(&self, idle: bool) -> bool {
         let Some(ends) = &self.end_offsets else {
             return false;
         };
+        let handed_out_all = ends
+            .iter()
+            .all(|(tp, end)| self.next_offsets.get(tp).copied().unwrap_or(0) >= *end);
+        if handed_out_all || !idle {
+            return handed_out_all;
+        }
         // A transactional topic ends with a commit marker that is never
         // handed out: the consumer's position (the application's, so never
         // ahead of undelivered records) moves past it; the offset after the
@@ -266,7 +276,7 @@ impl Source for KafkaSource {
         }
         let mut records = Vec::new();
         loop {
-            if request.available_now && self.caught_up() {
+            if request.available_now && self.caught_up(false) {
                 break;
             }
             let now = Instant::now();
@@ -278,6 +288,7 @@ impl Source for KafkaSource {
             // stale before fetching more.
             self.forget_revoked(&mut records);
             match self.consumer.poll(wait) {
+                None if request.available_now && self.caught_up(true) => break,
                 None => continue,
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "Kafka consumer error; retrying");
@@ -329,7 +340,7 @@ impl Source for KafkaSource {
         };
         Ok(SourceBatch {
             records,
-            exhausted: request.available_now && self.caught_up(),
+            exhausted: request.available_now && self.caught_up(true),
             revoked_partitions: revoked,
             restored_checkpoints: self.checkpoints_of(&assigned),
         })
