@@ -39,8 +39,7 @@ pub struct RocksDbStateBackend {
     opened: std::collections::HashMap<i32, Vec<String>>,
     local_checkpoints: std::collections::HashMap<i32, LocalCheckpoint>,
     standbys: Option<crate::standby::Standbys>,
-    /// Records restored, for progress and logs.
-    pub restored_records: u64,
+    /// Records restored and time taken since the last progress report.
     restore_stats: tidemark::runtime::RestoreStats,
 }
 
@@ -73,7 +72,6 @@ impl RocksDbStateBackend {
             opened: Default::default(),
             local_checkpoints: Default::default(),
             standbys: None,
-            restored_records: 0,
             restore_stats: Default::default(),
         })
     }
@@ -194,7 +192,6 @@ impl StateBackend for RocksDbStateBackend {
                     from,
                 )?;
                 let restored = logged.restore(records)?;
-                self.restored_records += restored;
                 self.restore_stats.records += restored;
                 self.restore_stats.millis += started.elapsed().as_millis() as u64;
                 metrics::counter!("tidemark_state_restored_records_total").increment(restored);
