@@ -197,21 +197,7 @@ impl FixedWindowState {
             self.expiry.entry(window.end).or_default().push(key.clone());
         }
         self.open += windows.len();
-        let windows = windows
-            .into_iter()
-            .map(|(window, accumulators)| OpenWindow {
-                window,
-                accumulators,
-                touched: false,
-            })
-            .collect();
-        self.keys.insert(
-            key,
-            KeyWindows {
-                key_values,
-                windows,
-            },
-        );
+        self.insert_loaded(key, key_values, windows);
     }
 
     /// Number of keys held in memory.
