@@ -6,7 +6,7 @@ use crate::kafka::{
 };
 use std::path::PathBuf;
 use tidemark::error::{Error, Result};
-use tidemark::runtime::StateBackend;
+use tidemark::runtime::{PendingStore, StateBackend};
 use tidemark_state::{CachingStore, ChangeLoggingStore, MemoryBudget, StateStore, TaskDb};
 
 /// Where changelogs go.
@@ -39,8 +39,9 @@ pub struct RocksDbStateBackend {
     opened: std::collections::HashMap<i32, Vec<String>>,
     local_checkpoints: std::collections::HashMap<i32, LocalCheckpoint>,
     standbys: Option<crate::standby::Standbys>,
-    /// Records restored and time taken since the last progress report.
-    restore_stats: tidemark::runtime::RestoreStats,
+    /// Records restored and time taken since the last progress report
+    /// (restores run on the query's restore threads).
+    restore_stats: std::sync::Arc<std::sync::Mutex<tidemark::runtime::RestoreStats>>,
 }
 
 impl RocksDbStateBackend {
@@ -145,12 +146,18 @@ impl RocksDbStateBackend {
 
 impl StateBackend for RocksDbStateBackend {
     fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn StateStore>> {
+        self.open_deferred(partition, name)?()
+    }
+
+    fn open_deferred(&mut self, partition: i32, name: &str) -> Result<PendingStore> {
         let db = self.task_db(partition)?;
+        let write_cache = self.cache_bytes / 8;
         match &self.changelog {
-            None => Ok(Box::new(CachingStore::new(
-                db.store(name)?,
-                self.cache_bytes / 8,
-            ))),
+            None => {
+                let store: Box<dyn StateStore> =
+                    Box::new(CachingStore::new(db.store(name)?, write_cache));
+                Ok(Box::new(move || Ok(store)))
+            }
             Some((config, writer)) => {
                 // Local files are kept only when the task's last run
                 // closed cleanly after a commit and recorded the changelog
@@ -183,28 +190,36 @@ impl StateBackend for RocksDbStateBackend {
                     &[("cleanup.policy", "compact")],
                 )?;
                 let mut logged = ChangeLoggingStore::new(local, writer.clone(), partition);
-                let started = std::time::Instant::now();
-                let (records, end) = read_changelog(
-                    &config.bootstrap,
-                    &self.application_id,
-                    name,
-                    partition,
-                    from,
-                )?;
-                let restored = logged.restore(records)?;
-                self.restore_stats.records += restored;
-                self.restore_stats.millis += started.elapsed().as_millis() as u64;
-                metrics::counter!("tidemark_state_restored_records_total").increment(restored);
-                tracing::info!(
-                    store = name,
-                    partition,
-                    from_local_checkpoint = from,
-                    records = restored,
-                    end_offset = end,
-                    rate_per_s = restored as f64 / started.elapsed().as_secs_f64().max(1e-6),
-                    "state restored from changelog"
+                let (bootstrap, application_id, name) = (
+                    config.bootstrap.clone(),
+                    self.application_id.clone(),
+                    name.to_string(),
                 );
-                Ok(Box::new(CachingStore::new(logged, self.cache_bytes / 8)))
+                let stats = self.restore_stats.clone();
+                Ok(Box::new(move || {
+                    let started = std::time::Instant::now();
+                    let (records, end) =
+                        read_changelog(&bootstrap, &application_id, &name, partition, from)?;
+                    let restored = logged.restore(records)?;
+                    {
+                        let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());
+                        stats.records += restored;
+                        stats.millis += started.elapsed().as_millis() as u64;
+                    }
+                    metrics::counter!("tidemark_state_restored_records_total").increment(restored);
+                    tracing::info!(
+                        store = name,
+                        partition,
+                        from_local_checkpoint = from,
+                        records = restored,
+                        end_offset = end,
+                        rate_per_s = restored as f64 / started.elapsed().as_secs_f64().max(1e-6),
+                        "state restored from changelog"
+                    );
+                    let store: Box<dyn StateStore> =
+                        Box::new(CachingStore::new(logged, write_cache));
+                    Ok(store)
+                }))
             }
         }
     }
@@ -221,7 +236,7 @@ impl StateBackend for RocksDbStateBackend {
     }
 
     fn take_restore_stats(&mut self) -> tidemark::runtime::RestoreStats {
-        std::mem::take(&mut self.restore_stats)
+        std::mem::take(&mut *self.restore_stats.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn between_batches(&mut self) -> Result<()> {

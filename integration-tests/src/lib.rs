@@ -73,6 +73,17 @@ pub struct Consumed {
 /// Reads `topic` from the beginning until `expected` records arrived or
 /// `timeout` passed, then keeps reading one more second to catch extras.
 pub fn consume_all(topic: &str, expected: usize, timeout: Duration) -> Vec<Consumed> {
+    consume_until(topic, timeout, |out| out.len() >= expected)
+}
+
+/// Reads `topic` (committed records) from the beginning until `done`
+/// holds for what arrived or `timeout` passed, then keeps reading one more
+/// second to catch extras.
+pub fn consume_until(
+    topic: &str,
+    timeout: Duration,
+    done: impl Fn(&[Consumed]) -> bool,
+) -> Vec<Consumed> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))
@@ -86,7 +97,7 @@ pub fn consume_all(topic: &str, expected: usize, timeout: Duration) -> Vec<Consu
     let deadline = Instant::now() + timeout;
     let mut settle: Option<Instant> = None;
     while Instant::now() < deadline {
-        if out.len() >= expected {
+        if settle.is_some() || done(&out) {
             let s = *settle.get_or_insert_with(|| Instant::now() + Duration::from_secs(1));
             if Instant::now() >= s {
                 break;

@@ -68,6 +68,20 @@ pub trait Source: Send {
     fn rewind(&mut self) -> Result<bool> {
         Ok(false)
     }
+    /// Stops delivering the records of task partition `partition` (of every
+    /// topic) until [`Source::release`], and forgets what was handed out of
+    /// it since the last commit: none of it is committed, and after the
+    /// release it is read again from the last committed offset. The query
+    /// holds a partition whose task is still restoring its state, so that
+    /// the other partitions go on. Sources that cannot return `false`, and
+    /// the query waits for the restore instead.
+    fn hold(&mut self, _partition: i32) -> Result<bool> {
+        Ok(false)
+    }
+    /// Delivers a held partition again, from its last committed offset.
+    fn release(&mut self, _partition: i32) -> Result<()> {
+        Ok(())
+    }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None
@@ -155,6 +169,14 @@ pub trait StateBackend: Send {
     /// The store `name` of the task for `partition`, with its state
     /// restored (from local disk or a changelog).
     fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn tidemark_state::StateStore>>;
+    /// Like [`StateBackend::open`], but the restore (the slow part: reading
+    /// a changelog) is left to the returned closure, which the query runs on
+    /// a thread of its own so that the instance's other tasks keep
+    /// processing meanwhile. The default restores here.
+    fn open_deferred(&mut self, partition: i32, name: &str) -> Result<PendingStore> {
+        let store = self.open(partition, name)?;
+        Ok(Box::new(move || Ok(store)))
+    }
     /// Called after every store flushed at a checkpoint: waits until the
     /// changes are durable (changelog acknowledgements).
     fn commit(&mut self) -> Result<()> {
@@ -183,6 +205,10 @@ pub trait StateBackend: Send {
     }
 }
 
+/// A store whose state is restored when the closure runs (see
+/// [`StateBackend::open_deferred`]).
+pub type PendingStore = Box<dyn FnOnce() -> Result<Box<dyn tidemark_state::StateStore>> + Send>;
+
 /// Records replayed into stores when tasks started, and the time it took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RestoreStats {
@@ -195,6 +221,9 @@ pub struct RestoreStats {
 impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     fn open(&mut self, partition: i32, name: &str) -> Result<Box<dyn tidemark_state::StateStore>> {
         (**self).open(partition, name)
+    }
+    fn open_deferred(&mut self, partition: i32, name: &str) -> Result<PendingStore> {
+        (**self).open_deferred(partition, name)
     }
     fn commit(&mut self) -> Result<()> {
         (**self).commit()

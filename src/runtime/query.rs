@@ -442,6 +442,77 @@ impl Task {
     }
 }
 
+/// A task's operators before their stores are restored.
+struct PendingTask {
+    operators: Vec<Box<dyn Operator>>,
+    /// Operator index and its store, restored when run.
+    stores: Vec<(usize, super::PendingStore)>,
+    cache_bytes: Option<usize>,
+}
+
+impl PendingTask {
+    /// Restores every store and hands it to its operator.
+    fn restore(mut self) -> Result<Vec<Box<dyn Operator>>> {
+        for (index, pending) in self.stores {
+            let store = pending()?;
+            self.operators[index].open_state(store, self.cache_bytes)?;
+        }
+        Ok(self.operators)
+    }
+}
+
+/// A task restoring its stores on a thread of its own.
+struct RestoringTask {
+    done: std::sync::mpsc::Receiver<Result<Vec<Box<dyn Operator>>>>,
+    /// Whether the source holds the partition back meanwhile.
+    held: bool,
+}
+
+impl RestoringTask {
+    /// Starts restoring `pending` on a new thread.
+    fn start(partition: i32, pending: PendingTask) -> Result<Self> {
+        let (sender, done) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("tidemark-restore-{partition}"))
+            .spawn(move || {
+                // The receiver is gone only when the query already ended.
+                let _ = sender.send(pending.restore());
+            })
+            .map_err(|e| Error::io("starting a restore thread", e))?;
+        Ok(RestoringTask { done, held: false })
+    }
+
+    /// Waits for the restore to end.
+    fn wait(self) -> Result<Vec<Box<dyn Operator>>> {
+        self.done
+            .recv()
+            .unwrap_or_else(|_| Err(restore_thread_died()))
+    }
+}
+
+fn restore_thread_died() -> Error {
+    Error::Source("a restore thread ended without a result".into())
+}
+
+/// How long a new task's restore may take before its partition is held
+/// back and the batch goes on without it: restores this short cost no
+/// re-fetch.
+const RESTORE_GRACE: Duration = Duration::from_millis(100);
+
+/// Restores a task's watermark from the checkpoint its source kept.
+fn restore_watermark(task: &mut Task, partition: i32, checkpoint: &str) {
+    let Some(w) = task.watermark.as_mut() else {
+        return;
+    };
+    match serde_json::from_str::<WatermarkTracker>(checkpoint) {
+        Ok(saved) => {
+            w.restore(&saved);
+            tracing::info!(partition, watermark = w.in_effect(), "watermark restored");
+        }
+        Err(e) => tracing::warn!(partition, error = %e, "unreadable checkpoint ignored"),
+    }
+}
+
 /// Decodes JSON objects with types inferred (the default decoder).
 struct InferJsonDecoder;
 
@@ -478,26 +549,40 @@ impl Query {
             .collect()
     }
 
-    /// A task for `partition`; with a state backend, each stateful operator
-    /// gets its store (`op<index>`) and restores from it.
-    fn new_task(
+    /// The operators of a task for `partition`; with a state backend, each
+    /// stateful operator gets its store (`op<index>`), restored when the
+    /// pending task runs.
+    fn pending_task(
         &self,
         partition: i32,
         backend: Option<&mut (dyn super::StateBackend + 'static)>,
-    ) -> Result<Task> {
+    ) -> Result<PendingTask> {
         let b = &self.builder;
-        let mut operators: Vec<Box<dyn Operator>> =
-            b.steps.iter().map(|f| f(b.output_mode)).collect();
+        let operators: Vec<Box<dyn Operator>> = b.steps.iter().map(|f| f(b.output_mode)).collect();
+        let mut stores = Vec::new();
+        let mut cache_bytes = None;
         if let Some(backend) = backend {
-            let cache_bytes = backend.cache_bytes();
-            for (index, op) in operators.iter_mut().enumerate() {
+            cache_bytes = backend.cache_bytes();
+            for (index, op) in operators.iter().enumerate() {
                 if op.is_stateful() {
-                    let store = backend.open(partition, &format!("op{index}"))?;
-                    op.open_state(store, cache_bytes)?;
+                    stores.push((
+                        index,
+                        backend.open_deferred(partition, &format!("op{index}"))?,
+                    ));
                 }
             }
         }
-        Ok(Task {
+        Ok(PendingTask {
+            operators,
+            stores,
+            cache_bytes,
+        })
+    }
+
+    /// A task around restored operators.
+    fn task_of(&self, operators: Vec<Box<dyn Operator>>) -> Task {
+        let b = &self.builder;
+        Task {
             operators,
             watermark: b.watermark.map(|d| {
                 WatermarkTracker::new(
@@ -506,7 +591,7 @@ impl Query {
                     b.idle_timeout.map(|t| t.as_micros() as i64),
                 )
             }),
-        })
+        }
     }
 
     /// Runs until the source is exhausted (available-now) or
@@ -528,6 +613,10 @@ impl Query {
         let collect_late = late_data.is_some();
         let extractor = self.builder.event_time_extractor.clone();
         let mut tasks: BTreeMap<i32, Task> = BTreeMap::new();
+        let mut restoring: BTreeMap<i32, RestoringTask> = BTreeMap::new();
+        // Watermarks of partitions whose tasks have not started yet.
+        let mut saved_checkpoints: BTreeMap<i32, String> = BTreeMap::new();
+        let restores_in_background = state_backend.is_some() && self.builder.stateful_steps > 0;
         let mut summary = RunSummary::default();
         let mut batch_id: u64 = 0;
         let mut previous_trigger_start: Option<Instant> = None;
@@ -565,7 +654,14 @@ impl Query {
             };
             exhausted |= batch.exhausted;
             for p in &batch.revoked_partitions {
-                if tasks.remove(p).is_some() {
+                saved_checkpoints.remove(p);
+                // A restore in flight still writes the task's files: let it
+                // end before the backend closes them.
+                let was_restoring = match restoring.remove(p) {
+                    Some(r) => r.wait().map(|_| true)?,
+                    None => false,
+                };
+                if tasks.remove(p).is_some() || was_restoring {
                     tracing::info!(partition = p, "partition revoked; task closed");
                     if let Some(backend) = state_backend.as_mut() {
                         backend.close(*p)?;
@@ -573,28 +669,83 @@ impl Query {
                 }
             }
             for (partition, checkpoint) in &batch.restored_checkpoints {
-                let task = match tasks.entry(*partition) {
-                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        e.insert(self.new_task(*partition, state_backend.as_deref_mut())?)
-                    }
-                };
-                if let Some(w) = task.watermark.as_mut() {
-                    match serde_json::from_str::<WatermarkTracker>(checkpoint) {
-                        Ok(saved) => {
-                            w.restore(&saved);
-                            tracing::info!(
-                                partition,
-                                watermark = w.in_effect(),
-                                "watermark restored"
-                            );
-                        }
-                        Err(e) => {
-                            tracing::warn!(partition, error = %e, "unreadable checkpoint ignored")
-                        }
+                match tasks.get_mut(partition) {
+                    Some(task) => restore_watermark(task, *partition, checkpoint),
+                    None => {
+                        saved_checkpoints.insert(*partition, checkpoint.clone());
                     }
                 }
             }
+            // Tasks start when their partition first delivers records. A
+            // restore that outlasts the grace period goes on in the
+            // background, its partition held back by the source, while the
+            // other tasks process this batch.
+            let new_partitions: std::collections::BTreeSet<i32> = batch
+                .records
+                .iter()
+                .map(|r| r.position.partition)
+                .filter(|p| !tasks.contains_key(p) && !restoring.contains_key(p))
+                .collect();
+            for partition in new_partitions {
+                if restores_in_background {
+                    let pending = self.pending_task(partition, state_backend.as_deref_mut())?;
+                    restoring.insert(partition, RestoringTask::start(partition, pending)?);
+                } else {
+                    let mut task = self.task_of(self.pending_task(partition, None)?.restore()?);
+                    if let Some(checkpoint) = saved_checkpoints.remove(&partition) {
+                        restore_watermark(&mut task, partition, &checkpoint);
+                    }
+                    tasks.insert(partition, task);
+                }
+            }
+            let grace_end = Instant::now() + RESTORE_GRACE;
+            let restoring_partitions: Vec<i32> = restoring.keys().copied().collect();
+            for partition in restoring_partitions {
+                let Some(pending) = restoring.get_mut(&partition) else {
+                    continue;
+                };
+                let wait = grace_end.saturating_duration_since(Instant::now());
+                let outcome = match pending.done.recv_timeout(wait) {
+                    Ok(result) => Some(result),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        Some(Err(restore_thread_died()))
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if pending.held => None,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        if source.hold(partition)? {
+                            pending.held = true;
+                            tracing::info!(
+                                partition,
+                                "task restoring; its partition waits while the others go on"
+                            );
+                            None
+                        } else {
+                            Some(
+                                pending
+                                    .done
+                                    .recv()
+                                    .unwrap_or_else(|_| Err(restore_thread_died())),
+                            )
+                        }
+                    }
+                };
+                let Some(result) = outcome else {
+                    continue;
+                };
+                let held = restoring.remove(&partition).is_some_and(|r| r.held);
+                let mut task = self.task_of(result?);
+                if let Some(checkpoint) = saved_checkpoints.remove(&partition) {
+                    restore_watermark(&mut task, partition, &checkpoint);
+                }
+                tasks.insert(partition, task);
+                if held {
+                    tracing::info!(partition, "task restored; its partition resumes");
+                    source.release(partition)?;
+                }
+            }
+            metrics::gauge!("tidemark_tasks_restoring").set(restoring.len() as f64);
+            // Held records are read again: the input is not done with.
+            exhausted &= restoring.is_empty();
             // Spark runs a no-data batch only for stateful operators that
             // evict by watermark: append and update mode, not complete.
             let evicts_by_watermark =
@@ -605,7 +756,11 @@ impl Query {
                         .as_ref()
                         .is_some_and(|w| w.in_effect() != w.late_threshold())
                 });
-            if batch.records.is_empty() && !watermark_pending {
+            let has_records = batch
+                .records
+                .iter()
+                .any(|r| !restoring.contains_key(&r.position.partition));
+            if !has_records && !watermark_pending {
                 if exhausted {
                     break;
                 }
@@ -618,6 +773,7 @@ impl Query {
             let mut outputs: Vec<Row> = Vec::new();
             let mut bad_records = 0u64;
             let (mut min_et, mut max_et, mut sum_et, mut n_et) = (i64::MAX, i64::MIN, 0i128, 0u64);
+            let mut held_records = 0u64;
             let num_input = batch.records.len() as u64;
             let mut contexts: BTreeMap<i32, BatchContext> = BTreeMap::new();
             let mut batch_max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros> =
@@ -625,11 +781,11 @@ impl Query {
             let mut markers = 0u64;
             for record in &batch.records {
                 let partition = record.position.partition;
-                let task = match tasks.entry(partition) {
-                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        e.insert(self.new_task(partition, state_backend.as_deref_mut())?)
-                    }
+                let Some(task) = tasks.get_mut(&partition) else {
+                    // Its task is restoring: the source delivers the record
+                    // again once the partition is released.
+                    held_records += 1;
+                    continue;
                 };
                 if self.builder.watermark_from_markers {
                     if let Some(marker) = super::WatermarkMarker::of_record(record) {
@@ -696,7 +852,7 @@ impl Query {
                 }
             }
             // Markers carry progress, not rows.
-            let num_input = num_input - markers;
+            let num_input = num_input - markers - held_records;
             let mut event_time_progress: BTreeMap<String, TimestampMicros> = BTreeMap::new();
             for ((topic, partition), t) in &batch_max_event_time {
                 let input = source.watermark_input(topic, *partition);
@@ -881,8 +1037,12 @@ impl Query {
         }
         // Every batch so far committed: tasks close in step with their
         // changelogs.
-        let partitions: Vec<i32> = tasks.keys().copied().collect();
+        let mut partitions: Vec<i32> = tasks.keys().copied().collect();
         drop(tasks);
+        for (partition, pending) in std::mem::take(&mut restoring) {
+            pending.wait()?;
+            partitions.push(partition);
+        }
         if let Some(backend) = state_backend.as_mut() {
             for partition in partitions {
                 backend.close(partition)?;

@@ -74,6 +74,10 @@ impl ConsumerContext for SourceContext {
     }
 }
 
+/// A topic partition and the offset it resumes from when released (`None`:
+/// the consumer's position, nothing having been handed out).
+type ResumePoint = ((String, i32), Option<i64>);
+
 /// Reads Kafka topics as a member of a consumer group.
 pub struct KafkaSource {
     config: KafkaSourceConfig,
@@ -82,6 +86,12 @@ pub struct KafkaSource {
     /// Next offset to commit per (topic, partition): last handed out + 1.
     next_offsets: HashMap<(String, i32), i64>,
     committed: HashMap<(String, i32), i64>,
+    /// Offset of the first record handed out since the last commit (or
+    /// seek), per (topic, partition): where a held partition goes back to.
+    first_uncommitted: HashMap<(String, i32), i64>,
+    /// Held task partitions (see [`Source::hold`]), with the offset each
+    /// of their topic partitions resumes from.
+    held: BTreeMap<i32, Vec<ResumePoint>>,
     committed_checkpoints: BTreeMap<i32, String>,
     /// Exactly-once: offsets commit inside the batch's transaction.
     transactions: Option<super::SharedTransactions>,
@@ -126,6 +136,8 @@ impl KafkaSource {
             log,
             next_offsets: HashMap::new(),
             committed: HashMap::new(),
+            first_uncommitted: HashMap::new(),
+            held: BTreeMap::new(),
             committed_checkpoints: BTreeMap::new(),
             transactions: None,
             end_offsets: None,
@@ -195,8 +207,10 @@ impl KafkaSource {
                 !(r.position.topic.as_ref() == topic && r.position.partition == partition)
             });
             self.next_offsets.remove(&(topic.clone(), partition));
+            self.first_uncommitted.remove(&(topic.clone(), partition));
             self.committed.remove(&(topic, partition));
             self.committed_checkpoints.remove(&partition);
+            self.held.remove(&partition);
         }
     }
 
@@ -238,6 +252,10 @@ impl KafkaSource {
         let Some(ends) = &self.end_offsets else {
             return false;
         };
+        if !self.held.is_empty() {
+            // A held partition is read again from where it was held.
+            return false;
+        }
         let handed_out_all = ends
             .iter()
             .all(|(tp, end)| self.next_offsets.get(tp).copied().unwrap_or(0) >= *end);
@@ -295,6 +313,11 @@ impl Source for KafkaSource {
                     continue;
                 }
                 Some(Ok(m)) => {
+                    if self.held.contains_key(&m.partition()) {
+                        // Fetched before the pause took effect; read again
+                        // after the release.
+                        continue;
+                    }
                     let topic = m.topic().to_string();
                     if let Some(ends) = &self.end_offsets {
                         // Available-now reads only what was there at start.
@@ -320,6 +343,9 @@ impl Source for KafkaSource {
                         .unwrap_or_default();
                     self.next_offsets
                         .insert((topic.clone(), m.partition()), m.offset() + 1);
+                    self.first_uncommitted
+                        .entry((topic.clone(), m.partition()))
+                        .or_insert(m.offset());
                     records.push(Record {
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
@@ -350,6 +376,9 @@ impl Source for KafkaSource {
         let assigned = self.assigned();
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), offset) in &self.next_offsets {
+            if self.held.contains_key(partition) {
+                continue;
+            }
             let owned = assigned.iter().any(|(t, p)| t == topic && p == partition);
             let checkpoint = checkpoints.get(partition);
             let changed = self.committed.get(&(topic.clone(), *partition)) != Some(offset)
@@ -386,7 +415,53 @@ impl Source for KafkaSource {
                     .insert((e.topic().to_string(), e.partition()), o);
             }
         }
+        let held = &self.held;
+        self.first_uncommitted
+            .retain(|(_, partition), _| held.contains_key(partition));
         Ok(())
+    }
+
+    fn hold(&mut self, partition: i32) -> Result<bool> {
+        let topic_partitions: Vec<(String, i32)> = self
+            .assigned()
+            .into_iter()
+            .filter(|(_, p)| *p == partition)
+            .collect();
+        let mut tpl = TopicPartitionList::new();
+        let mut resume_from = Vec::new();
+        for tp in topic_partitions {
+            tpl.add_partition(&tp.0, tp.1);
+            let first = self.first_uncommitted.remove(&tp);
+            if let Some(offset) = first {
+                self.next_offsets.insert(tp.clone(), offset);
+            }
+            resume_from.push((tp, first));
+        }
+        self.consumer
+            .pause(&tpl)
+            .map_err(|e| Error::Source(format!("pausing partition {partition}: {e}")))?;
+        self.held.insert(partition, resume_from);
+        Ok(true)
+    }
+
+    fn release(&mut self, partition: i32) -> Result<()> {
+        let Some(resume_from) = self.held.remove(&partition) else {
+            return Ok(());
+        };
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, p), offset) in resume_from {
+            // Nothing handed out since the last commit: the consumer's
+            // position is already right.
+            if let Some(offset) = offset {
+                self.consumer
+                    .seek(&topic, p, Offset::Offset(offset), Duration::from_secs(10))
+                    .map_err(|e| Error::Source(format!("rewinding {topic}/{p}: {e}")))?;
+            }
+            tpl.add_partition(&topic, p);
+        }
+        self.consumer
+            .resume(&tpl)
+            .map_err(|e| Error::Source(format!("resuming partition {partition}: {e}")))
     }
 
     fn rewind(&mut self) -> Result<bool> {
@@ -410,6 +485,14 @@ impl Source for KafkaSource {
             self.consumer
                 .seek(&topic, partition, offset, Duration::from_secs(10))
                 .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
+            self.first_uncommitted.remove(&(topic.clone(), partition));
+            if let Some(held) = self.held.get_mut(&partition) {
+                for (tp, resume) in held.iter_mut() {
+                    if tp.0 == topic {
+                        *resume = offset.to_raw().filter(|o| *o >= 0);
+                    }
+                }
+            }
             match offset {
                 Offset::Offset(o) => {
                     self.next_offsets.insert((topic.clone(), partition), o);
