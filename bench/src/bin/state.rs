@@ -49,6 +49,12 @@ struct Args {
     /// The memory budget in MiB, split as `state.memory_mb` is.
     #[arg(long, default_value_t = 512)]
     budget_mb: usize,
+    /// Overrides RocksDB's share of the budget (MiB), to see what it costs.
+    #[arg(long)]
+    rocksdb_mb: Option<usize>,
+    /// Overrides the operator's share of the budget (MiB).
+    #[arg(long)]
+    operator_mb: Option<usize>,
 }
 
 fn peak_rss_mib() -> f64 {
@@ -77,6 +83,8 @@ fn main() -> anyhow::Result<()> {
         Store::Rocksdb => {
             let (rocksdb_bytes, operator_bytes) =
                 tidemark_connectors::split_memory_budget(budget_bytes, 1);
+            let rocksdb_bytes = args.rocksdb_mb.map_or(rocksdb_bytes, |mb| mb << 20);
+            let operator_bytes = args.operator_mb.map_or(operator_bytes, |mb| mb << 20);
             let budget = MemoryBudget::new(rocksdb_bytes);
             let db = TaskDb::open(dir.path(), "bench-state", "0", &budget)?;
             let store = CachingStore::new(db.store("op0")?, operator_bytes / 8);
@@ -92,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         late_threshold: 0,
         watermark: 0,
         collect_late_rows: false,
+        real_time: false,
     };
     let id_column: Arc<str> = Arc::from("id");
     let started = Instant::now();
