@@ -47,6 +47,14 @@ pub trait Aggregator: Send + Sync + 'static {
 /// A type-erased accumulator.
 pub struct Accumulator(Box<dyn Any + Send>);
 
+impl Accumulator {
+    /// The concrete state, when it is a `T` (rolling ranges take values back
+    /// out of built-in accumulators).
+    pub(crate) fn downcast_mut<T: 'static>(&mut self) -> Option<&mut T> {
+        self.0.downcast_mut()
+    }
+}
+
 impl std::fmt::Debug for Accumulator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Accumulator")
@@ -110,6 +118,7 @@ impl<A: Aggregator> ErasedAggregator for A {
 pub struct AggregateFn {
     name: Arc<str>,
     inner: Arc<dyn ErasedAggregator>,
+    built_in: bool,
 }
 
 impl std::fmt::Debug for AggregateFn {
@@ -127,6 +136,7 @@ impl AggregateFn {
         AggregateFn {
             name: Arc::from(name),
             inner: Arc::new(aggregator),
+            built_in: false,
         }
     }
 
@@ -135,6 +145,7 @@ impl AggregateFn {
         let f = |a: Arc<dyn ErasedAggregator>| AggregateFn {
             name: Arc::from(name),
             inner: a,
+            built_in: true,
         };
         Ok(match name {
             "count" => f(Arc::new(Count)),
@@ -180,6 +191,10 @@ impl AggregateFn {
     /// The function's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// The built-in function's name; `None` for a user aggregate.
+    pub fn built_in_name(&self) -> Option<&str> {
+        self.built_in.then_some(&*self.name)
     }
     /// The state of an empty group.
     pub fn zero(&self) -> Accumulator {
@@ -281,6 +296,21 @@ pub struct MomentsAcc {
     n: f64,
     mean: f64,
     m2: f64,
+}
+
+impl MomentsAcc {
+    /// Takes `x` back out: the inverse of folding it in (reverse Welford).
+    pub(crate) fn remove(&mut self, x: f64) {
+        if self.n <= 1.0 {
+            *self = MomentsAcc::default();
+            return;
+        }
+        let n = self.n - 1.0;
+        let mean = (self.n * self.mean - x) / n;
+        self.m2 = (self.m2 - (x - mean) * (x - self.mean)).max(0.0);
+        self.mean = mean;
+        self.n = n;
+    }
 }
 
 #[derive(Clone, Copy)]

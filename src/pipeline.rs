@@ -314,9 +314,12 @@ pub enum StepSpec {
     WithColumn(WithColumnSpec),
     /// Windowed aggregation.
     WindowAggregate(WindowAggregateSpec),
+    /// Rolling window: per-key aggregates over a look-back range ending at
+    /// a moving frontier.
+    RollingWindow(RollingWindowSpec),
 }
 
-const STEP_NAMES: &str = "filter, select, with_column, window_aggregate";
+const STEP_NAMES: &str = "filter, select, with_column, window_aggregate, rolling_window";
 
 impl<'de> Deserialize<'de> for StepSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -338,6 +341,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "select" => StepSpec::Select(map.next_value()?),
                     "with_column" => StepSpec::WithColumn(map.next_value()?),
                     "window_aggregate" => StepSpec::WindowAggregate(map.next_value()?),
+                    "rolling_window" => StepSpec::RollingWindow(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -416,6 +420,50 @@ pub struct WindowAggregateSpec {
     pub aggregates: Vec<AggregateYaml>,
 }
 
+/// `rolling_window: {partition_by, order_by, frontier, measures}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollingWindowSpec {
+    /// Grouping columns.
+    pub partition_by: Vec<String>,
+    /// The timestamp column ordering events (default: `event_time`).
+    #[serde(default)]
+    pub order_by: Option<String>,
+    /// The frontier (default: processing time, no delay, `__frontier`).
+    #[serde(default)]
+    pub frontier: Option<FrontierYaml>,
+    /// The measures: aggregates with a `range` (bounded) or without
+    /// (lifetime).
+    pub measures: Vec<AggregateYaml>,
+}
+
+/// `frontier: {delay: 5 seconds, alias: window_time, basis: processing_time}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontierYaml {
+    /// How far the frontier stays behind its basis.
+    #[serde(default)]
+    pub delay: Option<DurationSpec>,
+    /// The output column (default `__frontier`).
+    #[serde(default)]
+    pub alias: Option<String>,
+    /// `processing_time` (default, as Databricks) or `event_time` (the
+    /// watermark: deterministic, replayable).
+    #[serde(default)]
+    pub basis: FrontierBasisYaml,
+}
+
+/// What the frontier follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrontierBasisYaml {
+    /// Processing time.
+    #[default]
+    ProcessingTime,
+    /// The watermark.
+    EventTime,
+}
+
 /// `{tumbling: d}`, `{sliding: d, slide: d}` or `{session: d}`, with an
 /// optional `start_offset`.
 #[derive(Debug, Clone, PartialEq)]
@@ -486,6 +534,41 @@ pub struct AggregateYaml {
     /// approx_percentile: accuracy (default 10000).
     #[serde(default)]
     pub accuracy: Option<u32>,
+    /// rolling_window only: the look-back range of a bounded measure;
+    /// none is a lifetime measure.
+    #[serde(default)]
+    pub range: Option<DurationSpec>,
+}
+
+impl AggregateYaml {
+    /// The aggregate this entry describes.
+    pub fn spec(&self) -> Result<AggregateSpec> {
+        let f = match self.function.0.as_str() {
+            "approx_count_distinct" => {
+                AggregateFn::approx_count_distinct(self.rsd.map_or(0.05, |r| r.0))
+            }
+            "approx_percentile" | "percentile_approx" => AggregateFn::approx_percentile(
+                self.percentage.map_or(0.5, |p| p.0),
+                self.accuracy.unwrap_or(10_000),
+            ),
+            name => AggregateFn::built_in(name)?,
+        };
+        let input = match &self.column {
+            Some(c) => AggregateInput::Column(c.as_str().into()),
+            None if self.function.0 == "count" => AggregateInput::Star,
+            None => {
+                return Err(Error::config(
+                    "aggregates.column",
+                    format!("`{}` needs `column`", self.function.0),
+                ))
+            }
+        };
+        let spec = AggregateSpec::new(f, input);
+        Ok(match &self.alias {
+            Some(n) => spec.alias(n),
+            None => spec,
+        })
+    }
 }
 
 /// A number in [0, 1], checked on read.
@@ -522,7 +605,8 @@ pub struct TriggerSpec(pub Trigger);
 impl<'de> Deserialize<'de> for TriggerSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         struct V;
-        const ALLOWED: &str = "allowed: available_now, {micro_batch: <interval>}";
+        const ALLOWED: &str =
+            "allowed: available_now, {micro_batch: <interval>}, {real_time: <checkpoint interval>}";
         impl<'de> Visitor<'de> for V {
             type Value = TriggerSpec;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -546,10 +630,15 @@ impl<'de> Deserialize<'de> for TriggerSpec {
                         let d: DurationSpec = map.next_value()?;
                         Ok(TriggerSpec(Trigger::MicroBatch { interval: d.0 }))
                     }
-                    "real_time" => Err(de::Error::custom(
-                        "the real-time trigger is not available in this version; use {micro_batch: <interval>}",
-                    )),
-                    other => Err(de::Error::custom(format!("unknown trigger `{other}`; {ALLOWED}"))),
+                    "real_time" => {
+                        let d: DurationSpec = map.next_value()?;
+                        Ok(TriggerSpec(Trigger::RealTime {
+                            checkpoint_interval: d.0,
+                        }))
+                    }
+                    other => Err(de::Error::custom(format!(
+                        "unknown trigger `{other}`; {ALLOWED}"
+                    ))),
                 }
             }
         }
@@ -817,6 +906,14 @@ impl PipelineFile {
                 "exactly_once needs a kafka source and a kafka sink (allowed otherwise: at_least_once)",
             );
         }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+            && matches!(self.trigger.0, Trigger::RealTime { .. })
+        {
+            return err(
+                "processing_guarantee",
+                "the real_time trigger sends output as records arrive, before its checkpoint: its output is at-least-once (as in Databricks); set `processing_guarantee: at_least_once` or use {micro_batch: <interval>}",
+            );
+        }
         if self.watermark.is_some() && self.event_time.is_none() {
             return err("watermark", "a watermark needs `event_time: <column>`");
         }
@@ -996,36 +1093,42 @@ impl PipelineFile {
                         .aggregates
                         .iter()
                         .map(|a| {
-                            let f = match a.function.0.as_str() {
-                                "approx_count_distinct" => {
-                                    AggregateFn::approx_count_distinct(a.rsd.map_or(0.05, |r| r.0))
-                                }
-                                "approx_percentile" | "percentile_approx" => {
-                                    AggregateFn::approx_percentile(
-                                        a.percentage.map_or(0.5, |p| p.0),
-                                        a.accuracy.unwrap_or(10_000),
-                                    )
-                                }
-                                name => AggregateFn::built_in(name)?,
-                            };
-                            let input = match &a.column {
-                                Some(c) => AggregateInput::Column(c.as_str().into()),
-                                None if a.function.0 == "count" => AggregateInput::Star,
-                                None => {
-                                    return Err(Error::config(
-                                        "aggregates.column",
-                                        format!("`{}` needs `column`", a.function.0),
-                                    ))
-                                }
-                            };
-                            let spec = AggregateSpec::new(f, input);
-                            Ok(match &a.alias {
-                                Some(n) => spec.alias(n),
-                                None => spec,
-                            })
+                            if a.range.is_some() {
+                                return Err(Error::config(
+                                    "aggregates.range",
+                                    "`range` belongs to rolling_window measures; window_aggregate takes its window from `window`",
+                                ));
+                            }
+                            a.spec()
                         })
                         .collect::<Result<Vec<_>>>()?;
                     b.window_aggregate(&w.keys, w.window.0.clone(), aggregates)
+                }
+                StepSpec::RollingWindow(r) => {
+                    let measures = r
+                        .measures
+                        .iter()
+                        .map(|a| {
+                            let m = crate::operators::RollingMeasure::new(a.spec()?);
+                            match a.range {
+                                Some(d) => m.over(&d.to_spark_string()),
+                                None => Ok(m),
+                            }
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut frontier = crate::operators::FrontierSpec::default();
+                    if let Some(f) = &r.frontier {
+                        if let Some(d) = f.delay {
+                            frontier.delay_micros = d.0.as_micros() as i64;
+                        }
+                        if let Some(a) = &f.alias {
+                            frontier.alias = a.as_str().into();
+                        }
+                        if f.basis == FrontierBasisYaml::EventTime {
+                            frontier = frontier.on_event_time();
+                        }
+                    }
+                    b.rolling_window(&r.partition_by, r.order_by.as_deref(), frontier, measures)?
                 }
             };
         }

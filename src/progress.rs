@@ -37,6 +37,11 @@ pub struct QueryProgress {
     pub sources: Vec<SourceProgress>,
     /// The sink.
     pub sink: SinkProgress,
+    /// Real-time mode: processing latency of the batch's records in
+    /// milliseconds, from the record's timestamp to its output handed to
+    /// the sink (`p50`, `p99`, `p99.9`, `max`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub latency_ms: BTreeMap<String, u64>,
 }
 
 /// Spark's `StateOperatorProgress`.

@@ -88,6 +88,7 @@ fn window_aggregate(c: &mut Criterion) {
         late_threshold: 0,
         watermark: 0,
         collect_late_rows: false,
+        real_time: false,
     };
     let mut group = c.benchmark_group("window_aggregate");
     group.throughput(Throughput::Elements(rows.len() as u64));

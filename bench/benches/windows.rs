@@ -118,6 +118,7 @@ fn run(
             late_threshold: watermark,
             watermark,
             collect_late_rows: false,
+            real_time: false,
         };
         let started = Instant::now();
         for row in chunk.drain(..) {

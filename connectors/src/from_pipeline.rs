@@ -7,6 +7,7 @@ use crate::kafka::{
     default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
     SharedTransactions, ValueFormat,
 };
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
@@ -110,6 +111,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
+    let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
     let sink = if file.sink.repartition_markers {
         repartition_sink(file, &source_bootstrap, transactions.as_ref())?
     } else {
@@ -118,10 +120,17 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             base_dir,
             &source_bootstrap,
             transactions.as_ref(),
+            real_time,
         )?
     };
     let late_data = match &file.late_data {
-        Some(spec) => Some(build_sink(spec, base_dir, &source_bootstrap, None)?),
+        Some(spec) => Some(build_sink(
+            spec,
+            base_dir,
+            &source_bootstrap,
+            None,
+            real_time,
+        )?),
         None => None,
     };
     let dead_letter: Box<dyn DeadLetter> = match (&file.dead_letter, src.kind) {
@@ -244,11 +253,24 @@ pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages)
     crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)
 }
 
+/// The sink's producer settings; in real-time mode records leave at once
+/// (`linger.ms: 0`) unless the file says otherwise.
+fn sink_properties(spec: &SinkSpec, real_time: bool) -> BTreeMap<String, String> {
+    let mut properties = spec.properties.clone();
+    if real_time {
+        properties
+            .entry("linger.ms".into())
+            .or_insert_with(|| "0".into());
+    }
+    properties
+}
+
 fn build_sink(
     spec: &SinkSpec,
     base_dir: &Path,
     default_bootstrap: &str,
     transactions: Option<&SharedTransactions>,
+    real_time: bool,
 ) -> Result<Box<dyn Sink>> {
     Ok(match spec.kind {
         SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
@@ -276,7 +298,7 @@ fn build_sink(
                 spec.topic.as_deref().unwrap_or_default(),
                 KeyColumns(spec.key.clone()),
                 format,
-                &spec.properties,
+                &sink_properties(spec, real_time),
             )?;
             match transactions {
                 Some(t) => Box::new(sink.with_transactions(t.clone())),

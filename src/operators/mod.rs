@@ -6,10 +6,12 @@
 //! mode will call at each watermark advance instead.
 
 mod fixed_windows;
+mod rolling;
 mod state_codec;
 mod stateless;
 mod window_aggregate;
 
+pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
 
@@ -33,6 +35,9 @@ pub struct BatchContext {
     pub watermark: TimestampMicros,
     /// Whether late rows are kept for the late-data side output.
     pub collect_late_rows: bool,
+    /// Real-time mode: rows are processed as they arrive and operators
+    /// that can emit at once (rolling windows) do.
+    pub real_time: bool,
 }
 
 /// Spark's output modes.

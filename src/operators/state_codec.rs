@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 const VERSION: u8 = 1;
 
-fn corrupt(what: &str) -> Error {
+pub(crate) fn corrupt(what: &str) -> Error {
     Error::Source(format!("corrupt operator state: {what}"))
 }
 
@@ -39,10 +39,11 @@ pub(crate) fn put_value(v: &Value, out: &mut Vec<u8>) {
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads what the `put_*` functions wrote.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.0.len() < n {
             return Err(corrupt("truncated"));
         }
@@ -50,25 +51,25 @@ impl<'a> Reader<'a> {
         self.0 = rest;
         Ok(head)
     }
-    fn u8(&mut self) -> Result<u8> {
+    pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16> {
+    pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(
             self.take(2)?.try_into().expect("2 bytes"),
         ))
     }
-    fn u32(&mut self) -> Result<u32> {
+    pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn i64(&mut self) -> Result<i64> {
+    pub(crate) fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn value(&mut self) -> Result<Value> {
+    pub(crate) fn value(&mut self) -> Result<Value> {
         Ok(match self.u8()? {
             0 => Value::Null,
             1 => Value::Bool(self.u8()? != 0),

@@ -681,6 +681,7 @@ mod tests {
             processing_time: 0,
             late_threshold: if late.is_empty() { 0 } else { ts(late) },
             collect_late_rows: true,
+            real_time: false,
             watermark: if wm.is_empty() { 0 } else { ts(wm) },
         }
     }

@@ -25,6 +25,9 @@ pub struct BatchRequest {
     /// Available-now: read up to the end offsets seen when the query started
     /// and then report [`SourceBatch::exhausted`].
     pub available_now: bool,
+    /// Real-time mode: return as soon as some records are there and no
+    /// more are waiting, instead of filling the batch until the deadline.
+    pub return_early: bool,
 }
 
 /// Records handed to one micro-batch.
@@ -327,6 +330,15 @@ pub enum Trigger {
     /// `Trigger.AvailableNow`), with a trailing no-data batch if the
     /// watermark moved.
     AvailableNow,
+    /// Databricks' real-time mode: long-running batches in which each
+    /// record is processed as it arrives and its output sent at once;
+    /// state, output and offsets are checkpointed at the end of each batch,
+    /// `checkpoint_interval` long. Output between checkpoints is
+    /// at-least-once (replayed after a failure). Update output mode only.
+    RealTime {
+        /// The length of a batch: how often progress is checkpointed.
+        checkpoint_interval: Duration,
+    },
 }
 
 impl Default for Trigger {

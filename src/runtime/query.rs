@@ -49,6 +49,7 @@ pub struct QueryBuilder {
     idle_timeout: Option<Duration>,
     steps: Vec<OperatorFactory>,
     stateful_steps: usize,
+    rolling_windows: usize,
     session_windows: usize,
     output_mode: OutputMode,
     trigger: Trigger,
@@ -78,6 +79,7 @@ impl Query {
             idle_timeout: None,
             steps: Vec::new(),
             stateful_steps: 0,
+            rolling_windows: 0,
             session_windows: 0,
             output_mode: OutputMode::Append,
             trigger: Trigger::default(),
@@ -264,6 +266,52 @@ impl QueryBuilder {
         self
     }
 
+    /// A rolling window (Databricks' `rollingWindow`) grouped by
+    /// `partition_by` over the timestamp column `order_by` (default: the
+    /// event-time column). Update output mode only.
+    pub fn rolling_window<K: AsRef<str>>(
+        mut self,
+        partition_by: &[K],
+        order_by: Option<&str>,
+        frontier: crate::operators::FrontierSpec,
+        measures: Vec<crate::operators::RollingMeasure>,
+    ) -> Result<Self> {
+        let order_by: Arc<str> = match (order_by, &self.event_time) {
+            (Some(c), _) => Arc::from(c),
+            (None, Some(c)) => c.clone(),
+            (None, None) => {
+                return Err(Error::config(
+                    "rolling_window.order_by",
+                    "a rolling window needs a timestamp column: set `order_by` or `event_time`",
+                ))
+            }
+        };
+        if frontier.basis == crate::operators::FrontierBasis::EventTime && self.watermark.is_none()
+        {
+            return Err(Error::config(
+                "rolling_window.frontier.basis",
+                "an event-time frontier follows the watermark: set `watermark`",
+            ));
+        }
+        let keys: Vec<Arc<str>> = partition_by.iter().map(|k| Arc::from(k.as_ref())).collect();
+        // Checked once here so that the step factory cannot fail.
+        crate::operators::RollingWindow::new(&keys, &order_by, frontier.clone(), measures.clone())?;
+        self.stateful_steps += 1;
+        self.rolling_windows += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::RollingWindow::new(
+                    &keys,
+                    &order_by,
+                    frontier.clone(),
+                    measures.clone(),
+                )
+                .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
     /// Spark's output mode (default append).
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
         self.output_mode = mode;
@@ -308,6 +356,20 @@ impl QueryBuilder {
 
     /// Checks the query as Spark's analyzer would and builds it.
     pub fn build(self) -> Result<Query> {
+        if self.rolling_windows > 0 && self.output_mode != OutputMode::Update {
+            return Err(Error::config(
+                "output_mode",
+                "rolling windows emit each key's current values as they change: only update output mode is supported (as in Databricks); set `output_mode: update`",
+            ));
+        }
+        if matches!(self.trigger, Trigger::RealTime { .. })
+            && self.output_mode != OutputMode::Update
+        {
+            return Err(Error::config(
+                "output_mode",
+                "the real-time trigger supports update output mode only (as in Databricks); set `output_mode: update`",
+            ));
+        }
         if self.stateful_steps == 0 && self.output_mode == OutputMode::Complete {
             return Err(Error::config(
                 "output_mode",
@@ -427,6 +489,7 @@ impl Task {
         batch_id: u64,
         processing_time: TimestampMicros,
         collect_late_rows: bool,
+        real_time: bool,
     ) -> BatchContext {
         let (late_threshold, watermark) = match &self.watermark {
             Some(w) => (w.late_threshold(), w.in_effect()),
@@ -438,9 +501,73 @@ impl Task {
             late_threshold,
             watermark,
             collect_late_rows,
+            real_time,
         }
     }
 }
+
+/// What a batch did so far: one poll in micro-batch mode, every poll
+/// since the last checkpoint in real-time mode.
+struct OpenBatch {
+    trigger_start: Instant,
+    start_offsets: serde_json::Value,
+    get_batch_ms: u64,
+    add_batch_ms: u64,
+    num_input: u64,
+    num_output: u64,
+    bad_records: u64,
+    min_event_time: TimestampMicros,
+    max_event_time: TimestampMicros,
+    sum_event_time: i128,
+    event_times: u64,
+    event_time_progress: BTreeMap<String, TimestampMicros>,
+    watermark_used: Option<TimestampMicros>,
+    /// Real-time mode: milliseconds from each record's timestamp to its
+    /// output handed to the sink.
+    latency_ms: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl OpenBatch {
+    fn new(start_offsets: serde_json::Value, real_time: bool) -> Self {
+        OpenBatch {
+            trigger_start: Instant::now(),
+            start_offsets,
+            get_batch_ms: 0,
+            add_batch_ms: 0,
+            num_input: 0,
+            num_output: 0,
+            bad_records: 0,
+            min_event_time: i64::MAX,
+            max_event_time: i64::MIN,
+            sum_event_time: 0,
+            event_times: 0,
+            event_time_progress: BTreeMap::new(),
+            watermark_used: None,
+            latency_ms: real_time
+                .then(|| hdrhistogram::Histogram::new_with_bounds(1, 3_600_000, 3).ok())
+                .flatten(),
+        }
+    }
+
+    fn latency_summary(&self) -> BTreeMap<String, u64> {
+        let Some(h) = self.latency_ms.as_ref().filter(|h| !h.is_empty()) else {
+            return BTreeMap::new();
+        };
+        [
+            ("p50", h.value_at_quantile(0.5)),
+            ("p99", h.value_at_quantile(0.99)),
+            ("p99.9", h.value_at_quantile(0.999)),
+            ("max", h.max()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Real-time mode: how long a poll waits for records before operators are
+/// given the time (rolling windows emit what left their ranges).
+const REAL_TIME_TICK: Duration = Duration::from_millis(50);
 
 /// A task's operators before their stores are restored.
 struct PendingTask {
@@ -621,19 +748,29 @@ impl Query {
         let mut batch_id: u64 = 0;
         let mut previous_trigger_start: Option<Instant> = None;
         let available_now = self.builder.trigger == Trigger::AvailableNow;
-        let interval = match self.builder.trigger {
-            Trigger::MicroBatch { interval } => interval,
-            Trigger::AvailableNow => Duration::from_millis(200),
+        let (interval, checkpoint_interval) = match self.builder.trigger {
+            Trigger::MicroBatch { interval } => (interval, None),
+            Trigger::AvailableNow => (Duration::from_millis(200), None),
+            Trigger::RealTime {
+                checkpoint_interval,
+            } => (REAL_TIME_TICK, Some(checkpoint_interval)),
         };
+        let real_time = checkpoint_interval.is_some();
         let event_time = self.builder.event_time.clone();
         let mut exhausted = false;
+        let mut open_batch: Option<OpenBatch> = None;
 
-        while !self.stop.is_stopped() {
-            if let Some(backend) = state_backend.as_mut() {
-                backend.between_batches()?;
+        // A stop ends the loop between batches; a real-time batch that is
+        // open runs one more poll and checkpoints first.
+        while !self.stop.is_stopped() || open_batch.is_some() {
+            if open_batch.is_none() {
+                if let Some(backend) = state_backend.as_mut() {
+                    backend.between_batches()?;
+                }
             }
-            let trigger_start = Instant::now();
-            let start_offsets = source.offsets();
+            let open =
+                open_batch.get_or_insert_with(|| OpenBatch::new(source.offsets(), real_time));
+            let trigger_start = open.trigger_start;
             let (batch, get_batch_ms) = if exhausted {
                 (
                     super::SourceBatch {
@@ -644,9 +781,14 @@ impl Query {
                 )
             } else {
                 let request = BatchRequest {
-                    deadline: trigger_start + interval,
+                    deadline: if real_time {
+                        Instant::now() + interval
+                    } else {
+                        trigger_start + interval
+                    },
                     max_records: self.builder.max_records_per_batch,
                     available_now,
+                    return_early: real_time,
                 };
                 let t = Instant::now();
                 let batch = source.next_batch(&request)?;
@@ -760,15 +902,20 @@ impl Query {
                 .records
                 .iter()
                 .any(|r| !restoring.contains_key(&r.position.partition));
-            if !has_records && !watermark_pending {
+            if !has_records && !watermark_pending && !real_time {
                 if exhausted {
                     break;
                 }
+                open_batch = None;
                 continue;
             }
 
             // ---- process the batch
-            let processing_time = self.builder.clock.batch_time(batch_id);
+            let processing_time = if real_time {
+                crate::time::now_micros()
+            } else {
+                self.builder.clock.batch_time(batch_id)
+            };
             let add_batch_start = Instant::now();
             let mut outputs: Vec<Row> = Vec::new();
             let mut bad_records = 0u64;
@@ -807,9 +954,9 @@ impl Query {
                         continue;
                     }
                 }
-                let ctx = *contexts
-                    .entry(partition)
-                    .or_insert_with(|| task.context(batch_id, processing_time, collect_late));
+                let ctx = *contexts.entry(partition).or_insert_with(|| {
+                    task.context(batch_id, processing_time, collect_late, real_time)
+                });
                 let result = decoder.decode(record).and_then(|mut row| {
                     if let Some(column) = &event_time {
                         if let Some(extract) = &extractor {
@@ -866,27 +1013,72 @@ impl Query {
                 }
                 event_time_progress.insert(input, *t);
             }
-            let mut state_operators = Vec::new();
             let mut late_rows = Vec::new();
             let mut watermark_used: Option<TimestampMicros> = None;
             for (partition, task) in tasks.iter_mut() {
-                let ctx = contexts
-                    .get(partition)
-                    .copied()
-                    .unwrap_or_else(|| task.context(batch_id, processing_time, collect_late));
+                let ctx = contexts.get(partition).copied().unwrap_or_else(|| {
+                    task.context(batch_id, processing_time, collect_late, real_time)
+                });
                 task.finish_batch(&ctx, &mut outputs)?;
                 if task.watermark.is_some() {
                     watermark_used =
                         Some(watermark_used.map_or(ctx.watermark, |w: i64| w.min(ctx.watermark)));
                 }
                 for op in task.operators.iter_mut() {
-                    if let Some(p) = op.state_progress() {
-                        state_operators.push(p);
-                    }
                     late_rows.extend(op.take_late_rows());
                 }
                 if let Some(w) = task.watermark.as_mut() {
                     w.finish_batch(processing_time);
+                }
+            }
+            sink.write(batch_id, &outputs)?;
+            if let Some(late) = late_data.as_mut() {
+                late.write(batch_id, &late_rows)?;
+            }
+            let add_batch_ms = add_batch_start.elapsed().as_millis() as u64;
+            if let Some(h) = open.latency_ms.as_mut() {
+                let now_ms = crate::time::now_micros() / 1000;
+                for record in &batch.records {
+                    if let Some(t) = record.timestamp_ms {
+                        let _ = h.record((now_ms - t).max(0) as u64);
+                    }
+                }
+            }
+            open.get_batch_ms += get_batch_ms;
+            open.add_batch_ms += add_batch_ms;
+            open.num_input += num_input;
+            open.num_output += outputs.len() as u64;
+            open.bad_records += bad_records;
+            open.min_event_time = open.min_event_time.min(min_et);
+            open.max_event_time = open.max_event_time.max(max_et);
+            open.sum_event_time += sum_et;
+            open.event_times += n_et;
+            for (input, t) in event_time_progress {
+                let slot = open.event_time_progress.entry(input).or_insert(t);
+                *slot = (*slot).max(t);
+            }
+            if watermark_used.is_some() {
+                open.watermark_used = watermark_used;
+            }
+            let checkpoint_due = match checkpoint_interval {
+                None => true,
+                Some(every) => {
+                    trigger_start.elapsed() >= every || self.stop.is_stopped() || exhausted
+                }
+            };
+            if !checkpoint_due {
+                continue;
+            }
+            let Some(open) = open_batch.take() else {
+                continue;
+            };
+            let (num_input, bad_records) = (open.num_input, open.bad_records);
+            let mut state_operators = Vec::new();
+            for task in tasks.values_mut() {
+                for op in task.operators.iter_mut() {
+                    if let Some(p) = op.state_progress() {
+                        state_operators.push(p);
+                    }
                 }
             }
             let mut state_operators = merge_state_progress(state_operators);
@@ -903,8 +1095,6 @@ impl Query {
                         .insert("restoreDurationMs".into(), restore.millis);
                 }
             }
-            sink.write(batch_id, &outputs)?;
-            let add_batch_ms = add_batch_start.elapsed().as_millis() as u64;
 
             // ---- commit: sink, dead letters, then source offsets
             let commit_start = Instant::now();
@@ -920,14 +1110,13 @@ impl Query {
             }
             tracing::debug!(
                 batch_id,
-                outputs = outputs.len(),
+                outputs = open.num_output,
                 tasks = tasks.len(),
                 "batch committing"
             );
-            sink.event_time_progress(&event_time_progress);
+            sink.event_time_progress(&open.event_time_progress);
             sink.commit(batch_id)?;
             if let Some(late) = late_data.as_mut() {
-                late.write(batch_id, &late_rows)?;
                 late.commit(batch_id)?;
             }
             dead_letter.flush()?;
@@ -965,13 +1154,15 @@ impl Query {
                 num_input as f64 * 1000.0
             };
             let mut event_time_stats = BTreeMap::new();
-            if n_et > 0 {
-                event_time_stats.insert("min".into(), format_rfc3339(min_et));
-                event_time_stats.insert("max".into(), format_rfc3339(max_et));
-                event_time_stats
-                    .insert("avg".into(), format_rfc3339((sum_et / n_et as i128) as i64));
+            if open.event_times > 0 {
+                event_time_stats.insert("min".into(), format_rfc3339(open.min_event_time));
+                event_time_stats.insert("max".into(), format_rfc3339(open.max_event_time));
+                event_time_stats.insert(
+                    "avg".into(),
+                    format_rfc3339((open.sum_event_time / open.event_times as i128) as i64),
+                );
             }
-            if let Some(w) = watermark_used {
+            if let Some(w) = open.watermark_used {
                 event_time_stats.insert("watermark".into(), format_rfc3339(w));
             }
             let mut source_metrics = BTreeMap::new();
@@ -989,8 +1180,8 @@ impl Query {
                 processed_rows_per_second: processed_rate,
                 duration_ms: [
                     ("triggerExecution".to_string(), trigger_ms),
-                    ("getBatch".to_string(), get_batch_ms),
-                    ("addBatch".to_string(), add_batch_ms),
+                    ("getBatch".to_string(), open.get_batch_ms),
+                    ("addBatch".to_string(), open.add_batch_ms),
                     ("commitOffsets".to_string(), commit_ms),
                 ]
                 .into_iter()
@@ -999,7 +1190,7 @@ impl Query {
                 state_operators,
                 sources: vec![SourceProgress {
                     description: source.describe(),
-                    start_offset: start_offsets,
+                    start_offset: open.start_offsets.clone(),
                     end_offset: source.offsets(),
                     num_input_rows: num_input,
                     input_rows_per_second: input_rate,
@@ -1009,8 +1200,9 @@ impl Query {
                 }],
                 sink: SinkProgress {
                     description: sink.describe(),
-                    num_output_rows: outputs.len() as u64,
+                    num_output_rows: open.num_output,
                 },
+                latency_ms: open.latency_summary(),
             };
             progress.record_metrics();
             tracing::debug!(progress = %progress.json(), "batch done");
@@ -1019,11 +1211,11 @@ impl Query {
             }
             summary.batches += 1;
             summary.input_records += num_input;
-            summary.output_rows += outputs.len() as u64;
+            summary.output_rows += open.num_output;
             summary.bad_records += bad_records;
             batch_id += 1;
 
-            if !available_now {
+            if !available_now && !real_time {
                 if let Some(rest) =
                     (trigger_start + interval).checked_duration_since(Instant::now())
                 {

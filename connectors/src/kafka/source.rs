@@ -301,12 +301,18 @@ impl Source for KafkaSource {
             if records.len() >= request.max_records || now >= request.deadline {
                 break;
             }
-            let wait = (request.deadline - now).min(Duration::from_millis(100));
+            let wait = if request.return_early && !records.is_empty() {
+                // Real-time: take what is already fetched, wait for nothing.
+                Duration::ZERO
+            } else {
+                (request.deadline - now).min(Duration::from_millis(100))
+            };
             // Revocations happen inside poll: purge what the last poll made
             // stale before fetching more.
             self.forget_revoked(&mut records);
             match self.consumer.poll(wait) {
                 None if request.available_now && self.caught_up(true) => break,
+                None if request.return_early && !records.is_empty() => break,
                 None => continue,
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "Kafka consumer error; retrying");

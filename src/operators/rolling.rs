@@ -1,0 +1,971 @@
+//! Rolling windows (Databricks' `rollingWindow`): per key, aggregates over
+//! the events in a look-back range that ends at a moving frontier, plus
+//! lifetime aggregates over every accepted event.
+//!
+//! Each key keeps its events sorted by event time. An event with
+//! `event_time > frontier` waits; a bounded measure over range `d` covers
+//! `frontier - d <= event_time <= frontier`. Per measure, the events of the
+//! range are folded into one accumulator that is updated as events enter
+//! and leave: invertible aggregates (count, sum, avg, variance, stddev) take
+//! a leaving event back out; the others (min, max, sketches, user
+//! aggregates) keep a two-stacks queue (suffix aggregates of the oldest
+//! events plus a running aggregate of the newest), so that every event is
+//! folded O(1) times on average. A key's events are dropped once they left
+//! every range; memory is proportional to the events inside the ranges.
+
+use super::state_codec::{corrupt, put_value, Reader};
+use super::{encode_key, AggregateInput, AggregateSpec, BatchContext, Operator};
+use crate::aggregate::{Accumulator, AggregateFn, MomentsAcc};
+use crate::error::{Error, Result};
+use crate::progress::StateOperatorProgress;
+use crate::row::{Row, Value};
+use crate::time::TimestampMicros;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use tidemark_state::StateStore;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Ranges longer than this log a warning (Databricks advises at most 7
+/// days: the events of a range are state).
+const LONG_RANGE_MICROS: i64 = 7 * 24 * 3600 * 1_000_000;
+
+/// What the frontier follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FrontierBasis {
+    /// Processing time minus the delay (Databricks' only option): fixed per
+    /// micro-batch, moving continuously in real-time mode.
+    #[default]
+    ProcessingTime,
+    /// The watermark in effect minus the delay: results depend on the input
+    /// only, so a replay gives the same rows.
+    EventTime,
+}
+
+/// The frontier: the operator's "now", `delay` behind its basis, written to
+/// the output column `alias`.
+///
+/// ```
+/// use tidemark::operators::FrontierSpec;
+/// let f = FrontierSpec::new("5 seconds", Some("window_time")).unwrap();
+/// assert_eq!(f.alias.as_ref(), "window_time");
+/// assert_eq!(FrontierSpec::default().alias.as_ref(), "__frontier");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontierSpec {
+    /// How far behind its basis the frontier stays, in microseconds.
+    pub delay_micros: i64,
+    /// The output column holding the frontier.
+    pub alias: Arc<str>,
+    /// What the frontier follows.
+    pub basis: FrontierBasis,
+}
+
+impl Default for FrontierSpec {
+    fn default() -> Self {
+        FrontierSpec {
+            delay_micros: 0,
+            alias: Arc::from("__frontier"),
+            basis: FrontierBasis::ProcessingTime,
+        }
+    }
+}
+
+impl FrontierSpec {
+    /// A processing-time frontier `delay` behind (e.g. `"10 seconds"`),
+    /// named `alias` (default `__frontier`).
+    pub fn new(delay: &str, alias: Option<&str>) -> Result<Self> {
+        let delay = crate::duration::parse_duration(delay)
+            .map_err(|e| Error::config("frontier.delay", e.to_string()))?;
+        Ok(FrontierSpec {
+            delay_micros: delay.as_micros() as i64,
+            alias: Arc::from(alias.unwrap_or("__frontier")),
+            basis: FrontierBasis::ProcessingTime,
+        })
+    }
+
+    /// Follows the watermark instead of processing time.
+    pub fn on_event_time(mut self) -> Self {
+        self.basis = FrontierBasis::EventTime;
+        self
+    }
+}
+
+/// One measure: an aggregate, bounded by a look-back range (`.over`) or
+/// lifetime (no range).
+///
+/// ```
+/// use tidemark::operators::RollingMeasure;
+/// let m = RollingMeasure::of("sum", "revenue").unwrap().over("1 hour").unwrap();
+/// assert_eq!(m.aggregate.output.as_ref(), "sum(revenue)");
+/// assert!(m.over("2 hours").is_err(), "one range per measure");
+/// ```
+#[derive(Debug, Clone)]
+pub struct RollingMeasure {
+    /// Function, input and output name.
+    pub aggregate: AggregateSpec,
+    /// The look-back range in microseconds; `None` is a lifetime measure.
+    pub range_micros: Option<i64>,
+}
+
+impl RollingMeasure {
+    /// A lifetime measure of a built-in aggregate over `column` (`*` for
+    /// `count(*)`), named as Spark names it.
+    pub fn of(function: &str, column: &str) -> Result<Self> {
+        let input = if column == "*" {
+            AggregateInput::Star
+        } else {
+            AggregateInput::Column(Arc::from(column))
+        };
+        Ok(RollingMeasure {
+            aggregate: AggregateSpec::new(AggregateFn::built_in(function)?, input),
+            range_micros: None,
+        })
+    }
+
+    /// A lifetime measure of any aggregate (user aggregates included).
+    pub fn new(aggregate: AggregateSpec) -> Self {
+        RollingMeasure {
+            aggregate,
+            range_micros: None,
+        }
+    }
+
+    /// Bounds the measure to the events within `range` before the
+    /// frontier (`preceding(Range(range))`); a measure takes one range.
+    pub fn over(mut self, range: &str) -> Result<Self> {
+        if self.range_micros.is_some() {
+            return Err(Error::config(
+                "measures.range",
+                format!(
+                    "`{}` already has a range: a measure takes at most one `.over`",
+                    self.aggregate.output
+                ),
+            ));
+        }
+        let d = crate::duration::parse_duration(range)
+            .map_err(|e| Error::config("measures.range", e.to_string()))?;
+        if d.is_zero() {
+            return Err(Error::config(
+                "measures.range",
+                "a range must be longer than zero",
+            ));
+        }
+        self.range_micros = Some(d.as_micros() as i64);
+        Ok(self)
+    }
+
+    /// Renames the output column.
+    pub fn alias(mut self, name: &str) -> Self {
+        self.aggregate = self.aggregate.alias(name);
+        self
+    }
+
+    fn input<'a>(&self, row: &'a Row) -> &'a Value {
+        const STAR: Value = Value::Bool(true);
+        match &self.aggregate.input {
+            AggregateInput::Star => &STAR,
+            AggregateInput::Column(c) => row.get(c).unwrap_or(&Value::Null),
+        }
+    }
+}
+
+/// One accepted event of a key: its time and each measure's input.
+#[derive(Debug, Clone)]
+struct Event {
+    time: TimestampMicros,
+    inputs: Vec<Value>,
+}
+
+/// Spark's `sum` kept so that values can be taken back out: long in, long
+/// out; any double makes it double; NULL over no values.
+#[derive(Debug, Clone, Default)]
+struct InvertibleSum {
+    longs: i64,
+    doubles: f64,
+    /// Neumaier compensation of `doubles`, so that adding and removing
+    /// values for days does not drift.
+    compensation: f64,
+    long_values: u64,
+    double_values: u64,
+}
+
+impl InvertibleSum {
+    fn add_double(&mut self, x: f64) {
+        let t = self.doubles + x;
+        if self.doubles.abs() >= x.abs() {
+            self.compensation += (self.doubles - t) + x;
+        } else {
+            self.compensation += (x - t) + self.doubles;
+        }
+        self.doubles = t;
+    }
+
+    fn apply(&mut self, v: &Value, sign: i64) {
+        match v {
+            Value::Long(x) => {
+                self.longs = self.longs.wrapping_add(x.wrapping_mul(sign));
+                self.long_values = self.long_values.wrapping_add_signed(sign);
+            }
+            Value::Double(x) => {
+                self.add_double(*x * sign as f64);
+                self.double_values = self.double_values.wrapping_add_signed(sign);
+            }
+            _ => {}
+        }
+        if self.double_values == 0 {
+            // Exactly zero again: no rounding error carried forward.
+            self.doubles = 0.0;
+            self.compensation = 0.0;
+        }
+    }
+
+    fn value(&self) -> Value {
+        match (self.long_values, self.double_values) {
+            (0, 0) => Value::Null,
+            (_, 0) => Value::Long(self.longs),
+            _ => Value::Double(self.longs as f64 + self.doubles + self.compensation),
+        }
+    }
+}
+
+/// The aggregate of one bounded measure over the events in its range.
+enum RangeAggregate {
+    /// `count`: plus and minus one.
+    Count(i64),
+    /// `sum`.
+    Sum(InvertibleSum),
+    /// `avg`, `stddev*`, `var*`: Welford moments, taken out in reverse.
+    Moments(Accumulator),
+    /// Everything else (min, max, sketches, user aggregates): two stacks.
+    Stacks(TwoStacks),
+}
+
+/// Sliding-window aggregation with two stacks: `front` holds suffix
+/// aggregates of the oldest events (its last entry covers all of them),
+/// `back` the running aggregate of the rest. Removing the oldest event pops
+/// `front`, rebuilding it from the window's events when empty; each event
+/// is folded a constant number of times on average.
+struct TwoStacks {
+    front: Vec<Accumulator>,
+    back: Accumulator,
+}
+
+fn moments_input(v: &Value) -> Option<f64> {
+    match v {
+        Value::Timestamp(_) => None,
+        other => other.as_f64(),
+    }
+}
+
+impl RangeAggregate {
+    fn new(function: &AggregateFn) -> Self {
+        match function.built_in_name() {
+            Some("count") => RangeAggregate::Count(0),
+            Some("sum") => RangeAggregate::Sum(InvertibleSum::default()),
+            Some(
+                "avg" | "mean" | "stddev" | "stddev_samp" | "std" | "stddev_pop" | "variance"
+                | "var_samp" | "var_pop",
+            ) => RangeAggregate::Moments(function.zero()),
+            _ => RangeAggregate::Stacks(TwoStacks {
+                front: Vec::new(),
+                back: function.zero(),
+            }),
+        }
+    }
+
+    /// Folds in an event at position `index` of the range (0 = oldest).
+    fn insert(&mut self, function: &AggregateFn, index: usize, input: &Value) {
+        match self {
+            RangeAggregate::Count(n) => *n += i64::from(!input.is_null()),
+            RangeAggregate::Sum(s) => s.apply(input, 1),
+            RangeAggregate::Moments(acc) => function.reduce(acc, input),
+            RangeAggregate::Stacks(stacks) => {
+                if index < stacks.front.len() {
+                    // An out-of-order event among the oldest: fold the
+                    // front into the back (aggregates are commutative);
+                    // the next removal rebuilds the front.
+                    if let Some(all) = stacks.front.last() {
+                        let mut merged = function.clone_acc(all);
+                        function.merge(&mut merged, &stacks.back);
+                        stacks.back = merged;
+                    }
+                    stacks.front.clear();
+                }
+                function.reduce(&mut stacks.back, input);
+            }
+        }
+    }
+
+    /// Takes out the oldest event of the range; `range` lists the inputs of
+    /// the range's events, oldest first, the leaving one included.
+    fn remove_oldest<'a>(
+        &mut self,
+        function: &AggregateFn,
+        input: &Value,
+        range: impl DoubleEndedIterator<Item = &'a Value>,
+    ) {
+        match self {
+            RangeAggregate::Count(n) => *n -= i64::from(!input.is_null()),
+            RangeAggregate::Sum(s) => s.apply(input, -1),
+            RangeAggregate::Moments(acc) => {
+                if let (Some(x), Some(m)) = (moments_input(input), acc.downcast_mut::<MomentsAcc>())
+                {
+                    m.remove(x);
+                }
+            }
+            RangeAggregate::Stacks(stacks) => {
+                if stacks.front.is_empty() {
+                    let mut suffix = function.zero();
+                    for v in range.rev() {
+                        function.reduce(&mut suffix, v);
+                        stacks.front.push(function.clone_acc(&suffix));
+                    }
+                    stacks.back = function.zero();
+                }
+                stacks.front.pop();
+            }
+        }
+    }
+
+    fn value(&self, function: &AggregateFn) -> Value {
+        match self {
+            RangeAggregate::Count(n) => Value::Long(*n),
+            RangeAggregate::Sum(s) => s.value(),
+            RangeAggregate::Moments(acc) => function.finish(acc),
+            RangeAggregate::Stacks(stacks) => match stacks.front.last() {
+                None => function.finish(&stacks.back),
+                Some(front) => {
+                    let mut all = function.clone_acc(front);
+                    function.merge(&mut all, &stacks.back);
+                    function.finish(&all)
+                }
+            },
+        }
+    }
+}
+
+/// The state of one key.
+struct KeyState {
+    key_values: Vec<Value>,
+    /// Sorted by time; `events[..entered]` have reached the frontier, the
+    /// rest wait for it.
+    events: VecDeque<Event>,
+    entered: usize,
+    /// Per bounded measure: the first event of its range.
+    lows: Vec<usize>,
+    ranges: Vec<RangeAggregate>,
+    /// Per lifetime measure.
+    lifetime: Vec<Accumulator>,
+    /// What the key last emitted; `None`: nothing yet.
+    last_emitted: Option<Vec<Value>>,
+    /// The frontier the key was last brought to.
+    frontier: TimestampMicros,
+    /// When the key's values next change as the frontier moves: the
+    /// registered timer.
+    timer: Option<TimestampMicros>,
+}
+
+/// The rolling-window operator. Output mode update only; one row per key
+/// whose measure values changed (micro-batch: at most one per batch, at the
+/// batch's frontier; real-time: whenever they change).
+pub struct RollingWindow {
+    partition_by: Vec<Arc<str>>,
+    order_by: Arc<str>,
+    frontier: FrontierSpec,
+    /// Bounded measures' positions in `measures`, and lifetime ones'.
+    bounded: Vec<usize>,
+    lifetime: Vec<usize>,
+    measures: Vec<RollingMeasure>,
+    keys: HashMap<Vec<u8>, KeyState>,
+    /// (time, key) of the next change of every key whose values will
+    /// change as the frontier moves.
+    timers: BTreeSet<(TimestampMicros, Vec<u8>)>,
+    /// Keys touched in this batch (micro-batch mode).
+    touched: BTreeSet<Vec<u8>>,
+    /// Keys changed since the last checkpoint.
+    dirty: BTreeSet<Vec<u8>>,
+    store: Option<Box<dyn StateStore>>,
+    dropped_by_watermark: u64,
+    late_rows: Vec<Row>,
+    rows_updated: u64,
+    rows_removed: u64,
+}
+
+impl RollingWindow {
+    /// A rolling window over events grouped by `partition_by`, ordered by
+    /// the timestamp column `order_by`.
+    ///
+    /// ```
+    /// use tidemark::operators::{FrontierSpec, RollingMeasure, RollingWindow};
+    /// let op = RollingWindow::new(
+    ///     &["user_id"],
+    ///     "event_time",
+    ///     FrontierSpec::new("0 seconds", Some("frontier")).unwrap(),
+    ///     vec![
+    ///         RollingMeasure::of("sum", "value").unwrap().over("10 minutes").unwrap(),
+    ///         RollingMeasure::of("count", "value").unwrap().alias("n"),
+    ///     ],
+    /// ).unwrap();
+    /// ```
+    pub fn new<S: AsRef<str>>(
+        partition_by: &[S],
+        order_by: &str,
+        frontier: FrontierSpec,
+        measures: Vec<RollingMeasure>,
+    ) -> Result<Self> {
+        if partition_by.is_empty() {
+            return Err(Error::config(
+                "rolling_window.partition_by",
+                "needs at least one column",
+            ));
+        }
+        if measures.is_empty() {
+            return Err(Error::config(
+                "rolling_window.measures",
+                "needs at least one measure",
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for m in &measures {
+            if !seen.insert(m.aggregate.output.clone()) {
+                return Err(Error::config(
+                    "rolling_window.measures",
+                    format!(
+                        "two measures are named `{}`; rename one with `as`",
+                        m.aggregate.output
+                    ),
+                ));
+            }
+            if let Some(d) = m.range_micros {
+                if d > LONG_RANGE_MICROS {
+                    tracing::warn!(
+                        measure = %m.aggregate.output,
+                        "range over 7 days: its events are kept as state"
+                    );
+                }
+            }
+        }
+        let bounded = (0..measures.len())
+            .filter(|&i| measures[i].range_micros.is_some())
+            .collect();
+        let lifetime = (0..measures.len())
+            .filter(|&i| measures[i].range_micros.is_none())
+            .collect();
+        Ok(RollingWindow {
+            partition_by: partition_by.iter().map(|c| Arc::from(c.as_ref())).collect(),
+            order_by: Arc::from(order_by),
+            frontier,
+            bounded,
+            lifetime,
+            measures,
+            keys: HashMap::default(),
+            timers: BTreeSet::new(),
+            touched: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            store: None,
+            dropped_by_watermark: 0,
+            late_rows: Vec::new(),
+            rows_updated: 0,
+            rows_removed: 0,
+        })
+    }
+
+    /// The output columns: partition keys, frontier, measures.
+    pub fn output_columns(&self) -> Vec<Arc<str>> {
+        let mut out = self.partition_by.clone();
+        out.push(self.frontier.alias.clone());
+        out.extend(self.measures.iter().map(|m| m.aggregate.output.clone()));
+        out
+    }
+
+    /// The frontier for `ctx`: in real-time mode it moves with the wall
+    /// clock; otherwise it is fixed for the batch.
+    fn frontier_at(&self, ctx: &BatchContext) -> TimestampMicros {
+        let basis = match (self.frontier.basis, ctx.real_time) {
+            (FrontierBasis::EventTime, _) => ctx.watermark,
+            (FrontierBasis::ProcessingTime, true) => crate::time::now_micros(),
+            (FrontierBasis::ProcessingTime, false) => ctx.processing_time,
+        };
+        basis.saturating_sub(self.frontier.delay_micros)
+    }
+
+    fn new_key(&self, key_values: Vec<Value>) -> KeyState {
+        KeyState {
+            key_values,
+            events: VecDeque::new(),
+            entered: 0,
+            lows: vec![0; self.bounded.len()],
+            ranges: self
+                .bounded
+                .iter()
+                .map(|&i| RangeAggregate::new(&self.measures[i].aggregate.function))
+                .collect(),
+            lifetime: self
+                .lifetime
+                .iter()
+                .map(|&i| self.measures[i].aggregate.function.zero())
+                .collect(),
+            last_emitted: None,
+            frontier: TimestampMicros::MIN,
+            timer: None,
+        }
+    }
+
+    /// Brings `key` to `frontier`: waiting events that it reached enter,
+    /// events that fell out of a range leave it.
+    fn advance(&self, state: &mut KeyState, frontier: TimestampMicros) {
+        if frontier <= state.frontier {
+            return;
+        }
+        state.frontier = frontier;
+        while state.entered < state.events.len() && state.events[state.entered].time <= frontier {
+            let index = state.entered;
+            state.entered += 1;
+            self.fold_lifetime(state, index);
+            // The newest entered event: appended to every range, then
+            // taken out below if it is already too old for some.
+            for slot in 0..self.bounded.len() {
+                self.insert_in_range(state, slot, index);
+            }
+        }
+        for (slot, &measure) in self.bounded.iter().enumerate() {
+            let function = &self.measures[measure].aggregate.function;
+            let range = self.measures[measure].range_micros.unwrap_or(0);
+            let low = frontier.saturating_sub(range);
+            while state.lows[slot] < state.entered && state.events[state.lows[slot]].time < low {
+                let first = state.lows[slot];
+                let inputs = state
+                    .events
+                    .range(first..state.entered)
+                    .map(|e| &e.inputs[measure]);
+                let leaving = &state.events[first].inputs[measure];
+                state.ranges[slot].remove_oldest(function, leaving, inputs);
+                state.lows[slot] += 1;
+            }
+        }
+        self.drop_left_events(state);
+    }
+
+    /// Folds the event at `index` into the lifetime measures.
+    fn fold_lifetime(&self, state: &mut KeyState, index: usize) {
+        for (slot, &measure) in self.lifetime.iter().enumerate() {
+            let input = &state.events[index].inputs[measure];
+            self.measures[measure]
+                .aggregate
+                .function
+                .reduce(&mut state.lifetime[slot], input);
+        }
+    }
+
+    /// Folds the event at `index` (at or after the range's first) into
+    /// bounded measure `slot`.
+    fn insert_in_range(&self, state: &mut KeyState, slot: usize, index: usize) {
+        let measure = self.bounded[slot];
+        let function = &self.measures[measure].aggregate.function;
+        let position = index - state.lows[slot];
+        let input = &state.events[index].inputs[measure];
+        state.ranges[slot].insert(function, position, input);
+    }
+
+    /// Places the entered event at `index`, which no range has seen, in
+    /// the ranges it falls in at the key's frontier; for the others it
+    /// lies before the range (at or before its first event).
+    fn place_in_ranges(&self, state: &mut KeyState, index: usize) {
+        let time = state.events[index].time;
+        for (slot, &measure) in self.bounded.iter().enumerate() {
+            let range = self.measures[measure].range_micros.unwrap_or(0);
+            if time < state.frontier.saturating_sub(range) {
+                state.lows[slot] += 1;
+            } else {
+                self.insert_in_range(state, slot, index);
+            }
+        }
+    }
+
+    /// Accepts one event at the key's current frontier.
+    fn accept(&self, state: &mut KeyState, time: TimestampMicros, row: &Row) {
+        let inputs: Vec<Value> = self.measures.iter().map(|m| m.input(row).clone()).collect();
+        // Entered events have times at or before the frontier, waiting ones
+        // after it: the sorted position also tells which the event is.
+        let at = state.events.partition_point(|e| e.time <= time);
+        state.events.insert(at, Event { time, inputs });
+        if time > state.frontier {
+            // Waits for the frontier.
+            return;
+        }
+        state.entered += 1;
+        self.fold_lifetime(state, at);
+        self.place_in_ranges(state, at);
+        self.drop_left_events(state);
+    }
+
+    /// Drops the events every range has left.
+    fn drop_left_events(&self, state: &mut KeyState) {
+        let gone = state.lows.iter().copied().min().unwrap_or(state.entered);
+        if gone > 0 {
+            state.events.drain(..gone);
+            state.entered -= gone;
+            for low in state.lows.iter_mut() {
+                *low -= gone;
+            }
+        }
+    }
+
+    /// When the key's values next change as the frontier moves.
+    fn next_change(&self, state: &KeyState) -> Option<TimestampMicros> {
+        let waiting = state.events.get(state.entered).map(|e| e.time);
+        let leaving = self.bounded.iter().enumerate().filter_map(|(slot, &i)| {
+            let first = state.events.get(state.lows[slot])?;
+            (state.lows[slot] < state.entered)
+                .then(|| first.time + self.measures[i].range_micros.unwrap_or(0) + 1)
+        });
+        waiting.into_iter().chain(leaving).min()
+    }
+
+    fn values(&self, state: &KeyState) -> Vec<Value> {
+        let mut values = vec![Value::Null; self.measures.len()];
+        for (slot, &i) in self.bounded.iter().enumerate() {
+            values[i] = state.ranges[slot].value(&self.measures[i].aggregate.function);
+        }
+        for (slot, &i) in self.lifetime.iter().enumerate() {
+            values[i] = self.measures[i]
+                .aggregate
+                .function
+                .finish(&state.lifetime[slot]);
+        }
+        values
+    }
+
+    /// The values of a key that never emitted: counts 0, others null.
+    fn empty_values(&self) -> Vec<Value> {
+        self.measures
+            .iter()
+            .map(|m| {
+                let f = &m.aggregate.function;
+                f.finish(&f.zero())
+            })
+            .collect()
+    }
+
+    /// Re-registers the key's timer, emits its row if its values changed,
+    /// and forgets a key with nothing left to remember.
+    fn settle(&mut self, key: &[u8], out: &mut Vec<Row>) {
+        let Some(mut state) = self.keys.remove(key) else {
+            return;
+        };
+        if let Some(t) = state.timer.take() {
+            self.timers.remove(&(t, key.to_vec()));
+        }
+        let values = self.values(&state);
+        let empty = self.empty_values();
+        let last = state.last_emitted.as_ref().unwrap_or(&empty);
+        if !same_values(last, &values) {
+            let mut row = Row::new();
+            for (column, value) in self.partition_by.iter().zip(&state.key_values) {
+                row.set(column.clone(), value.clone());
+            }
+            row.set(
+                self.frontier.alias.clone(),
+                Value::Timestamp(state.frontier),
+            );
+            for (m, v) in self.measures.iter().zip(&values) {
+                row.set(m.aggregate.output.clone(), v.clone());
+            }
+            out.push(row);
+            state.last_emitted = Some(values);
+            self.dirty.insert(key.to_vec());
+        }
+        state.timer = self.next_change(&state);
+        if let Some(t) = state.timer {
+            self.timers.insert((t, key.to_vec()));
+        }
+        let forgettable = self.lifetime.is_empty()
+            && state.events.is_empty()
+            && state
+                .last_emitted
+                .as_ref()
+                .is_none_or(|v| same_values(v, &empty));
+        if forgettable {
+            self.dirty.insert(key.to_vec());
+            self.rows_removed += 1;
+        } else {
+            self.keys.insert(key.to_vec(), state);
+        }
+    }
+
+    /// Brings every key whose values change by `frontier` to it and emits
+    /// those that changed.
+    fn fire_timers(&mut self, frontier: TimestampMicros, out: &mut Vec<Row>) {
+        while let Some((t, key)) = self.timers.first().cloned() {
+            if t > frontier {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(mut state) = self.keys.remove(&key) {
+                state.timer = None;
+                self.advance(&mut state, frontier);
+                self.keys.insert(key.clone(), state);
+                self.dirty.insert(key.clone());
+                self.settle(&key, out);
+            }
+        }
+    }
+
+    fn encode_state(&self, state: &KeyState) -> Vec<u8> {
+        let mut out = vec![1u8];
+        out.extend((state.key_values.len() as u16).to_le_bytes());
+        for v in &state.key_values {
+            put_value(v, &mut out);
+        }
+        out.extend(state.frontier.to_le_bytes());
+        match &state.last_emitted {
+            None => out.push(0),
+            Some(values) => {
+                out.push(1);
+                for v in values {
+                    put_value(v, &mut out);
+                }
+            }
+        }
+        for (slot, &i) in self.lifetime.iter().enumerate() {
+            let bytes = self.measures[i]
+                .aggregate
+                .function
+                .encode(&state.lifetime[slot]);
+            out.extend((bytes.len() as u32).to_le_bytes());
+            out.extend(bytes);
+        }
+        // Events that already left some range are kept in full: the ranges
+        // are rebuilt from the frontier when the state is read back.
+        out.extend((state.events.len() as u32).to_le_bytes());
+        out.extend((state.entered as u32).to_le_bytes());
+        for e in &state.events {
+            out.extend(e.time.to_le_bytes());
+            for v in &e.inputs {
+                put_value(v, &mut out);
+            }
+        }
+        out
+    }
+
+    fn decode_state(&self, bytes: &[u8]) -> Result<KeyState> {
+        let mut r = Reader(bytes);
+        if r.u8()? != 1 {
+            return Err(corrupt("unknown rolling state version"));
+        }
+        let n = r.u16()? as usize;
+        let key_values = (0..n).map(|_| r.value()).collect::<Result<Vec<_>>>()?;
+        let mut state = self.new_key(key_values);
+        let frontier = r.i64()?;
+        state.last_emitted = match r.u8()? {
+            0 => None,
+            _ => Some(
+                (0..self.measures.len())
+                    .map(|_| r.value())
+                    .collect::<Result<_>>()?,
+            ),
+        };
+        for (slot, &i) in self.lifetime.iter().enumerate() {
+            let len = r.u32()? as usize;
+            state.lifetime[slot] = self.measures[i].aggregate.function.decode(r.take(len)?)?;
+        }
+        let events = r.u32()? as usize;
+        let entered = r.u32()? as usize;
+        let mut list = VecDeque::with_capacity(events);
+        for _ in 0..events {
+            let time = r.i64()?;
+            let inputs = (0..self.measures.len())
+                .map(|_| r.value())
+                .collect::<Result<Vec<_>>>()?;
+            list.push_back(Event { time, inputs });
+        }
+        // Replay: entered events enter at the saved frontier (lifetime
+        // measures already hold them), waiting ones stay waiting.
+        let waiting = list.split_off(entered.min(list.len()));
+        state.frontier = frontier;
+        for event in list {
+            let at = state.events.len();
+            state.events.push_back(event);
+            state.entered += 1;
+            self.place_in_ranges(&mut state, at);
+        }
+        self.drop_left_events(&mut state);
+        state.events.extend(waiting);
+        Ok(state)
+    }
+}
+
+/// Whether two tuples of measure values are the same. Doubles within a
+/// relative 1e-12 are: taking values back out of a running sum or moments,
+/// or rebuilding them after a restart in another order, moves the last
+/// bits, which is rounding, not a change worth a row.
+fn same_values(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Value::Double(x), Value::Double(y)) => {
+                x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+            }
+            _ => x == y,
+        })
+}
+
+impl Operator for RollingWindow {
+    fn describe(&self) -> String {
+        let measures: Vec<String> = self
+            .measures
+            .iter()
+            .map(|m| match m.range_micros {
+                Some(d) => format!(
+                    "{} over {}",
+                    m.aggregate.output,
+                    crate::duration::format_duration(std::time::Duration::from_micros(d as u64))
+                ),
+                None => format!("{} (lifetime)", m.aggregate.output),
+            })
+            .collect();
+        format!(
+            "RollingWindow[partition_by={:?}, order_by={}, frontier={} - {}us as {}, measures=[{}]]",
+            self.partition_by
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            self.order_by,
+            match self.frontier.basis {
+                FrontierBasis::ProcessingTime => "processing_time",
+                FrontierBasis::EventTime => "watermark",
+            },
+            self.frontier.delay_micros,
+            self.frontier.alias,
+            measures.join(", ")
+        )
+    }
+
+    fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let time = match row.get(&self.order_by) {
+            Some(Value::Timestamp(t)) => *t,
+            // Epoch milliseconds, as event time accepts them.
+            Some(Value::Long(ms)) => ms.saturating_mul(1000),
+            Some(Value::Null) | None => {
+                return Err(Error::Expression {
+                    expression: self.order_by.to_string(),
+                    reason: "the order_by column is missing or null".into(),
+                })
+            }
+            Some(other) => {
+                return Err(Error::Expression {
+                    expression: self.order_by.to_string(),
+                    reason: format!("the order_by column must be a timestamp, got {other:?}"),
+                })
+            }
+        };
+        // The watermark in effect in this batch (not the lagged late-row
+        // threshold of window aggregation); none before the first event.
+        if ctx.watermark > 0 && time <= ctx.watermark {
+            self.dropped_by_watermark += 1;
+            if ctx.collect_late_rows {
+                self.late_rows.push(row);
+            }
+            return Ok(());
+        }
+        let key_values: Vec<Value> = self
+            .partition_by
+            .iter()
+            .map(|c| row.get(c).cloned().unwrap_or(Value::Null))
+            .collect();
+        let key = encode_key(&key_values);
+        let frontier = self.frontier_at(ctx);
+        let mut state = match self.keys.remove(&key) {
+            Some(s) => s,
+            None => self.new_key(key_values),
+        };
+        self.advance(&mut state, frontier);
+        self.accept(&mut state, time, &row);
+        self.keys.insert(key.clone(), state);
+        self.dirty.insert(key.clone());
+        if ctx.real_time {
+            self.settle(&key, out);
+        } else {
+            self.touched.insert(key);
+        }
+        Ok(())
+    }
+
+    fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let frontier = self.frontier_at(ctx);
+        self.fire_timers(frontier, out);
+        for key in std::mem::take(&mut self.touched) {
+            if let Some(state) = self.keys.get_mut(&key) {
+                if state.frontier < frontier {
+                    let mut s = self.keys.remove(&key).expect("present");
+                    self.advance(&mut s, frontier);
+                    self.keys.insert(key.clone(), s);
+                }
+            }
+            self.settle(&key, out);
+        }
+        Ok(())
+    }
+
+    fn take_late_rows(&mut self) -> Vec<Row> {
+        std::mem::take(&mut self.late_rows)
+    }
+
+    fn is_stateful(&self) -> bool {
+        true
+    }
+
+    fn open_state(
+        &mut self,
+        store: Box<dyn StateStore>,
+        _cache_bytes: Option<usize>,
+    ) -> Result<()> {
+        self.keys.clear();
+        self.timers.clear();
+        for (key, bytes) in store.prefix(b"")? {
+            let mut state = self.decode_state(&bytes)?;
+            state.timer = self.next_change(&state);
+            if let Some(t) = state.timer {
+                self.timers.insert((t, key.clone()));
+            }
+            self.keys.insert(key, state);
+        }
+        self.store = Some(store);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        let Some(mut store) = self.store.take() else {
+            self.dirty.clear();
+            return Ok(());
+        };
+        let result = (|| {
+            for key in std::mem::take(&mut self.dirty) {
+                match self.keys.get(&key) {
+                    Some(state) => store.put(&key, &self.encode_state(state))?,
+                    None => store.delete(&key)?,
+                }
+                self.rows_updated += 1;
+            }
+            store.flush()
+        })();
+        self.store = Some(store);
+        Ok(result?)
+    }
+
+    fn state_progress(&mut self) -> Option<StateOperatorProgress> {
+        let events: usize = self.keys.values().map(|s| s.events.len()).sum();
+        let mut custom_metrics = std::collections::BTreeMap::new();
+        custom_metrics.insert("numEventsInRanges".to_string(), events as u64);
+        Some(StateOperatorProgress {
+            operator_name: "rollingWindow".into(),
+            num_rows_total: self.keys.len() as u64,
+            num_rows_updated: std::mem::take(&mut self.rows_updated),
+            num_rows_removed: std::mem::take(&mut self.rows_removed),
+            num_rows_dropped_by_watermark: std::mem::take(&mut self.dropped_by_watermark),
+            memory_used_bytes: (self.keys.len() * 256 + events * (32 + 24 * self.bounded.len()))
+                as u64,
+            custom_metrics,
+        })
+    }
+}
