@@ -1228,6 +1228,77 @@ sink: {kind: jsonl, path: out.jsonl}
         assert!(e.message.contains("months and years"), "{e}");
     }
 
+    const ROLLING: &str = r#"
+name: fraud
+source: {kind: kafka, topic: payments, schema: {ts: timestamp, card: string, amount: double}}
+event_time: ts
+steps:
+  - rolling_window:
+      partition_by: [card]
+      frontier: {delay: 0 seconds, alias: frontier}
+      measures: [{fn: sum, column: amount, range: 10 minutes, as: sum_10m}, {fn: count, column: amount, as: n}]
+output_mode: update
+trigger: {real_time: 5 minutes}
+sink: {kind: kafka, topic: alerts}
+"#;
+
+    #[test]
+    fn rolling_windows_and_the_real_time_trigger_read_and_check() {
+        let file = PipelineFile::parse(ROLLING).unwrap();
+        assert_eq!(
+            file.trigger.0,
+            Trigger::RealTime {
+                checkpoint_interval: std::time::Duration::from_secs(300)
+            }
+        );
+        let query = file.query_builder().unwrap().build().unwrap();
+        assert!(
+            query.describe()[0].contains("sum_10m over 10 minutes"),
+            "{:?}",
+            query.describe()
+        );
+
+        let append = ROLLING.replace("output_mode: update", "output_mode: append");
+        let err = PipelineFile::parse(&append)
+            .unwrap()
+            .query_builder()
+            .unwrap()
+            .build()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("only update output mode"), "{err}");
+
+        let exactly_once = ROLLING.replace(
+            "name: fraud",
+            "name: fraud\nprocessing_guarantee: exactly_once",
+        );
+        let err = PipelineFile::parse(&exactly_once).unwrap_err().to_string();
+        assert!(err.contains("at-least-once"), "{err}");
+
+        let event_time_without_watermark =
+            ROLLING.replace("alias: frontier}", "alias: frontier, basis: event_time}");
+        let err = PipelineFile::parse(&event_time_without_watermark)
+            .unwrap()
+            .query_builder()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("follows the watermark"), "{err}");
+
+        let range_in_window_aggregate = GOOD.replace(
+            "{fn: count, as: count}",
+            "{fn: count, as: count, range: 1 minute}",
+        );
+        let err = PipelineFile::parse(&range_in_window_aggregate)
+            .unwrap()
+            .query_builder()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("rolling_window measures"), "{err}");
+    }
+
     #[test]
     fn a_grouping_off_the_record_key_splits_at_the_repartition_topic() {
         let text = r#"

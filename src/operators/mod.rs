@@ -86,6 +86,14 @@ pub trait Operator: Send {
         Vec::new()
     }
 
+    /// Whether a batch at `ctx` would emit without new rows (rolling
+    /// windows whose events leave their ranges as processing time moves):
+    /// the query then runs a batch even when no data arrived, as Spark does
+    /// for processing-time timeouts.
+    fn wants_batch(&self, _ctx: &BatchContext) -> bool {
+        false
+    }
+
     /// Whether this operator keeps state that must survive a restart.
     fn is_stateful(&self) -> bool {
         false

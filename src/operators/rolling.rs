@@ -825,7 +825,7 @@ impl Operator for RollingWindow {
             })
             .collect();
         format!(
-            "RollingWindow[partition_by={:?}, order_by={}, frontier={} - {}us as {}, measures=[{}]]",
+            "RollingWindow[partition_by={:?}, order_by={}, frontier={} - {} as {}, measures=[{}]]",
             self.partition_by
                 .iter()
                 .map(|c| c.to_string())
@@ -835,7 +835,9 @@ impl Operator for RollingWindow {
                 FrontierBasis::ProcessingTime => "processing_time",
                 FrontierBasis::EventTime => "watermark",
             },
-            self.frontier.delay_micros,
+            crate::duration::format_duration(std::time::Duration::from_micros(
+                self.frontier.delay_micros.max(0) as u64
+            )),
             self.frontier.alias,
             measures.join(", ")
         )
@@ -905,6 +907,12 @@ impl Operator for RollingWindow {
             self.settle(&key, out);
         }
         Ok(())
+    }
+
+    fn wants_batch(&self, ctx: &BatchContext) -> bool {
+        self.timers
+            .first()
+            .is_some_and(|(t, _)| *t <= self.frontier_at(ctx))
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {

@@ -902,7 +902,18 @@ impl Query {
                 .records
                 .iter()
                 .any(|r| !restoring.contains_key(&r.position.partition));
-            if !has_records && !watermark_pending && !real_time {
+            let timers_due = !has_records
+                && !real_time
+                && tasks.values().any(|t| {
+                    let ctx = t.context(
+                        batch_id,
+                        self.builder.clock.batch_time(batch_id),
+                        collect_late,
+                        real_time,
+                    );
+                    t.operators.iter().any(|op| op.wants_batch(&ctx))
+                });
+            if !has_records && !watermark_pending && !timers_due && !real_time {
                 if exhausted {
                     break;
                 }
