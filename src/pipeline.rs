@@ -956,14 +956,11 @@ impl PipelineFile {
         if self.source.kind != SourceKind::Kafka {
             return None;
         }
-        let at = self
-            .steps
-            .iter()
-            .position(|s| matches!(s, StepSpec::WindowAggregate(_)))?;
-        let StepSpec::WindowAggregate(grouping) = &self.steps[at] else {
-            return None;
-        };
-        let keys = grouping.keys.clone();
+        let (at, keys) = self.steps.iter().enumerate().find_map(|(i, s)| match s {
+            StepSpec::WindowAggregate(w) => Some((i, w.keys.clone())),
+            StepSpec::RollingWindow(r) => Some((i, r.partition_by.clone())),
+            _ => None,
+        })?;
         let on_record_key = self.source.keyed_by.as_ref().is_some_and(|k| {
             let mut a = k.clone();
             let mut b = keys.clone();

@@ -116,7 +116,7 @@ fn batches() -> impl Strategy<Value = Vec<Batch>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
     fn rolling_window_matches_brute_force(batches in batches()) {
@@ -180,7 +180,7 @@ proptest! {
             prop_assert_eq!(
                 actual.keys().collect::<Vec<_>>(),
                 expected.keys().collect::<Vec<_>>(),
-                "batch {}: keys that emitted", batch_id
+                "batch {}: keys that emitted {:?}, model's last {:?}", batch_id, actual, last
             );
             for (key, want) in &expected {
                 let got = &actual[key];

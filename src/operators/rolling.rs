@@ -14,7 +14,7 @@
 //! every range; memory is proportional to the events inside the ranges.
 
 use super::state_codec::{corrupt, put_value, Reader};
-use super::{encode_key, AggregateInput, AggregateSpec, BatchContext, Operator};
+use super::{encode_key_into, AggregateInput, AggregateSpec, BatchContext, Operator};
 use crate::aggregate::{Accumulator, AggregateFn, MomentsAcc};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -364,12 +364,38 @@ struct KeyState {
     /// When the key's values next change as the frontier moves: the
     /// registered timer.
     timer: Option<TimestampMicros>,
+    /// Listed in `touched` (micro-batch: settles at the batch's end).
+    touched: bool,
+    /// Listed in `dirty` (written at the next checkpoint).
+    dirty: bool,
 }
 
 /// The rolling-window operator. Output mode update only; one row per key
 /// whose measure values changed (micro-batch: at most one per batch, at the
 /// batch's frontier; real-time: whenever they change).
 pub struct RollingWindow {
+    spec: RollingSpec,
+    keys: HashMap<Vec<u8>, Box<KeyState>>,
+    /// (time, key) of the next change of every key whose values will
+    /// change as the frontier moves.
+    timers: BTreeSet<(TimestampMicros, Vec<u8>)>,
+    /// Keys touched in this batch (micro-batch mode).
+    touched: Vec<Vec<u8>>,
+    /// Keys changed (or forgotten) since the last checkpoint.
+    dirty: Vec<Vec<u8>>,
+    /// The key of the row at hand, reused.
+    key_buffer: Vec<u8>,
+    store: Option<Box<dyn StateStore>>,
+    dropped_by_watermark: u64,
+    late_rows: Vec<Row>,
+    rows_updated: u64,
+    rows_removed: u64,
+}
+
+/// What the operator computes: columns, frontier and measures, and the
+/// per-key logic (kept apart from the keys so that one key's state can be
+/// borrowed while the spec is read).
+struct RollingSpec {
     partition_by: Vec<Arc<str>>,
     order_by: Arc<str>,
     frontier: FrontierSpec,
@@ -377,19 +403,8 @@ pub struct RollingWindow {
     bounded: Vec<usize>,
     lifetime: Vec<usize>,
     measures: Vec<RollingMeasure>,
-    keys: HashMap<Vec<u8>, KeyState>,
-    /// (time, key) of the next change of every key whose values will
-    /// change as the frontier moves.
-    timers: BTreeSet<(TimestampMicros, Vec<u8>)>,
-    /// Keys touched in this batch (micro-batch mode).
-    touched: BTreeSet<Vec<u8>>,
-    /// Keys changed since the last checkpoint.
-    dirty: BTreeSet<Vec<u8>>,
-    store: Option<Box<dyn StateStore>>,
-    dropped_by_watermark: u64,
-    late_rows: Vec<Row>,
-    rows_updated: u64,
-    rows_removed: u64,
+    /// The values of a key that never emitted: counts 0, others null.
+    empty: Vec<Value>,
 }
 
 impl RollingWindow {
@@ -452,17 +467,28 @@ impl RollingWindow {
         let lifetime = (0..measures.len())
             .filter(|&i| measures[i].range_micros.is_none())
             .collect();
+        let empty = measures
+            .iter()
+            .map(|m| {
+                let f = &m.aggregate.function;
+                f.finish(&f.zero())
+            })
+            .collect();
         Ok(RollingWindow {
-            partition_by: partition_by.iter().map(|c| Arc::from(c.as_ref())).collect(),
-            order_by: Arc::from(order_by),
-            frontier,
-            bounded,
-            lifetime,
-            measures,
+            spec: RollingSpec {
+                partition_by: partition_by.iter().map(|c| Arc::from(c.as_ref())).collect(),
+                order_by: Arc::from(order_by),
+                frontier,
+                bounded,
+                lifetime,
+                measures,
+                empty,
+            },
             keys: HashMap::default(),
             timers: BTreeSet::new(),
-            touched: BTreeSet::new(),
-            dirty: BTreeSet::new(),
+            touched: Vec::new(),
+            dirty: Vec::new(),
+            key_buffer: Vec::new(),
             store: None,
             dropped_by_watermark: 0,
             late_rows: Vec::new(),
@@ -473,12 +499,88 @@ impl RollingWindow {
 
     /// The output columns: partition keys, frontier, measures.
     pub fn output_columns(&self) -> Vec<Arc<str>> {
-        let mut out = self.partition_by.clone();
-        out.push(self.frontier.alias.clone());
-        out.extend(self.measures.iter().map(|m| m.aggregate.output.clone()));
+        let spec = &self.spec;
+        let mut out = spec.partition_by.clone();
+        out.push(spec.frontier.alias.clone());
+        out.extend(spec.measures.iter().map(|m| m.aggregate.output.clone()));
         out
     }
 
+    /// Marks `key` to be written at the next checkpoint.
+    fn mark_dirty(dirty: &mut Vec<Vec<u8>>, state: &mut KeyState, key: &[u8]) {
+        if !state.dirty {
+            state.dirty = true;
+            dirty.push(key.to_vec());
+        }
+    }
+
+    /// Emits the key's row if its values changed, re-registers its timer,
+    /// and forgets a key with nothing left to remember.
+    fn settle(&mut self, key: &[u8], out: &mut Vec<Row>) {
+        let spec = &self.spec;
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let values = spec.values(state);
+        let last = state.last_emitted.as_ref().unwrap_or(&spec.empty);
+        if !same_values(last, &values) {
+            let mut row = Row::new();
+            for (column, value) in spec.partition_by.iter().zip(&state.key_values) {
+                row.set(column.clone(), value.clone());
+            }
+            row.set(
+                spec.frontier.alias.clone(),
+                Value::Timestamp(state.frontier),
+            );
+            for (m, v) in spec.measures.iter().zip(&values) {
+                row.set(m.aggregate.output.clone(), v.clone());
+            }
+            out.push(row);
+            state.last_emitted = Some(values);
+            Self::mark_dirty(&mut self.dirty, state, key);
+        }
+        let next = spec.next_change(state);
+        if next != state.timer {
+            if let Some(t) = state.timer {
+                self.timers.remove(&(t, key.to_vec()));
+            }
+            if let Some(t) = next {
+                self.timers.insert((t, key.to_vec()));
+            }
+            state.timer = next;
+        }
+        let forgettable = spec.lifetime.is_empty()
+            && state.events.is_empty()
+            && state
+                .last_emitted
+                .as_ref()
+                .is_none_or(|v| same_values(v, &spec.empty));
+        if forgettable {
+            Self::mark_dirty(&mut self.dirty, state, key);
+            self.keys.remove(key);
+            self.rows_removed += 1;
+        }
+    }
+
+    /// Brings every key whose values change by `frontier` to it and emits
+    /// those that changed.
+    fn fire_timers(&mut self, frontier: TimestampMicros, out: &mut Vec<Row>) {
+        while let Some((t, key)) = self.timers.first().cloned() {
+            if t > frontier {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(state) = self.keys.get_mut(&key) {
+                state.timer = None;
+                self.spec.advance(state, frontier);
+                Self::mark_dirty(&mut self.dirty, state, &key);
+                self.settle(&key, out);
+            }
+        }
+    }
+}
+
+impl RollingSpec {
     /// The frontier for `ctx`: in real-time mode it moves with the wall
     /// clock; otherwise it is fixed for the batch.
     fn frontier_at(&self, ctx: &BatchContext) -> TimestampMicros {
@@ -509,6 +611,8 @@ impl RollingWindow {
             last_emitted: None,
             frontier: TimestampMicros::MIN,
             timer: None,
+            touched: false,
+            dirty: false,
         }
     }
 
@@ -637,81 +741,6 @@ impl RollingWindow {
         values
     }
 
-    /// The values of a key that never emitted: counts 0, others null.
-    fn empty_values(&self) -> Vec<Value> {
-        self.measures
-            .iter()
-            .map(|m| {
-                let f = &m.aggregate.function;
-                f.finish(&f.zero())
-            })
-            .collect()
-    }
-
-    /// Re-registers the key's timer, emits its row if its values changed,
-    /// and forgets a key with nothing left to remember.
-    fn settle(&mut self, key: &[u8], out: &mut Vec<Row>) {
-        let Some(mut state) = self.keys.remove(key) else {
-            return;
-        };
-        if let Some(t) = state.timer.take() {
-            self.timers.remove(&(t, key.to_vec()));
-        }
-        let values = self.values(&state);
-        let empty = self.empty_values();
-        let last = state.last_emitted.as_ref().unwrap_or(&empty);
-        if !same_values(last, &values) {
-            let mut row = Row::new();
-            for (column, value) in self.partition_by.iter().zip(&state.key_values) {
-                row.set(column.clone(), value.clone());
-            }
-            row.set(
-                self.frontier.alias.clone(),
-                Value::Timestamp(state.frontier),
-            );
-            for (m, v) in self.measures.iter().zip(&values) {
-                row.set(m.aggregate.output.clone(), v.clone());
-            }
-            out.push(row);
-            state.last_emitted = Some(values);
-            self.dirty.insert(key.to_vec());
-        }
-        state.timer = self.next_change(&state);
-        if let Some(t) = state.timer {
-            self.timers.insert((t, key.to_vec()));
-        }
-        let forgettable = self.lifetime.is_empty()
-            && state.events.is_empty()
-            && state
-                .last_emitted
-                .as_ref()
-                .is_none_or(|v| same_values(v, &empty));
-        if forgettable {
-            self.dirty.insert(key.to_vec());
-            self.rows_removed += 1;
-        } else {
-            self.keys.insert(key.to_vec(), state);
-        }
-    }
-
-    /// Brings every key whose values change by `frontier` to it and emits
-    /// those that changed.
-    fn fire_timers(&mut self, frontier: TimestampMicros, out: &mut Vec<Row>) {
-        while let Some((t, key)) = self.timers.first().cloned() {
-            if t > frontier {
-                break;
-            }
-            self.timers.pop_first();
-            if let Some(mut state) = self.keys.remove(&key) {
-                state.timer = None;
-                self.advance(&mut state, frontier);
-                self.keys.insert(key.clone(), state);
-                self.dirty.insert(key.clone());
-                self.settle(&key, out);
-            }
-        }
-    }
-
     fn encode_state(&self, state: &KeyState) -> Vec<u8> {
         let mut out = vec![1u8];
         out.extend((state.key_values.len() as u16).to_le_bytes());
@@ -796,15 +825,16 @@ impl RollingWindow {
     }
 }
 
-/// Whether two tuples of measure values are the same. Doubles within a
-/// relative 1e-12 are: taking values back out of a running sum or moments,
-/// or rebuilding them after a restart in another order, moves the last
-/// bits, which is rounding, not a change worth a row.
+/// Whether two tuples of measure values are the same. Doubles within 1e-12
+/// of each other, relative to the larger (or to 1 below it), are: taking
+/// values back out of a running sum or moments, or rebuilding them after a
+/// restart in another order, moves the last bits (an average of 0 read back
+/// as 1.1e-16), which is rounding, not a change worth a row.
 fn same_values(a: &[Value], b: &[Value]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| match (x, y) {
             (Value::Double(x), Value::Double(y)) => {
-                x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+                x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0)
             }
             _ => x == y,
         })
@@ -812,7 +842,8 @@ fn same_values(a: &[Value], b: &[Value]) -> bool {
 
 impl Operator for RollingWindow {
     fn describe(&self) -> String {
-        let measures: Vec<String> = self
+        let spec = &self.spec;
+        let measures: Vec<String> = spec
             .measures
             .iter()
             .map(|m| match m.range_micros {
@@ -826,37 +857,38 @@ impl Operator for RollingWindow {
             .collect();
         format!(
             "RollingWindow[partition_by={:?}, order_by={}, frontier={} - {} as {}, measures=[{}]]",
-            self.partition_by
+            spec.partition_by
                 .iter()
                 .map(|c| c.to_string())
                 .collect::<Vec<_>>(),
-            self.order_by,
-            match self.frontier.basis {
+            spec.order_by,
+            match spec.frontier.basis {
                 FrontierBasis::ProcessingTime => "processing_time",
                 FrontierBasis::EventTime => "watermark",
             },
             crate::duration::format_duration(std::time::Duration::from_micros(
-                self.frontier.delay_micros.max(0) as u64
+                spec.frontier.delay_micros.max(0) as u64
             )),
-            self.frontier.alias,
+            spec.frontier.alias,
             measures.join(", ")
         )
     }
 
     fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
-        let time = match row.get(&self.order_by) {
+        let spec = &self.spec;
+        let time = match row.get(&spec.order_by) {
             Some(Value::Timestamp(t)) => *t,
             // Epoch milliseconds, as event time accepts them.
             Some(Value::Long(ms)) => ms.saturating_mul(1000),
             Some(Value::Null) | None => {
                 return Err(Error::Expression {
-                    expression: self.order_by.to_string(),
+                    expression: spec.order_by.to_string(),
                     reason: "the order_by column is missing or null".into(),
                 })
             }
             Some(other) => {
                 return Err(Error::Expression {
-                    expression: self.order_by.to_string(),
+                    expression: spec.order_by.to_string(),
                     reason: format!("the order_by column must be a timestamp, got {other:?}"),
                 })
             }
@@ -870,39 +902,45 @@ impl Operator for RollingWindow {
             }
             return Ok(());
         }
-        let key_values: Vec<Value> = self
-            .partition_by
-            .iter()
-            .map(|c| row.get(c).cloned().unwrap_or(Value::Null))
-            .collect();
-        let key = encode_key(&key_values);
-        let frontier = self.frontier_at(ctx);
-        let mut state = match self.keys.remove(&key) {
-            Some(s) => s,
-            None => self.new_key(key_values),
-        };
-        self.advance(&mut state, frontier);
-        self.accept(&mut state, time, &row);
-        self.keys.insert(key.clone(), state);
-        self.dirty.insert(key.clone());
+        let null = Value::Null;
+        let mut key = std::mem::take(&mut self.key_buffer);
+        encode_key_into(
+            spec.partition_by
+                .iter()
+                .map(|c| row.get(c).unwrap_or(&null)),
+            &mut key,
+        );
+        let frontier = spec.frontier_at(ctx);
+        if !self.keys.contains_key(&key) {
+            let key_values = spec
+                .partition_by
+                .iter()
+                .map(|c| row.get(c).cloned().unwrap_or(Value::Null))
+                .collect();
+            self.keys
+                .insert(key.clone(), Box::new(spec.new_key(key_values)));
+        }
+        let state = self.keys.get_mut(&key).expect("inserted above");
+        spec.advance(state, frontier);
+        spec.accept(state, time, &row);
+        Self::mark_dirty(&mut self.dirty, state, &key);
         if ctx.real_time {
             self.settle(&key, out);
-        } else {
-            self.touched.insert(key);
+        } else if !state.touched {
+            state.touched = true;
+            self.touched.push(key.clone());
         }
+        self.key_buffer = key;
         Ok(())
     }
 
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
-        let frontier = self.frontier_at(ctx);
+        let frontier = self.spec.frontier_at(ctx);
         self.fire_timers(frontier, out);
         for key in std::mem::take(&mut self.touched) {
             if let Some(state) = self.keys.get_mut(&key) {
-                if state.frontier < frontier {
-                    let mut s = self.keys.remove(&key).expect("present");
-                    self.advance(&mut s, frontier);
-                    self.keys.insert(key.clone(), s);
-                }
+                state.touched = false;
+                self.spec.advance(state, frontier);
             }
             self.settle(&key, out);
         }
@@ -912,7 +950,7 @@ impl Operator for RollingWindow {
     fn wants_batch(&self, ctx: &BatchContext) -> bool {
         self.timers
             .first()
-            .is_some_and(|(t, _)| *t <= self.frontier_at(ctx))
+            .is_some_and(|(t, _)| *t <= self.spec.frontier_at(ctx))
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {
@@ -930,35 +968,42 @@ impl Operator for RollingWindow {
     ) -> Result<()> {
         self.keys.clear();
         self.timers.clear();
+        self.touched.clear();
+        self.dirty.clear();
         for (key, bytes) in store.prefix(b"")? {
-            let mut state = self.decode_state(&bytes)?;
-            state.timer = self.next_change(&state);
+            let mut state = self.spec.decode_state(&bytes)?;
+            state.timer = self.spec.next_change(&state);
             if let Some(t) = state.timer {
                 self.timers.insert((t, key.clone()));
             }
-            self.keys.insert(key, state);
+            self.keys.insert(key, Box::new(state));
         }
         self.store = Some(store);
         Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<()> {
-        let Some(mut store) = self.store.take() else {
-            self.dirty.clear();
+        let dirty = std::mem::take(&mut self.dirty);
+        let Some(store) = self.store.as_mut() else {
+            for key in dirty {
+                if let Some(state) = self.keys.get_mut(&key) {
+                    state.dirty = false;
+                }
+            }
             return Ok(());
         };
-        let result = (|| {
-            for key in std::mem::take(&mut self.dirty) {
-                match self.keys.get(&key) {
-                    Some(state) => store.put(&key, &self.encode_state(state))?,
-                    None => store.delete(&key)?,
+        for key in dirty {
+            match self.keys.get_mut(&key) {
+                Some(state) => {
+                    state.dirty = false;
+                    store.put(&key, &self.spec.encode_state(state))?;
                 }
-                self.rows_updated += 1;
+                None => store.delete(&key)?,
             }
-            store.flush()
-        })();
-        self.store = Some(store);
-        Ok(result?)
+            self.rows_updated += 1;
+        }
+        store.flush()?;
+        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
@@ -971,7 +1016,8 @@ impl Operator for RollingWindow {
             num_rows_updated: std::mem::take(&mut self.rows_updated),
             num_rows_removed: std::mem::take(&mut self.rows_removed),
             num_rows_dropped_by_watermark: std::mem::take(&mut self.dropped_by_watermark),
-            memory_used_bytes: (self.keys.len() * 256 + events * (32 + 24 * self.bounded.len()))
+            memory_used_bytes: (self.keys.len() * 256
+                + events * (32 + 24 * self.spec.measures.len()))
                 as u64,
             custom_metrics,
         })

@@ -6,7 +6,7 @@ use super::sink::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,8 +55,7 @@ impl KafkaChangelogWriter {
             // Committed with the transaction.
             return Ok(());
         }
-        self.producer
-            .flush(Duration::from_secs(60))
+        super::sink::flush_producer(&self.producer, Duration::from_secs(60))
             .map_err(|e| Error::Sink(format!("flushing changelogs: {e}")))?;
         match self.tracker.take_failures().first() {
             Some(e) => Err(Error::Sink(format!(

@@ -3,7 +3,7 @@
 
 use super::sink::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
@@ -80,7 +80,7 @@ impl DeadLetter for KafkaDeadLetter {
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.producer.flush(Duration::from_secs(60)).map_err(|e| {
+        super::sink::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
         })?;
         if let Some(first) = self.tracker.take_failures().first() {
