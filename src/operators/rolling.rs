@@ -1023,3 +1023,102 @@ impl Operator for RollingWindow {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::Aggregator;
+
+    /// A user aggregate: the number of even values.
+    struct CountEven;
+    impl Aggregator for CountEven {
+        type Acc = i64;
+        fn zero(&self) -> i64 {
+            0
+        }
+        fn reduce(&self, acc: &mut i64, v: &Value) {
+            if matches!(v, Value::Long(x) if x % 2 == 0) {
+                *acc += 1;
+            }
+        }
+        fn merge(&self, acc: &mut i64, other: &i64) {
+            *acc += other;
+        }
+        fn finish(&self, acc: &i64) -> Value {
+            Value::Long(*acc)
+        }
+    }
+
+    const SECOND: i64 = 1_000_000;
+
+    fn batch(op: &mut RollingWindow, at_seconds: i64, rows: &[(i64, i64)]) -> Vec<Row> {
+        let ctx = BatchContext {
+            batch_id: 0,
+            processing_time: at_seconds * SECOND,
+            late_threshold: 0,
+            watermark: 0,
+            collect_late_rows: false,
+            real_time: false,
+        };
+        let mut out = Vec::new();
+        for (t, v) in rows {
+            let mut row = Row::new();
+            row.set("k", Value::from("a"));
+            row.set("t", Value::Timestamp(t * SECOND));
+            row.set("v", Value::Long(*v));
+            op.on_row(row, &ctx, &mut out).unwrap();
+        }
+        op.on_batch_end(&ctx, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn user_aggregates_and_sketches_roll_through_two_stacks() {
+        let even = AggregateSpec::new(
+            AggregateFn::custom("count_even", CountEven),
+            AggregateInput::Column("v".into()),
+        );
+        let distinct = AggregateSpec::new(
+            AggregateFn::approx_count_distinct(0.01),
+            AggregateInput::Column("v".into()),
+        );
+        let mut op = RollingWindow::new(
+            &["k"],
+            "t",
+            FrontierSpec::default(),
+            vec![
+                RollingMeasure::new(even).over("10 seconds").unwrap(),
+                RollingMeasure::new(distinct).over("10 seconds").unwrap(),
+            ],
+        )
+        .unwrap();
+        let values = |rows: &[Row]| -> Vec<(Value, Value)> {
+            rows.iter()
+                .map(|r| {
+                    (
+                        r.get("count_even(v)").cloned().unwrap(),
+                        r.get("approx_count_distinct(v)").cloned().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        // At 100 s: values 2, 4, 4, 7 at 91..94 s (all inside [90, 100]).
+        let out = batch(&mut op, 100, &[(91, 2), (92, 4), (93, 4), (94, 7)]);
+        assert_eq!(values(&out), vec![(Value::Long(3), Value::Long(3))]);
+        // At 102 s the range is [92, 102]: the 2 left.
+        let out = batch(&mut op, 102, &[]);
+        assert_eq!(values(&out), vec![(Value::Long(2), Value::Long(2))]);
+        // An out-of-order 6 at 93 s lands among the oldest events.
+        let out = batch(&mut op, 102, &[(93, 6)]);
+        assert_eq!(values(&out), vec![(Value::Long(3), Value::Long(3))]);
+        // At 103 s the range is [93, 103]: 92's 4 left; at 104 s, 93's 4
+        // and 6 left too.
+        let out = batch(&mut op, 103, &[]);
+        assert_eq!(values(&out), vec![(Value::Long(2), Value::Long(3))]);
+        let out = batch(&mut op, 104, &[]);
+        assert_eq!(values(&out), vec![(Value::Long(0), Value::Long(1))]);
+        // Everything gone: zero of each, as a key that never emitted.
+        let out = batch(&mut op, 200, &[]);
+        assert_eq!(values(&out), vec![(Value::Long(0), Value::Long(0))]);
+    }
+}

@@ -792,6 +792,13 @@ impl Query {
                 };
                 let t = Instant::now();
                 let batch = source.next_batch(&request)?;
+                if real_time && batch.records.is_empty() && !batch.exhausted {
+                    // A source with nothing may answer at once (files):
+                    // wait out the poll rather than spin.
+                    if let Some(rest) = request.deadline.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(rest);
+                    }
+                }
                 (batch, t.elapsed().as_millis() as u64)
             };
             exhausted |= batch.exhausted;
@@ -1226,6 +1233,10 @@ impl Query {
             summary.bad_records += bad_records;
             batch_id += 1;
 
+            if real_time && exhausted {
+                // A bounded input (files, tests) ends after its checkpoint.
+                break;
+            }
             if !available_now && !real_time {
                 if let Some(rest) =
                     (trigger_start + interval).checked_duration_since(Instant::now())
@@ -1364,6 +1375,56 @@ mod tests {
         assert_eq!(starts, vec!["2026-01-01T10:00:00Z"], "{:?}", sink.rows);
         assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
         assert_eq!(summary.input_records, 2, "markers are not input rows");
+    }
+
+    #[test]
+    fn real_time_mode_emits_update_rows_per_poll_and_checkpoints_on_the_interval() {
+        // Three polls' worth of records; the checkpoint interval is long,
+        // so all three land in one batch, reported and committed once.
+        let mut source = VecSource::json_batches(vec![
+            vec![r#"{"k": "a", "t": "2026-01-01T10:00:00Z"}"#],
+            vec![
+                r#"{"k": "a", "t": "2026-01-01T10:00:10Z"}"#,
+                r#"{"k": "b", "t": "2026-01-01T10:00:20Z"}"#,
+            ],
+            vec![r#"{"k": "a", "t": "2026-01-01T10:00:30Z"}"#],
+        ]);
+        let mut sink = CollectSink::default();
+        let reports = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = reports.clone();
+        let query = counting("rt", "1 minute", WindowSpec::tumbling("1 minute").unwrap())
+            .output_mode(OutputMode::Update)
+            .trigger(Trigger::RealTime {
+                checkpoint_interval: Duration::from_secs(3600),
+            })
+            .on_progress(move |p: &QueryProgress| seen.lock().unwrap().push(p.clone()))
+            .build()
+            .unwrap();
+        // The input ends after three polls: the batch checkpoints and the
+        // query stops.
+        let summary = query.run(&mut source, &mut sink).unwrap();
+        // Update mode per poll: a=1; then a=2, b=1; then a=3.
+        let counts: Vec<(String, i64)> = sink
+            .rows
+            .iter()
+            .map(|r| {
+                let Some(Value::Long(n)) = r.get("count") else {
+                    panic!("{r:?}")
+                };
+                (r.get("k").unwrap().to_string(), *n)
+            })
+            .collect();
+        let expected = [("a", 1), ("a", 2), ("b", 1), ("a", 3)]
+            .map(|(k, n)| (k.to_string(), n))
+            .to_vec();
+        assert_eq!(counts, expected);
+        assert!(sink.batch_ids.iter().all(|b| *b == 0), "one batch");
+        assert_eq!(sink.committed, vec![0], "one checkpoint, at the end");
+        assert_eq!(summary.input_records, 4);
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].num_input_rows, 4);
+        assert_eq!(source.committed(), 4, "every record committed");
     }
 
     #[derive(serde::Deserialize, serde::Serialize)]
