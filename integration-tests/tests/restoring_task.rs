@@ -13,12 +13,15 @@ use tidemark::runtime::{PendingStore, StateBackend, StopHandle};
 use tidemark_integration_tests::*;
 use tidemark_state::StateStore;
 
+/// Opened (`true`) by the test; restores wait on it.
+type Gate = Arc<(Mutex<bool>, Condvar)>;
+
 /// Delegates to a real backend, but the restore of one partition's stores
 /// waits until the test opens the gate.
 struct GatedBackend {
     inner: Box<dyn StateBackend>,
     gated_partition: i32,
-    gate: Arc<(Mutex<bool>, Condvar)>,
+    gate: Gate,
 }
 
 impl StateBackend for GatedBackend {
@@ -74,7 +77,7 @@ fn start(
     yaml: &str,
     dir: &Path,
     stop: &StopHandle,
-    gate: Option<(i32, Arc<(Mutex<bool>, Condvar)>)>,
+    gate: Option<(i32, Gate)>,
     reports: Arc<Mutex<Vec<QueryProgress>>>,
 ) -> std::thread::JoinHandle<()> {
     let file = PipelineFile::parse(yaml).unwrap();
