@@ -34,11 +34,14 @@ fi
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 
-# ---- independent readers used by the tests (Avro bytes checked by fastavro)
-python3 -c 'import fastavro' 2>/dev/null || {
-  step "installing fastavro"
-  python3 -m pip install -q fastavro || python3 -m pip install -q --break-system-packages fastavro
+# ---- independent readers used by the tests: Avro bytes checked by
+# fastavro, Delta tables read back by the Python `deltalake` package
+# (delta-rs's Python build, its own reader, no Rust of ours)
+pip_install() {
+  python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
 }
+python3 -c 'import fastavro' 2>/dev/null || { step "installing fastavro"; pip_install fastavro; }
+python3 -c 'import deltalake, pyarrow' 2>/dev/null || { step "installing deltalake"; pip_install "deltalake>=1.1" pyarrow; }
 
 # ---- a real broker
 started_kafka=0

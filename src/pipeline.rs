@@ -656,6 +656,19 @@ pub enum SinkKind {
     Kafka,
     /// Standard output, one JSON object per line.
     Stdout,
+    /// A Delta Lake table (local path or object-store URL).
+    Delta,
+}
+
+/// How a Delta sink writes update-mode output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeltaMode {
+    /// Every emitted row appended, with its `batch_id`.
+    #[default]
+    Changes,
+    /// A latest-value table: one row per key, replaced as it changes.
+    Upsert,
 }
 
 /// The `sink:` section.
@@ -688,6 +701,31 @@ pub struct SinkSpec {
     /// Extra librdkafka properties.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// delta, output mode update: `changes` (default) or `upsert` (keyed
+    /// by `key`, default the grouping columns).
+    #[serde(default)]
+    pub mode: Option<DeltaMode>,
+    /// delta: partition columns of a table created by the sink.
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+    /// delta: table properties of a table created by the sink.
+    #[serde(default)]
+    pub table_properties: BTreeMap<String, String>,
+    /// delta: object-store options (credentials, region, endpoint).
+    #[serde(default)]
+    pub storage_options: BTreeMap<String, String>,
+    /// delta: add new nullable columns instead of refusing them.
+    #[serde(default)]
+    pub merge_schema: bool,
+    /// delta, real-time trigger: commit this often (default 1 second).
+    #[serde(default)]
+    pub commit_interval: Option<DurationSpec>,
+    /// delta: a Delta checkpoint every this many commits (default 10).
+    #[serde(default)]
+    pub checkpoint_interval: Option<u64>,
+    /// delta: compact once this many small files exist (default: never).
+    #[serde(default)]
+    pub compact_min_files: Option<usize>,
     /// Set on the writing stage of a repartition: the sink also sends
     /// watermark markers (not settable in a file).
     #[serde(skip)]
@@ -899,11 +937,24 @@ impl PipelineFile {
             }
         }
         if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
-            && (self.source.kind != SourceKind::Kafka || self.sink.kind != SinkKind::Kafka)
+            && (self.source.kind != SourceKind::Kafka
+                || !matches!(self.sink.kind, SinkKind::Kafka | SinkKind::Delta))
         {
             return err(
                 "processing_guarantee",
-                "exactly_once needs a kafka source and a kafka sink (allowed otherwise: at_least_once)",
+                "exactly_once needs a kafka source and a kafka or delta sink (allowed otherwise: at_least_once)",
+            );
+        }
+        if self.sink.kind == SinkKind::Delta && self.sink.path.is_none() {
+            return err(
+                "sink.path",
+                "the delta sink needs `path: <directory or s3://, gs://, abfss:// URL>`",
+            );
+        }
+        if self.sink.kind != SinkKind::Delta && self.sink.mode.is_some() {
+            return err(
+                "sink.mode",
+                "`mode` (changes | upsert) belongs to the delta sink",
             );
         }
         if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
@@ -947,6 +998,24 @@ impl PipelineFile {
             }
         }
         Ok(())
+    }
+
+    /// The columns of the first grouping (window aggregation keys plus
+    /// `window_start` and `window_end`, or a rolling window's partition
+    /// columns): what identifies an output row in update mode.
+    pub fn output_keys(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .find_map(|s| match s {
+                StepSpec::WindowAggregate(w) => {
+                    let mut keys = w.keys.clone();
+                    keys.extend(["window_start".to_string(), "window_end".to_string()]);
+                    Some(keys)
+                }
+                StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
     }
 
     /// The two stages this pipeline runs as, when its first grouping is not
@@ -1001,6 +1070,14 @@ impl PipelineFile {
             avro_schema: None,
             avro_schema_id: None,
             properties: BTreeMap::new(),
+            mode: None,
+            partition_by: Vec::new(),
+            table_properties: BTreeMap::new(),
+            storage_options: BTreeMap::new(),
+            merge_schema: false,
+            commit_interval: None,
+            checkpoint_interval: None,
+            compact_min_files: None,
             repartition_markers: true,
         };
         writer.dead_letter = dead_letter.clone();

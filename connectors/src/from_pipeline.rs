@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
-    DeadLetterKind, Format, PipelineFile, ProcessingGuarantee, RepartitionStages, SinkKind,
-    SinkSpec, SourceKind, StartingOffsets,
+    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, RepartitionStages,
+    SinkKind, SinkSpec, SourceKind, StartingOffsets,
 };
 use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBackend};
 
@@ -117,6 +117,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     } else {
         build_sink(
             &file.sink,
+            file,
             base_dir,
             &source_bootstrap,
             transactions.as_ref(),
@@ -126,6 +127,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     let late_data = match &file.late_data {
         Some(spec) => Some(build_sink(
             spec,
+            file,
             base_dir,
             &source_bootstrap,
             None,
@@ -268,8 +270,60 @@ fn sink_properties(spec: &SinkSpec, real_time: bool) -> BTreeMap<String, String>
     properties
 }
 
+/// A Delta sink for `spec`, writing as `file`'s output mode asks.
+fn delta_sink(
+    spec: &SinkSpec,
+    file: &PipelineFile,
+    base_dir: &Path,
+    real_time: bool,
+) -> Result<crate::delta::DeltaSink> {
+    use crate::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
+    use tidemark::operators::OutputMode;
+    let mode = match (file.output_mode, spec.mode.unwrap_or_default()) {
+        (OutputMode::Append, _) => DeltaWriteMode::Append,
+        (OutputMode::Complete, _) => DeltaWriteMode::Overwrite,
+        (OutputMode::Update, DeltaMode::Changes) => DeltaWriteMode::Changes,
+        (OutputMode::Update, DeltaMode::Upsert) => DeltaWriteMode::Upsert {
+            keys: if spec.key.is_empty() {
+                file.output_keys()
+            } else {
+                spec.key.clone()
+            },
+        },
+    };
+    let path = spec.path.as_deref().unwrap_or_default();
+    let location = if path.contains("://") {
+        path.to_string()
+    } else {
+        resolve(base_dir, path).display().to_string()
+    };
+    let mut config = DeltaSinkConfig::new(
+        &location,
+        &tidemark::runtime::default_query_id(&file.name),
+        mode,
+    );
+    config.partition_by = spec.partition_by.clone();
+    config.table_properties = spec.table_properties.clone();
+    config.storage_options = spec.storage_options.clone();
+    config.merge_schema = spec.merge_schema;
+    if real_time {
+        config.commit_interval = Some(
+            spec.commit_interval
+                .map_or(std::time::Duration::from_secs(1), |d| d.0),
+        );
+    }
+    if let Some(n) = spec.checkpoint_interval {
+        config.checkpoint_every = n;
+    }
+    if let Some(n) = spec.compact_min_files {
+        config.compact_min_files = n;
+    }
+    DeltaSink::new(config)
+}
+
 fn build_sink(
     spec: &SinkSpec,
+    file: &PipelineFile,
     base_dir: &Path,
     default_bootstrap: &str,
     transactions: Option<&SharedTransactions>,
@@ -281,6 +335,7 @@ fn build_sink(
             spec.path.as_deref().unwrap_or("out.jsonl"),
         ))?),
         SinkKind::Stdout => Box::new(StdoutSink),
+        SinkKind::Delta => Box::new(delta_sink(spec, file, base_dir, real_time)?),
         SinkKind::Kafka => {
             let bootstrap = spec
                 .bootstrap

@@ -1,8 +1,9 @@
 //! Sources, sinks, decoders and dead-letter outputs for tidemark: Kafka
-//! (rdkafka), a directory of batch files, JSON-lines files, stdout, and the
-//! Avro format in the Confluent wire format.
+//! (rdkafka), Delta Lake tables, a directory of batch files, JSON-lines
+//! files, stdout, and the Avro format in the Confluent wire format.
 
 pub mod avro;
+pub mod delta;
 pub mod files;
 mod from_pipeline;
 pub mod kafka;

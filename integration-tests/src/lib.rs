@@ -155,3 +155,22 @@ pub fn committed_and_end(group: &str, topic: &str, partitions: i32) -> Vec<(i64,
         })
         .collect()
 }
+
+/// Reads the Delta table at `path` with the Python `deltalake` package
+/// (installed by `scripts/test.sh`): version, schema, partition columns,
+/// files, rows, history and, with `app_id`, its `txn` version.
+pub fn read_delta(path: &std::path::Path, app_id: Option<&str>) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/read_delta.py");
+    let mut command = std::process::Command::new("python3");
+    command.arg(script).arg(path);
+    if let Some(app) = app_id {
+        command.arg(app);
+    }
+    let output = command.output().expect("running python3");
+    assert!(
+        output.status.success(),
+        "read_delta.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("read_delta.py prints JSON")
+}

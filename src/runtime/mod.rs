@@ -6,7 +6,7 @@ mod query;
 pub mod testing;
 
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
-pub use query::{Query, QueryBuilder, RunSummary, StopHandle};
+pub use query::{default_query_id, Query, QueryBuilder, RunSummary, StopHandle};
 
 use crate::error::{Error, Result};
 use crate::record::Record;
@@ -85,6 +85,14 @@ pub trait Source: Send {
     fn release(&mut self, _partition: i32) -> Result<()> {
         Ok(())
     }
+    /// Ends the next batch exactly at `end` (offsets as [`Source::offsets`]
+    /// reports them) where the committed position is behind it, reading
+    /// nothing from the other partitions: the replay of a batch whose output
+    /// the sink already committed. Returns whether anything is replayed.
+    /// Sources that cannot return `false`.
+    fn replay_until(&mut self, _end: &serde_json::Value) -> Result<bool> {
+        Ok(false)
+    }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None
@@ -111,6 +119,19 @@ pub trait Sink: Send {
     /// the batch about to commit; called before [`Sink::commit`]. A
     /// repartition sink forwards it as [`WatermarkMarker`]s.
     fn event_time_progress(&mut self, _max_event_time: &BTreeMap<String, TimestampMicros>) {}
+    /// The source's offsets at the end of the batch about to commit
+    /// (`Source::offsets`); called before [`Sink::commit`]. A sink that
+    /// records its own progress (Delta's `txn`) keeps them with the batch.
+    fn source_offsets(&mut self, _offsets: &serde_json::Value) {}
+    /// The last batch this sink committed in an earlier run, with the source
+    /// offsets recorded at its end: the query numbers its batches after it,
+    /// and first replays exactly that batch's input when the source's
+    /// committed offsets are behind (a crash between the sink's commit and
+    /// the offset commit), so the sink can recognise and skip it. `None`
+    /// for sinks that keep no such record.
+    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+        Ok(None)
+    }
 }
 
 /// Where records that fail go, with the error, so that nothing is lost.
@@ -136,6 +157,15 @@ impl<T: Sink + ?Sized> Sink for Box<T> {
     }
     fn commit(&mut self, batch_id: u64) -> Result<()> {
         (**self).commit(batch_id)
+    }
+    fn event_time_progress(&mut self, max_event_time: &BTreeMap<String, TimestampMicros>) {
+        (**self).event_time_progress(max_event_time)
+    }
+    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+        (**self).source_offsets(offsets)
+    }
+    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+        (**self).recovered_batch()
     }
 }
 

@@ -97,6 +97,8 @@ pub struct KafkaSource {
     transactions: Option<super::SharedTransactions>,
     /// Available-now: end offsets fixed at the first batch.
     end_offsets: Option<HashMap<(String, i32), i64>>,
+    /// The next batch replays up to these offsets (see `replay_until`).
+    replaying: bool,
 }
 
 impl KafkaSource {
@@ -141,6 +143,7 @@ impl KafkaSource {
             committed_checkpoints: BTreeMap::new(),
             transactions: None,
             end_offsets: None,
+            replaying: false,
         })
     }
 
@@ -165,11 +168,7 @@ impl KafkaSource {
 
     /// Fixes the end offsets for available-now once partitions are assigned.
     fn capture_end_offsets(&mut self, deadline: Instant) -> Result<()> {
-        while self.assigned().is_empty() && Instant::now() < deadline {
-            if let Some(Err(e)) = self.consumer.poll(Duration::from_millis(50)) {
-                return Err(Error::Source(format!("while joining the group: {e}")));
-            }
-        }
+        self.join(deadline)?;
         let mut ends = HashMap::new();
         let committed = self
             .consumer
@@ -191,6 +190,41 @@ impl KafkaSource {
             ends.insert((topic, partition), high);
         }
         self.end_offsets = Some(ends);
+        Ok(())
+    }
+
+    /// Ends a replayed batch: what was fetched past its bounds is dropped
+    /// and read again by the next batch.
+    fn end_replay(&mut self) -> Result<()> {
+        self.replaying = false;
+        for ((topic, partition), bound) in self.end_offsets.take().unwrap_or_default() {
+            let position = self
+                .next_offsets
+                .get(&(topic.clone(), partition))
+                .copied()
+                .unwrap_or(bound)
+                .min(bound);
+            self.consumer
+                .seek(
+                    &topic,
+                    partition,
+                    Offset::Offset(position),
+                    Duration::from_secs(10),
+                )
+                .map_err(|e| {
+                    Error::Source(format!("after the replay, {topic}/{partition}: {e}"))
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Polls until the group assigned partitions to this member.
+    fn join(&mut self, deadline: Instant) -> Result<()> {
+        while self.assigned().is_empty() && Instant::now() < deadline {
+            if let Some(Err(e)) = self.consumer.poll(Duration::from_millis(50)) {
+                return Err(Error::Source(format!("while joining the group: {e}")));
+            }
+        }
         Ok(())
     }
 
@@ -293,15 +327,27 @@ impl Source for KafkaSource {
             self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
         }
         let mut records = Vec::new();
+        // A replayed batch is whole or nothing: neither the deadline nor the
+        // record cap ends it, only its bounds.
+        let bounded = request.available_now || self.replaying;
+        let replay_deadline = Instant::now() + Duration::from_secs(300);
         loop {
-            if request.available_now && self.caught_up(false) {
+            if bounded && self.caught_up(false) {
                 break;
             }
             let now = Instant::now();
-            if records.len() >= request.max_records || now >= request.deadline {
+            if self.replaying {
+                if now >= replay_deadline {
+                    return Err(Error::Source(
+                        "the replayed batch did not reach its recorded offsets in 5 minutes".into(),
+                    ));
+                }
+            } else if records.len() >= request.max_records || now >= request.deadline {
                 break;
             }
-            let wait = if request.return_early && !records.is_empty() {
+            let wait = if self.replaying {
+                Duration::from_millis(100)
+            } else if request.return_early && !records.is_empty() {
                 // Real-time: take what is already fetched, wait for nothing.
                 Duration::ZERO
             } else {
@@ -311,7 +357,7 @@ impl Source for KafkaSource {
             // stale before fetching more.
             self.forget_revoked(&mut records);
             match self.consumer.poll(wait) {
-                None if request.available_now && self.caught_up(true) => break,
+                None if bounded && self.caught_up(true) => break,
                 None if request.return_early && !records.is_empty() => break,
                 None => continue,
                 Some(Err(e)) => {
@@ -363,6 +409,9 @@ impl Source for KafkaSource {
             }
         }
         self.forget_revoked(&mut records);
+        if self.replaying {
+            self.end_replay()?;
+        }
         let (revoked, assigned) = {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
             (
@@ -468,6 +517,58 @@ impl Source for KafkaSource {
         self.consumer
             .resume(&tpl)
             .map_err(|e| Error::Source(format!("resuming partition {partition}: {e}")))
+    }
+
+    fn replay_until(&mut self, end: &serde_json::Value) -> Result<bool> {
+        self.join(Instant::now() + Duration::from_secs(60))?;
+        let assigned = self.assigned();
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &assigned {
+            tpl.add_partition(topic, *partition);
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+        let mut bounds = HashMap::new();
+        let mut behind = false;
+        for (topic, partition) in assigned {
+            let start = committed
+                .find_partition(&topic, partition)
+                .and_then(|e| e.offset().to_raw())
+                .filter(|o| *o >= 0);
+            let bound = end[&topic][partition.to_string()].as_i64();
+            match (start, bound) {
+                (Some(start), Some(bound)) if start < bound => {
+                    behind = true;
+                    self.next_offsets.insert((topic.clone(), partition), start);
+                    bounds.insert((topic, partition), bound);
+                }
+                (None, Some(bound)) => {
+                    // Never committed: the batch read from the beginning
+                    // (or the end) up to its bound.
+                    behind = true;
+                    bounds.insert((topic, partition), bound);
+                }
+                (Some(start), _) => {
+                    // Nothing of this partition in the replayed batch.
+                    self.next_offsets.insert((topic.clone(), partition), start);
+                    bounds.insert((topic, partition), start);
+                }
+                (None, None) => {
+                    bounds.insert((topic, partition), 0);
+                }
+            }
+        }
+        if behind {
+            tracing::info!(
+                ?bounds,
+                "the next batch replays up to the sink's recorded offsets"
+            );
+            self.end_offsets = Some(bounds);
+            self.replaying = true;
+        }
+        Ok(behind)
     }
 
     fn rewind(&mut self) -> Result<bool> {

@@ -1,0 +1,741 @@
+//! The Delta Lake sink: each micro-batch is one Delta commit carrying a
+//! `txn` action (app id = the query's id, version = the batch id), so a
+//! batch replayed after a crash finds its version committed and is skipped.
+//!
+//! Output modes map to commits as Spark's Delta sink does: append adds the
+//! batch's files; complete replaces every file in one commit; update either
+//! appends every emitted row with its `batch_id` (`changes`), or merges the
+//! rows into a latest-value table keyed by the group keys (`upsert`): the
+//! files holding any of the batch's keys are rewritten without those rows,
+//! plus the new rows, in one commit (copy-on-write, as Delta's MERGE does,
+//! without deltalake's DataFusion-based MERGE and its build cost).
+//!
+//! In real-time mode rows are committed every `commit_interval` instead of
+//! at the batch's end (at-least-once, as the trigger's output).
+
+mod columns;
+
+use deltalake::arrow::array::{Array, RecordBatch};
+use deltalake::arrow::compute::{cast, concat_batches, filter_record_batch};
+use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::kernel::engine::arrow_conversion::{TryIntoArrow, TryIntoKernel};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, MetadataExt, StructType, Transaction};
+use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter, WriteMode};
+use deltalake::DeltaTable;
+use object_store::ObjectStoreExt;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidemark::error::{Error, Result};
+use tidemark::row::Row;
+use tidemark::runtime::Sink;
+
+/// What a commit does with the batch's rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeltaWriteMode {
+    /// Output mode append: add the rows.
+    Append,
+    /// Output mode complete: the rows replace the table, in one commit.
+    Overwrite,
+    /// Output mode update, `mode: changes`: every emitted row is appended
+    /// with the `batch_id` that emitted it.
+    Changes,
+    /// Output mode update, `mode: upsert`: the table holds the latest row
+    /// per `keys`.
+    Upsert {
+        /// The columns identifying a row.
+        keys: Vec<String>,
+    },
+}
+
+/// Settings of a [`DeltaSink`].
+#[derive(Debug, Clone)]
+pub struct DeltaSinkConfig {
+    /// A local path or an object-store URL (`s3://…`, `gs://…`,
+    /// `abfss://…`, with the matching cargo feature).
+    pub location: String,
+    /// How rows are committed.
+    pub mode: DeltaWriteMode,
+    /// Partition columns of a table created here.
+    pub partition_by: Vec<String>,
+    /// Table properties of a table created here (`delta.*`).
+    pub table_properties: BTreeMap<String, String>,
+    /// Object-store options (credentials, endpoint, region…).
+    pub storage_options: BTreeMap<String, String>,
+    /// Add new nullable columns instead of refusing them.
+    pub merge_schema: bool,
+    /// The `txn` app id: the query's id.
+    pub app_id: String,
+    /// Real-time mode: commit this often (no `txn` skip: at-least-once).
+    pub commit_interval: Option<Duration>,
+    /// Write a Delta checkpoint every this many commits (0: never).
+    pub checkpoint_every: u64,
+    /// Compact when this many files smaller than `compact_target_bytes`
+    /// exist (0: never).
+    pub compact_min_files: usize,
+    /// Files below this size are compacted.
+    pub compact_target_bytes: u64,
+}
+
+impl DeltaSinkConfig {
+    /// Defaults for a table at `location` written by query `app_id`.
+    pub fn new(location: &str, app_id: &str, mode: DeltaWriteMode) -> Self {
+        DeltaSinkConfig {
+            location: location.to_string(),
+            mode,
+            partition_by: Vec::new(),
+            table_properties: BTreeMap::new(),
+            storage_options: BTreeMap::new(),
+            merge_schema: false,
+            app_id: app_id.to_string(),
+            commit_interval: None,
+            checkpoint_every: 10,
+            compact_min_files: 0,
+            compact_target_bytes: 32 << 20,
+        }
+    }
+}
+
+/// Writes rows to a Delta table (see the module documentation).
+pub struct DeltaSink {
+    config: DeltaSinkConfig,
+    runtime: tokio::runtime::Runtime,
+    table: Option<DeltaTable>,
+    buffer: Vec<Row>,
+    /// Batch ids of the buffered rows (changes mode).
+    buffer_batches: Vec<u64>,
+    last_commit: Instant,
+    commits: u64,
+    /// Upsert: which file holds each key (built from the table on first use).
+    key_files: Option<HashMap<String, String>>,
+    /// Commit latencies in microseconds (for benchmarks).
+    commit_micros: Vec<u64>,
+    /// The source's offsets at the end of the batch being committed.
+    source_offsets: Option<serde_json::Value>,
+}
+
+/// The commit-info keys under which a batch's id and end offsets are kept.
+const BATCH_ID_KEY: &str = "tidemark.batchId";
+const END_OFFSETS_KEY: &str = "tidemark.endOffsets";
+
+fn delta_error(context: &str, e: impl std::fmt::Display) -> Error {
+    Error::Sink(format!("{context}: {e}"))
+}
+
+impl DeltaSink {
+    /// Opens the table at the configured location, if it exists; a missing
+    /// table is created from the first batch's columns.
+    pub fn new(config: DeltaSinkConfig) -> Result<Self> {
+        if let DeltaWriteMode::Upsert { keys } = &config.mode {
+            if keys.is_empty() {
+                return Err(Error::config(
+                    "sink.key",
+                    "an upsert table needs key columns: `key: [..]` (the grouping columns)",
+                ));
+            }
+            if !config.partition_by.is_empty() {
+                return Err(Error::config(
+                    "sink.partition_by",
+                    "upsert tables are not partitioned in this version; drop `partition_by` or use `mode: changes`",
+                ));
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("starting the Delta sink's runtime", e))?;
+        let mut sink = DeltaSink {
+            config,
+            runtime,
+            table: None,
+            buffer: Vec::new(),
+            buffer_batches: Vec::new(),
+            last_commit: Instant::now(),
+            commits: 0,
+            key_files: None,
+            commit_micros: Vec::new(),
+            source_offsets: None,
+        };
+        sink.table = sink.open_existing()?;
+        Ok(sink)
+    }
+
+    fn url(&self) -> Result<url::Url> {
+        let location = &self.config.location;
+        if !location.contains("://") {
+            std::fs::create_dir_all(location)
+                .map_err(|e| Error::io(format!("creating {location}"), e))?;
+        }
+        deltalake::ensure_table_uri(location)
+            .map_err(|e| Error::config("sink.path", format!("`{location}`: {e}")))
+    }
+
+    fn storage_options(&self) -> HashMap<String, String> {
+        self.config.storage_options.clone().into_iter().collect()
+    }
+
+    fn open_existing(&self) -> Result<Option<DeltaTable>> {
+        let url = self.url()?;
+        let options = self.storage_options();
+        self.runtime.block_on(async {
+            let mut table = deltalake::DeltaTableBuilder::from_url(url)
+                .map_err(|e| delta_error("opening the Delta table", e))?
+                .with_storage_options(options)
+                .build()
+                .map_err(|e| delta_error("opening the Delta table", e))?;
+            match table.load().await {
+                Ok(()) => Ok(Some(table)),
+                Err(deltalake::DeltaTableError::NotATable(_)) => Ok(None),
+                Err(e) => Err(delta_error("loading the Delta table", e)),
+            }
+        })
+    }
+
+    /// The last batch id committed by this query, from the table's `txn`.
+    pub fn committed_batch(&self) -> Result<Option<u64>> {
+        let Some(table) = &self.table else {
+            return Ok(None);
+        };
+        let app_id = self.config.app_id.clone();
+        self.runtime.block_on(async {
+            let state = table
+                .snapshot()
+                .map_err(|e| delta_error("reading the table state", e))?;
+            let version = state
+                .transaction_version(table.log_store().as_ref(), app_id)
+                .await
+                .map_err(|e| delta_error("reading the txn version", e))?;
+            Ok(version.map(|v| v as u64))
+        })
+    }
+
+    /// The end offsets recorded with batch `batch_id`'s commit.
+    fn recorded_offsets(&self, batch_id: u64) -> Result<Option<serde_json::Value>> {
+        use futures::StreamExt;
+        let Some(table) = &self.table else {
+            return Ok(None);
+        };
+        self.runtime.block_on(async {
+            let mut history = table.history(Some(100));
+            while let Some(info) = history.next().await {
+                let info = info.map_err(|e| delta_error("reading the table history", e))?;
+                if info.info.get(BATCH_ID_KEY).and_then(|v| v.as_u64()) == Some(batch_id) {
+                    return Ok(info.info.get(END_OFFSETS_KEY).cloned());
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    /// Commit latencies in microseconds since the last call.
+    pub fn take_commit_micros(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.commit_micros)
+    }
+
+    /// The table's Arrow schema.
+    fn table_schema(table: &DeltaTable) -> Result<Schema> {
+        let kernel = table
+            .snapshot()
+            .map_err(|e| delta_error("reading the table schema", e))?
+            .schema();
+        let schema: Schema = kernel
+            .as_ref()
+            .try_into_arrow()
+            .map_err(|e| delta_error("the table schema in Arrow", e))?;
+        Ok(schema)
+    }
+
+    fn create_table(&mut self, schema: &Schema) -> Result<()> {
+        let kernel: StructType = schema
+            .try_into_kernel()
+            .map_err(|e| delta_error("the table schema in Delta", e))?;
+        let url = self.url()?;
+        let builder = deltalake::operations::create::CreateBuilder::new()
+            .with_location(url.to_string())
+            .with_storage_options(self.storage_options())
+            .with_columns(kernel.fields().cloned())
+            .with_partition_columns(self.config.partition_by.clone())
+            .with_configuration(
+                self.config
+                    .table_properties
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Some(v.clone()))),
+            );
+        let table = self
+            .runtime
+            .block_on(builder.into_future())
+            .map_err(|e| delta_error("creating the Delta table", e))?;
+        tracing::info!(location = %self.config.location, columns = schema.fields().len(), "Delta table created");
+        self.table = Some(table);
+        Ok(())
+    }
+
+    /// Commits what is buffered; with `txn_version`, as that batch, unless
+    /// the table already holds it.
+    fn commit_buffer(&mut self, txn_version: Option<u64>) -> Result<()> {
+        let started = Instant::now();
+        let rows = std::mem::take(&mut self.buffer);
+        let batch_ids = std::mem::take(&mut self.buffer_batches);
+        self.last_commit = Instant::now();
+        if let Some(version) = txn_version {
+            if self.committed_batch()?.is_some_and(|v| v >= version) {
+                tracing::info!(
+                    batch_id = version,
+                    rows = rows.len(),
+                    "batch already in the Delta table; skipped"
+                );
+                return Ok(());
+            }
+        }
+        // A batch without rows still commits its `txn` (and end offsets), as
+        // Spark's Delta sink does: a restart then knows exactly where the
+        // table stands.
+        if rows.is_empty()
+            && self.config.mode != DeltaWriteMode::Overwrite
+            && (txn_version.is_none() || self.table.is_none())
+        {
+            return Ok(());
+        }
+        let mut rows = rows;
+        if self.config.mode == DeltaWriteMode::Changes {
+            for (row, batch) in rows.iter_mut().zip(&batch_ids) {
+                row.set("batch_id", tidemark::row::Value::Long(*batch as i64));
+            }
+        }
+        let inferred = columns::infer_schema(&rows)?;
+        if self.table.is_none() {
+            if rows.is_empty() {
+                return Ok(());
+            }
+            self.create_table(&inferred)?;
+        }
+        let table = self.table.as_ref().expect("created above");
+        let plan = columns::plan_schema(
+            &Self::table_schema(table)?,
+            &inferred,
+            self.config.merge_schema,
+        )?;
+        let batch = columns::to_record_batch(&rows, &plan.schema)?;
+        let mut actions: Vec<Action> = Vec::new();
+        let operation = match &self.config.mode {
+            DeltaWriteMode::Overwrite => {
+                actions.extend(self.all_files()?.into_iter().map(Action::Remove));
+                DeltaOperation::Write {
+                    mode: SaveMode::Overwrite,
+                    partition_by: none_if_empty(&self.config.partition_by),
+                    predicate: None,
+                }
+            }
+            DeltaWriteMode::Append | DeltaWriteMode::Changes => DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by: none_if_empty(&self.config.partition_by),
+                predicate: None,
+            },
+            DeltaWriteMode::Upsert { keys } => {
+                let keys = keys.clone();
+                let (removes, survivors) = self.upsert_rewrite(&keys, &batch)?;
+                actions.extend(removes.into_iter().map(Action::Remove));
+                let merged = match survivors {
+                    Some(old) => concat_batches(&plan.schema, [&old, &batch])
+                        .map_err(|e| delta_error("merging rows", e))?,
+                    None => batch.clone(),
+                };
+                return self.write_and_commit(
+                    merged,
+                    &plan,
+                    actions,
+                    DeltaOperation::Write {
+                        mode: SaveMode::Append,
+                        partition_by: None,
+                        predicate: Some(format!("upsert on {}", keys.join(", "))),
+                    },
+                    txn_version,
+                    started,
+                    Some(&keys),
+                );
+            }
+        };
+        self.write_and_commit(batch, &plan, actions, operation, txn_version, started, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_and_commit(
+        &mut self,
+        batch: RecordBatch,
+        plan: &columns::SchemaPlan,
+        mut actions: Vec<Action>,
+        operation: DeltaOperation,
+        txn_version: Option<u64>,
+        started: Instant,
+        upsert_keys: Option<&[String]>,
+    ) -> Result<()> {
+        let table = self.table.as_mut().expect("the table exists");
+        let mode = if plan.widened {
+            WriteMode::MergeSchema
+        } else {
+            WriteMode::Default
+        };
+        let app_id = self.config.app_id.clone();
+        let adds = self.runtime.block_on(async {
+            let mut writer = RecordBatchWriter::for_table(table)
+                .map_err(|e| delta_error("opening a Delta writer", e))?;
+            if batch.num_rows() > 0 {
+                writer
+                    .write_with_mode(batch, mode)
+                    .await
+                    .map_err(|e| delta_error("writing Parquet", e))?;
+            }
+            let adds = writer
+                .flush()
+                .await
+                .map_err(|e| delta_error("writing Parquet", e))?;
+            if plan.widened {
+                let state = table
+                    .snapshot()
+                    .map_err(|e| delta_error("table state", e))?;
+                let kernel: StructType = plan
+                    .schema
+                    .as_ref()
+                    .try_into_kernel()
+                    .map_err(|e| delta_error("the widened schema", e))?;
+                let metadata = state
+                    .metadata()
+                    .clone()
+                    .with_schema(&kernel)
+                    .map_err(|e| delta_error("the widened schema", e))?;
+                actions.push(Action::Metadata(metadata));
+            }
+            Ok::<_, Error>(adds)
+        })?;
+        let new_paths: Vec<String> = adds.iter().map(|a| a.path.clone()).collect();
+        actions.extend(adds.into_iter().map(Action::Add));
+        let mut properties = CommitProperties::default();
+        if let Some(version) = txn_version {
+            let mut metadata = vec![(BATCH_ID_KEY.to_string(), serde_json::json!(version))];
+            if let Some(offsets) = &self.source_offsets {
+                metadata.push((END_OFFSETS_KEY.to_string(), offsets.clone()));
+            }
+            properties = properties
+                .with_application_transaction(Transaction::new(&app_id, version as i64))
+                .with_metadata(metadata);
+        }
+        let version = self.runtime.block_on(async {
+            let state = table
+                .snapshot()
+                .map_err(|e| delta_error("table state", e))?;
+            let finalized = CommitBuilder::from(properties)
+                .with_actions(actions)
+                .build(Some(state), table.log_store(), operation)
+                .await
+                .map_err(|e| delta_error("committing to the Delta log", e))?;
+            let version = finalized.version();
+            table
+                .update_state()
+                .await
+                .map_err(|e| delta_error("reloading the table", e))?;
+            Ok::<_, Error>(version)
+        })?;
+        self.commits += 1;
+        self.commit_micros
+            .push(started.elapsed().as_micros() as u64);
+        metrics::counter!("tidemark_delta_commits_total").increment(1);
+        tracing::debug!(version, batch_id = ?txn_version, "Delta commit");
+        if let Some(keys) = upsert_keys {
+            self.index_files(keys, &new_paths)?;
+        }
+        self.maintain()?;
+        Ok(())
+    }
+
+    /// Every active file, as remove actions.
+    fn all_files(&self) -> Result<Vec<deltalake::kernel::Remove>> {
+        let Some(table) = &self.table else {
+            return Ok(Vec::new());
+        };
+        let state = table
+            .snapshot()
+            .map_err(|e| delta_error("table state", e))?;
+        Ok(state
+            .log_data()
+            .into_iter()
+            .map(|f| f.remove_action(true))
+            .collect())
+    }
+
+    /// Reads one data file of the table.
+    fn read_file(&self, path: &str) -> Result<Vec<RecordBatch>> {
+        let table = self.table.as_ref().expect("the table exists");
+        let store = table.object_store();
+        let location = deltalake::Path::parse(path).map_err(|e| delta_error("file path", e))?;
+        let bytes = self.runtime.block_on(async {
+            let got = store
+                .get(&location)
+                .await
+                .map_err(|e| delta_error(&format!("reading {path}"), e))?;
+            got.bytes()
+                .await
+                .map_err(|e| delta_error(&format!("reading {path}"), e))
+        })?;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(|e| delta_error(&format!("decoding {path}"), e))?;
+        reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| delta_error(&format!("decoding {path}"), e))
+    }
+
+    /// Upsert: the files holding any key of `batch` (to remove), and their
+    /// rows whose keys `batch` does not replace (to write again).
+    fn upsert_rewrite(
+        &mut self,
+        keys: &[String],
+        batch: &RecordBatch,
+    ) -> Result<(Vec<deltalake::kernel::Remove>, Option<RecordBatch>)> {
+        if self.key_files.is_none() {
+            let paths: Vec<String> = self.all_files()?.into_iter().map(|r| r.path).collect();
+            self.key_files = Some(HashMap::new());
+            self.index_files(keys, &paths)?;
+        }
+        let new_keys: HashSet<String> = key_strings(batch, keys)?.into_iter().collect();
+        let index = self.key_files.as_ref().expect("built above");
+        let touched: HashSet<&String> = new_keys.iter().filter_map(|k| index.get(k)).collect();
+        if touched.is_empty() {
+            return Ok((Vec::new(), None));
+        }
+        let removes: Vec<deltalake::kernel::Remove> = self
+            .all_files()?
+            .into_iter()
+            .filter(|r| touched.contains(&r.path))
+            .collect();
+        let schema = batch.schema();
+        let mut kept = Vec::new();
+        for remove in &removes {
+            for old in self.read_file(&remove.path)? {
+                let old = conform(&old, &schema)?;
+                let old_keys = key_strings(&old, keys)?;
+                let keep: deltalake::arrow::array::BooleanArray = old_keys
+                    .iter()
+                    .map(|k| Some(!new_keys.contains(k)))
+                    .collect();
+                kept.push(
+                    filter_record_batch(&old, &keep)
+                        .map_err(|e| delta_error("filtering rows", e))?,
+                );
+            }
+        }
+        let index = self.key_files.as_mut().expect("built above");
+        index.retain(|_, path| !touched_contains(&removes, path));
+        let survivors =
+            concat_batches(&schema, &kept).map_err(|e| delta_error("merging rows", e))?;
+        Ok((removes, Some(survivors)))
+    }
+
+    /// Records which of `paths` holds each key.
+    fn index_files(&mut self, keys: &[String], paths: &[String]) -> Result<()> {
+        let mut found = Vec::new();
+        for path in paths {
+            for batch in self.read_file(path)? {
+                for key in key_strings(&batch, keys)? {
+                    found.push((key, path.clone()));
+                }
+            }
+        }
+        self.key_files
+            .get_or_insert_with(HashMap::new)
+            .extend(found);
+        Ok(())
+    }
+
+    /// Checkpoints and compaction, when due.
+    fn maintain(&mut self) -> Result<()> {
+        let every = self.config.checkpoint_every;
+        if every > 0 && self.commits.is_multiple_of(every) {
+            let table = self.table.as_ref().expect("the table exists");
+            self.runtime
+                .block_on(deltalake::checkpoints::create_checkpoint(table, None))
+                .map_err(|e| delta_error("writing a Delta checkpoint", e))?;
+        }
+        if self.config.compact_min_files > 0 {
+            self.compact()?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the small files into one when there are enough of them
+    /// (`dataChange: false`: readers of the change feed skip it).
+    pub fn compact(&mut self) -> Result<()> {
+        let Some(table) = self.table.as_ref() else {
+            return Ok(());
+        };
+        if !self.config.partition_by.is_empty() {
+            // Partitioned tables would need a compaction per partition.
+            return Ok(());
+        }
+        let target = self.config.compact_target_bytes as i64;
+        let state = table
+            .snapshot()
+            .map_err(|e| delta_error("table state", e))?;
+        let small: Vec<(String, deltalake::kernel::Remove)> = state
+            .log_data()
+            .into_iter()
+            .filter(|f| f.size() < target)
+            .map(|f| (f.path().to_string(), f.remove_action(false)))
+            .collect();
+        if small.len() < self.config.compact_min_files.max(2) {
+            return Ok(());
+        }
+        let schema: SchemaRef = Arc::new(Self::table_schema(table)?);
+        let mut batches = Vec::new();
+        for (path, _) in &small {
+            for b in self.read_file(path)? {
+                batches.push(conform(&b, &schema)?);
+            }
+        }
+        let merged = concat_batches(&schema, &batches).map_err(|e| delta_error("compacting", e))?;
+        let files = small.len();
+        let table = self.table.as_mut().expect("the table exists");
+        let version = self.runtime.block_on(async {
+            let mut writer = RecordBatchWriter::for_table(table)
+                .map_err(|e| delta_error("opening a Delta writer", e))?;
+            writer
+                .write(merged)
+                .await
+                .map_err(|e| delta_error("writing Parquet", e))?;
+            let adds = writer
+                .flush()
+                .await
+                .map_err(|e| delta_error("writing Parquet", e))?;
+            let mut actions: Vec<Action> =
+                small.into_iter().map(|(_, r)| Action::Remove(r)).collect();
+            actions.extend(adds.into_iter().map(|mut a| {
+                a.data_change = false;
+                Action::Add(a)
+            }));
+            let state = table
+                .snapshot()
+                .map_err(|e| delta_error("table state", e))?;
+            let finalized = CommitBuilder::default()
+                .with_actions(actions)
+                .build(
+                    Some(state),
+                    table.log_store(),
+                    DeltaOperation::Optimize {
+                        predicate: None,
+                        target_size: target,
+                    },
+                )
+                .await
+                .map_err(|e| delta_error("committing the compaction", e))?;
+            table
+                .update_state()
+                .await
+                .map_err(|e| delta_error("reloading the table", e))?;
+            Ok::<_, Error>(finalized.version())
+        })?;
+        // Keys moved to the compacted file.
+        self.key_files = None;
+        tracing::info!(files, version, "Delta files compacted");
+        Ok(())
+    }
+}
+
+fn touched_contains(removes: &[deltalake::kernel::Remove], path: &str) -> bool {
+    removes.iter().any(|r| r.path == path)
+}
+
+fn none_if_empty(columns: &[String]) -> Option<Vec<String>> {
+    (!columns.is_empty()).then(|| columns.to_vec())
+}
+
+/// `batch` with the columns of `schema` (missing ones null, in order).
+fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| match batch.column_by_name(f.name()) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => cast(c, f.data_type()).map_err(|e| delta_error("casting a column", e)),
+            None => Ok(deltalake::arrow::array::new_null_array(
+                f.data_type(),
+                batch.num_rows(),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| delta_error("conforming rows", e))
+}
+
+/// Each row's key, as text: the key columns cast to strings, joined.
+fn key_strings(batch: &RecordBatch, keys: &[String]) -> Result<Vec<String>> {
+    let mut columns = Vec::with_capacity(keys.len());
+    for key in keys {
+        let column = batch
+            .column_by_name(key)
+            .ok_or_else(|| Error::Sink(format!("upsert key column `{key}` is not in the rows")))?;
+        let text = cast(column, &DataType::Utf8).map_err(|e| delta_error("key as text", e))?;
+        columns.push(text);
+    }
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let mut key = String::new();
+        for c in &columns {
+            let strings = c
+                .as_any()
+                .downcast_ref::<deltalake::arrow::array::StringArray>()
+                .expect("cast to Utf8");
+            if strings.is_null(i) {
+                key.push('\u{0}');
+            } else {
+                key.push_str(strings.value(i));
+            }
+            key.push('\u{1}');
+        }
+        out.push(key);
+    }
+    Ok(out)
+}
+
+impl Sink for DeltaSink {
+    fn describe(&self) -> String {
+        format!("DeltaSink[{}]", self.config.location)
+    }
+
+    fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {
+        self.buffer.extend_from_slice(rows);
+        self.buffer_batches
+            .extend(std::iter::repeat_n(batch_id, rows.len()));
+        if let Some(every) = self.config.commit_interval {
+            if self.last_commit.elapsed() >= every {
+                self.commit_buffer(None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+        self.source_offsets = Some(offsets.clone());
+    }
+
+    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+        if self.config.commit_interval.is_some() {
+            // Real-time commits carry no batch record: at-least-once.
+            return Ok(None);
+        }
+        let Some(batch) = self.committed_batch()? else {
+            return Ok(None);
+        };
+        let offsets = self.recorded_offsets(batch)?.unwrap_or_default();
+        Ok(Some((batch, offsets)))
+    }
+
+    fn commit(&mut self, batch_id: u64) -> Result<()> {
+        match self.config.commit_interval {
+            // Real-time: what is left, at the checkpoint.
+            Some(_) => self.commit_buffer(None),
+            None => self.commit_buffer(Some(batch_id)),
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The Delta sink, read back by an independent reader (the Python
+//! `deltalake` package): each output mode, partitions, schema evolution and
+//! its refusal, and the `txn` version that makes replays idempotent.
+
+use std::path::Path;
+use tidemark::pipeline::PipelineFile;
+use tidemark_integration_tests::read_delta;
+
+/// Runs a pipeline file over `batches` (one JSON-lines file each) in a
+/// fresh directory; returns the directory.
+fn run(yaml: &str, batches: &[&[&str]]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    run_in(dir.path(), yaml, batches).unwrap();
+    dir
+}
+
+fn run_in(dir: &Path, yaml: &str, batches: &[&[&str]]) -> tidemark::error::Result<()> {
+    // The files source keeps no progress across runs: each run reads only
+    // the batches given to it.
+    let input = dir.join("batches");
+    let _ = std::fs::remove_dir_all(&input);
+    std::fs::create_dir_all(&input).unwrap();
+    for (i, lines) in batches.iter().enumerate() {
+        std::fs::write(input.join(format!("{i:03}.jsonl")), lines.join("\n")).unwrap();
+    }
+    let file = PipelineFile::parse(yaml).unwrap();
+    let connected = tidemark_connectors::connect(&file, dir)?;
+    let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
+    query.build()?.run(source.as_mut(), sink.as_mut())?;
+    Ok(())
+}
+
+fn rows_sorted(table: &serde_json::Value) -> Vec<String> {
+    let mut rows: Vec<String> = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    rows.sort();
+    rows
+}
+
+const WINDOWED: &str = r#"
+name: delta-windows
+source: {kind: files, path: batches/, schema: {ts: timestamp, id: string, amount: long}}
+event_time: ts
+watermark: 1 minute
+steps:
+  - window_aggregate:
+      keys: [id]
+      window: {tumbling: 1 minute}
+      aggregates: [{fn: count, as: n}, {fn: sum, column: amount, as: total}]
+output_mode: OUTPUT_MODE
+trigger: available_now
+sink: {kind: delta, path: table, SINK_EXTRA}
+"#;
+
+fn windowed(mode: &str, extra: &str) -> String {
+    WINDOWED
+        .replace("OUTPUT_MODE", mode)
+        .replace("SINK_EXTRA", extra)
+}
+
+const BATCH_0: &[&str] = &[
+    r#"{"ts": "2026-01-01T10:00:10Z", "id": "a", "amount": 1}"#,
+    r#"{"ts": "2026-01-01T10:00:20Z", "id": "a", "amount": 2}"#,
+    r#"{"ts": "2026-01-01T10:00:30Z", "id": "b", "amount": 5}"#,
+];
+const BATCH_1: &[&str] = &[
+    r#"{"ts": "2026-01-01T10:00:40Z", "id": "a", "amount": 4}"#,
+    r#"{"ts": "2026-01-01T10:02:30Z", "id": "b", "amount": 7}"#,
+];
+
+#[test]
+fn append_mode_writes_closed_windows_with_types_and_a_txn_per_batch() {
+    let dir = run(&windowed("append", ""), &[BATCH_0, BATCH_1]);
+    let app = tidemark::runtime::default_query_id("delta-windows");
+    let table = read_delta(&dir.path().join("table"), Some(&app));
+    // Watermark after batch 1: 10:02:30 - 1 min = 10:01:30, so [10:00, 10:01)
+    // closes (a: 3 rows, 7; b: 1 row, 5); [10:02, 10:03) stays open.
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"id":"a","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":3,"total":7}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":1,"total":5}"#,
+        ],
+        "{table}"
+    );
+    assert_eq!(table["schema"]["window_start"], "timestamp[us, tz=UTC]");
+    assert_eq!(table["schema"]["n"], "int64");
+    assert_eq!(table["schema"]["id"], "string");
+    // The rows were emitted by the trailing no-data batch (id 2), the only
+    // commit after the table's creation.
+    assert_eq!(table["txn_version"], 2, "{table}");
+    assert_eq!(table["version"], 1, "{table}");
+}
+
+#[test]
+fn complete_mode_replaces_the_table_in_one_commit_per_batch() {
+    let dir = run(&windowed("complete", ""), &[BATCH_0, BATCH_1]);
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"id":"a","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":3,"total":7}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":1,"total":5}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:02:00Z","window_end":"2026-01-01T10:03:00Z","n":1,"total":7}"#,
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        table["files"].as_array().unwrap().len(),
+        1,
+        "the last overwrite's file only"
+    );
+    assert_eq!(table["version"], 2, "create, then one commit per batch");
+}
+
+#[test]
+fn update_mode_changes_appends_every_emitted_row_with_its_batch() {
+    let dir = run(&windowed("update", "mode: changes"), &[BATCH_0, BATCH_1]);
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"id":"a","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":2,"total":3,"batch_id":0}"#,
+            r#"{"id":"a","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":3,"total":7,"batch_id":1}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":1,"total":5,"batch_id":0}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:02:00Z","window_end":"2026-01-01T10:03:00Z","n":1,"total":7,"batch_id":1}"#,
+        ],
+        "{table}"
+    );
+}
+
+#[test]
+fn update_mode_upsert_keeps_the_latest_row_per_key() {
+    let dir = run(&windowed("update", "mode: upsert"), &[BATCH_0, BATCH_1]);
+    let table = read_delta(&dir.path().join("table"), None);
+    // Keys default to the grouping: id and the window.
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"id":"a","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":3,"total":7}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:00:00Z","window_end":"2026-01-01T10:01:00Z","n":1,"total":5}"#,
+            r#"{"id":"b","window_start":"2026-01-01T10:02:00Z","window_end":"2026-01-01T10:03:00Z","n":1,"total":7}"#,
+        ],
+        "{table}"
+    );
+}
+
+#[test]
+fn partition_columns_lay_out_the_files() {
+    let dir = run(
+        &windowed("append", "partition_by: [id]"),
+        &[BATCH_0, BATCH_1],
+    );
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(table["partition_columns"], serde_json::json!(["id"]));
+    let files: Vec<&str> = table["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(files.iter().any(|f| f.contains("/id=a/")), "{files:?}");
+    assert!(files.iter().any(|f| f.contains("/id=b/")), "{files:?}");
+    assert_eq!(rows_sorted(&table).len(), 2);
+}
+
+const PASSTHROUGH: &str = r#"
+name: delta-schema
+source: {kind: files, path: batches/}
+output_mode: append
+trigger: available_now
+sink: {kind: delta, path: table, merge_schema: MERGE}
+"#;
+
+#[test]
+fn new_columns_are_added_with_merge_schema_and_refused_without() {
+    let first: &[&str] = &[r#"{"a": "x", "b": 1}"#];
+    let wider: &[&str] = &[r#"{"a": "y", "b": 2, "c": 2.5}"#];
+
+    let dir = run(&PASSTHROUGH.replace("MERGE", "true"), &[first, wider]);
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(table["schema"]["c"], "double");
+    assert_eq!(
+        rows_sorted(&table),
+        vec![r#"{"a":"x","b":1,"c":null}"#, r#"{"a":"y","b":2,"c":2.5}"#]
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = PASSTHROUGH.replace("MERGE", "false");
+    run_in(dir.path(), &yaml, &[first]).unwrap();
+    let err = run_in(dir.path(), &yaml, &[wider])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("`c`") && err.contains("merge_schema"), "{err}");
+    let err = run_in(
+        dir.path(),
+        &yaml,
+        &[&[r#"{"a": "z", "b": "not a number"}"#]],
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("column `b`: the table has long, the rows have string"),
+        "{err}"
+    );
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(
+        rows_sorted(&table),
+        vec![r#"{"a":"x","b":1}"#],
+        "nothing written"
+    );
+}
