@@ -381,18 +381,7 @@ impl DeltaSink {
         };
         let app_id = self.config.app_id.clone();
         let adds = self.runtime.block_on(async {
-            let mut writer = RecordBatchWriter::for_table(table)
-                .map_err(|e| delta_error("opening a Delta writer", e))?;
-            if batch.num_rows() > 0 {
-                writer
-                    .write_with_mode(batch, mode)
-                    .await
-                    .map_err(|e| delta_error("writing Parquet", e))?;
-            }
-            let adds = writer
-                .flush()
-                .await
-                .map_err(|e| delta_error("writing Parquet", e))?;
+            let adds = write_files(table, batch, mode).await?;
             if plan.widened {
                 let state = table
                     .snapshot()
@@ -599,16 +588,7 @@ impl DeltaSink {
         let files = small.len();
         let table = self.table.as_mut().expect("the table exists");
         let version = self.runtime.block_on(async {
-            let mut writer = RecordBatchWriter::for_table(table)
-                .map_err(|e| delta_error("opening a Delta writer", e))?;
-            writer
-                .write(merged)
-                .await
-                .map_err(|e| delta_error("writing Parquet", e))?;
-            let adds = writer
-                .flush()
-                .await
-                .map_err(|e| delta_error("writing Parquet", e))?;
+            let adds = write_files(table, merged, WriteMode::Default).await?;
             let mut actions: Vec<Action> =
                 small.into_iter().map(|(_, r)| Action::Remove(r)).collect();
             actions.extend(adds.into_iter().map(|mut a| {
@@ -641,6 +621,27 @@ impl DeltaSink {
         tracing::info!(files, version, "Delta files compacted");
         Ok(())
     }
+}
+
+/// Writes `batch` as Parquet files of `table` (none for no rows); returns
+/// their add actions, to be committed.
+async fn write_files(
+    table: &DeltaTable,
+    batch: RecordBatch,
+    mode: WriteMode,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let mut writer = RecordBatchWriter::for_table(table)
+        .map_err(|e| delta_error("opening a Delta writer", e))?;
+    if batch.num_rows() > 0 {
+        writer
+            .write_with_mode(batch, mode)
+            .await
+            .map_err(|e| delta_error("writing Parquet", e))?;
+    }
+    writer
+        .flush()
+        .await
+        .map_err(|e| delta_error("writing Parquet", e))
 }
 
 fn touched_contains(removes: &[deltalake::kernel::Remove], path: &str) -> bool {

@@ -218,6 +218,17 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// The group's committed offsets of `partitions`, from the broker.
+    fn committed_offsets(&self, partitions: &[(String, i32)]) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in partitions {
+            tpl.add_partition(topic, *partition);
+        }
+        self.consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))
+    }
+
     /// Polls until the group assigned partitions to this member.
     fn join(&mut self, deadline: Instant) -> Result<()> {
         while self.assigned().is_empty() && Instant::now() < deadline {
@@ -522,14 +533,7 @@ impl Source for KafkaSource {
     fn replay_until(&mut self, end: &serde_json::Value) -> Result<bool> {
         self.join(Instant::now() + Duration::from_secs(60))?;
         let assigned = self.assigned();
-        let mut tpl = TopicPartitionList::new();
-        for (topic, partition) in &assigned {
-            tpl.add_partition(topic, *partition);
-        }
-        let committed = self
-            .consumer
-            .committed_offsets(tpl, Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+        let committed = self.committed_offsets(&assigned)?;
         let mut bounds = HashMap::new();
         let mut behind = false;
         for (topic, partition) in assigned {
@@ -573,14 +577,7 @@ impl Source for KafkaSource {
 
     fn rewind(&mut self) -> Result<bool> {
         let assigned = self.assigned();
-        let mut tpl = TopicPartitionList::new();
-        for (topic, partition) in &assigned {
-            tpl.add_partition(topic, *partition);
-        }
-        let committed = self
-            .consumer
-            .committed_offsets(tpl, Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+        let committed = self.committed_offsets(&assigned)?;
         for e in committed.elements() {
             let (topic, partition) = (e.topic().to_string(), e.partition());
             let offset = match e.offset() {
