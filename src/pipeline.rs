@@ -317,9 +317,31 @@ pub enum StepSpec {
     /// Rolling window: per-key aggregates over a look-back range ending at
     /// a moving frontier.
     RollingWindow(RollingWindowSpec),
+    /// `dedup: {keys: [guid], within_watermark: true}`.
+    Dedup(DedupYaml),
+    /// `distinct: {}`.
+    Distinct(DistinctYaml),
 }
 
-const STEP_NAMES: &str = "filter, select, with_column, window_aggregate, rolling_window";
+const STEP_NAMES: &str =
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct";
+
+/// `dedup: {keys, within_watermark}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupYaml {
+    /// The columns identifying a duplicate.
+    pub keys: Vec<String>,
+    /// Spark's `dropDuplicatesWithinWatermark` (needs a watermark) instead
+    /// of `dropDuplicates`.
+    #[serde(default)]
+    pub within_watermark: bool,
+}
+
+/// `distinct: {}` (no settings).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistinctYaml {}
 
 impl<'de> Deserialize<'de> for StepSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -342,6 +364,8 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "with_column" => StepSpec::WithColumn(map.next_value()?),
                     "window_aggregate" => StepSpec::WindowAggregate(map.next_value()?),
                     "rolling_window" => StepSpec::RollingWindow(map.next_value()?),
+                    "dedup" => StepSpec::Dedup(map.next_value()?),
+                    "distinct" => StepSpec::Distinct(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -1178,6 +1202,11 @@ impl PipelineFile {
                         .collect::<Result<Vec<_>>>()?;
                     b.window_aggregate(&w.keys, w.window.0.clone(), aggregates)
                 }
+                StepSpec::Dedup(d) if d.within_watermark => {
+                    b.drop_duplicates_within_watermark(&d.keys)?
+                }
+                StepSpec::Dedup(d) => b.drop_duplicates(&d.keys)?,
+                StepSpec::Distinct(_) => b.distinct()?,
                 StepSpec::RollingWindow(r) => {
                     let measures = r
                         .measures

@@ -111,7 +111,15 @@ fn run_scenario(dir: &Path) -> Result<(), String> {
             .iter()
             .map(|s| s.num_rows_dropped_by_watermark)
             .sum();
+        let state_rows: u64 = got.state_operators.iter().map(|s| s.num_rows_total).sum();
+        let duplicates: u64 = got
+            .state_operators
+            .iter()
+            .filter_map(|s| s.custom_metrics.get("numDroppedDuplicateRows"))
+            .sum();
         let checks = [
+            ("stateRowsTotal", serde_json::json!(state_rows)),
+            ("numDroppedDuplicateRows", serde_json::json!(duplicates)),
             ("numInputRows", serde_json::json!(got.num_input_rows)),
             (
                 "watermark",

@@ -5,12 +5,14 @@
 //! Nothing here assumes micro-batches beyond `on_batch_end`, which real-time
 //! mode will call at each watermark advance instead.
 
+mod dedup;
 mod fixed_windows;
 mod rolling;
 mod state_codec;
 mod stateless;
 mod window_aggregate;
 
+pub use dedup::{DedupSpec, Deduplicate};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};

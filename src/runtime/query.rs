@@ -49,6 +49,9 @@ pub struct QueryBuilder {
     idle_timeout: Option<Duration>,
     steps: Vec<OperatorFactory>,
     stateful_steps: usize,
+    /// Window aggregations (what Spark's output-mode rules call
+    /// aggregations; deduplication is stateful but is not one).
+    aggregations: usize,
     rolling_windows: usize,
     session_windows: usize,
     output_mode: OutputMode,
@@ -79,6 +82,7 @@ impl Query {
             idle_timeout: None,
             steps: Vec::new(),
             stateful_steps: 0,
+            aggregations: 0,
             rolling_windows: 0,
             session_windows: 0,
             output_mode: OutputMode::Append,
@@ -251,6 +255,7 @@ impl QueryBuilder {
             None => crate::operators::TimeColumn::ProcessingTime,
         };
         self.stateful_steps += 1;
+        self.aggregations += 1;
         if window.is_session() {
             self.session_windows += 1;
         }
@@ -307,6 +312,57 @@ impl QueryBuilder {
                     measures.clone(),
                 )
                 .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Spark's `dropDuplicates(keys)`: the first row of each key passes.
+    /// With the event-time column among the keys and a watermark, a key's
+    /// state is evicted once the watermark passes its event time; otherwise
+    /// it is kept for ever (a warning says so).
+    pub fn drop_duplicates<K: AsRef<str>>(self, keys: &[K]) -> Result<Self> {
+        let keys = keys.iter().map(|k| Arc::from(k.as_ref())).collect();
+        self.deduplicate(crate::operators::DedupSpec::Keys(keys))
+    }
+
+    /// Spark's `distinct()`: every column is the key.
+    pub fn distinct(self) -> Result<Self> {
+        self.deduplicate(crate::operators::DedupSpec::Distinct)
+    }
+
+    /// Spark's `dropDuplicatesWithinWatermark(keys)`: the first row of each
+    /// key passes, later ones are dropped even when other columns (the
+    /// event time) differ, until the watermark reaches the first one's
+    /// event time plus the delay. Needs a watermark.
+    pub fn drop_duplicates_within_watermark<K: AsRef<str>>(self, keys: &[K]) -> Result<Self> {
+        let Some(delay) = self.watermark else {
+            return Err(Error::config(
+                "dedup.within_watermark",
+                "dropDuplicatesWithinWatermark needs a watermark: set `watermark` (and `event_time`)",
+            ));
+        };
+        let keys = keys.iter().map(|k| Arc::from(k.as_ref())).collect();
+        self.deduplicate(crate::operators::DedupSpec::WithinWatermark {
+            keys,
+            delay_micros: delay.as_micros() as i64,
+        })
+    }
+
+    fn deduplicate(mut self, spec: crate::operators::DedupSpec) -> Result<Self> {
+        let event_time = self.event_time.clone().filter(|_| self.watermark.is_some());
+        let probe = crate::operators::Deduplicate::new(spec.clone(), event_time.clone())?;
+        if !probe.evicts() {
+            tracing::warn!(
+                step = %crate::operators::Operator::describe(&probe),
+                "deduplication without the event-time column in its key (or without a watermark) keeps every key for ever: its state grows without bound"
+            );
+        }
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::Deduplicate::new(spec.clone(), event_time.clone())
+                    .expect("checked when the step was added"),
             )
         }));
         Ok(self)
@@ -370,13 +426,13 @@ impl QueryBuilder {
                 "the real-time trigger supports update output mode only (as in Databricks); set `output_mode: update`",
             ));
         }
-        if self.stateful_steps == 0 && self.output_mode == OutputMode::Complete {
+        if self.aggregations == 0 && self.output_mode == OutputMode::Complete {
             return Err(Error::config(
                 "output_mode",
                 "complete mode needs an aggregation (as in Spark); use append or update",
             ));
         }
-        if self.stateful_steps > 0
+        if self.aggregations > 0
             && self.output_mode == OutputMode::Append
             && self.watermark.is_none()
         {
