@@ -1052,6 +1052,7 @@ impl PipelineFile {
         let (at, keys) = self.steps.iter().enumerate().find_map(|(i, s)| match s {
             StepSpec::WindowAggregate(w) => Some((i, w.keys.clone())),
             StepSpec::RollingWindow(r) => Some((i, r.partition_by.clone())),
+            StepSpec::Dedup(d) => Some((i, d.keys.clone())),
             _ => None,
         })?;
         let on_record_key = self.source.keyed_by.as_ref().is_some_and(|k| {
