@@ -104,6 +104,16 @@ pub fn profile() -> &'static str {
     }
 }
 
+/// The process's peak resident memory (`VmHWM`) in MiB; 0 where unknown.
+pub fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::tidemark_run;
-use std::io::{BufRead, BufReader};
+use common::{run_and_kill, tidemark_run};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tidemark_integration_tests::*;
 
 const GUIDS: i64 = 600;
@@ -34,24 +33,6 @@ state: {{dir: state, changelog: true, memory_mb: 32}}
 processing_guarantee: exactly_once
 "#
     )
-}
-
-fn run_and_kill(file: &std::path::Path, batches: usize) {
-    let mut child = tidemark_run(file, None, Stdio::piped()).spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut seen = 0;
-    for line in stderr.lines() {
-        if line.unwrap().starts_with("{\"id\"") {
-            seen += 1;
-        }
-        if seen >= batches || Instant::now() > deadline {
-            break;
-        }
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(seen >= batches, "only {seen} batches before the deadline");
 }
 
 #[test]

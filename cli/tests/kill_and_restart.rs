@@ -5,30 +5,9 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tidemark_integration_tests::*;
-
-/// Runs `tidemark run` until it has reported `batches` progress lines, then
-/// kills it with SIGKILL.
-fn run_and_kill(file: &std::path::Path, batches: usize) {
-    let mut child = tidemark_run(file, None, Stdio::piped()).spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut seen = 0;
-    for line in stderr.lines() {
-        if line.unwrap().starts_with("{\"id\"") {
-            seen += 1;
-        }
-        if seen >= batches || Instant::now() > deadline {
-            break;
-        }
-    }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
-    assert!(seen >= batches, "only {seen} batches before the deadline");
-}
 
 #[test]
 fn sigkill_twice_under_exactly_once_then_the_output_is_exact() {

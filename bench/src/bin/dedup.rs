@@ -30,15 +30,6 @@ struct Args {
     mode: String,
 }
 
-fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // One event a millisecond; a guid's repeats are `keys` ms apart, inside
@@ -92,7 +83,7 @@ fn main() -> anyhow::Result<()> {
             "events_per_second": (args.events as f64 / seconds).round(),
             "rows_emitted": emitted,
             "state_keys_at_end": progress.num_rows_total,
-            "peak_rss_mib": peak_rss_mib(),
+            "peak_rss_mib": tidemark_bench::peak_rss_mib(),
         })
     );
     Ok(())

@@ -57,15 +57,6 @@ struct Args {
     operator_mb: Option<usize>,
 }
 
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut op = WindowAggregate::new(
@@ -134,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         "budget_mb": args.budget_mb,
         "seconds": elapsed,
         "events_per_second": args.events as f64 / elapsed,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": tidemark_bench::peak_rss_mib(),
         "windows_total": progress.num_rows_total,
         "state_memory_estimate_mib": progress.memory_used_bytes as f64 / (1 << 20) as f64,
     });

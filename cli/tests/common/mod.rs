@@ -167,3 +167,26 @@ pub fn interrupt(child: &mut std::process::Child) -> std::process::ExitStatus {
         .status();
     child.wait().unwrap()
 }
+
+/// Runs `tidemark run` until it has reported `batches` progress lines, then
+/// kills it with SIGKILL.
+pub fn run_and_kill(file: &std::path::Path, batches: usize) {
+    use std::io::{BufRead, BufReader};
+    let mut child = tidemark_run(file, None, std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut seen = 0;
+    for line in stderr.lines() {
+        if line.unwrap().starts_with("{\"id\"") {
+            seen += 1;
+        }
+        if seen >= batches || std::time::Instant::now() > deadline {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(seen >= batches, "only {seen} batches before the deadline");
+}
