@@ -216,3 +216,48 @@ fn new_columns_are_added_with_merge_schema_and_refused_without() {
         "nothing written"
     );
 }
+
+#[test]
+fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
+    use tidemark::row::{Row, Value};
+    use tidemark::runtime::Sink;
+    use tidemark_connectors::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small");
+    let mut config = DeltaSinkConfig::new(path.to_str().unwrap(), "app", DeltaWriteMode::Append);
+    config.compact_min_files = 5;
+    config.checkpoint_every = 3;
+    let mut sink = DeltaSink::new(config).unwrap();
+    for batch in 0..12u64 {
+        let rows: Vec<Row> = (0..10)
+            .map(|i| {
+                let mut r = Row::new();
+                r.set("batch", Value::Long(batch as i64));
+                r.set("i", Value::Long(i));
+                r
+            })
+            .collect();
+        sink.write(batch, &rows).unwrap();
+        sink.commit(batch).unwrap();
+    }
+    let table = read_delta(&path, Some("app"));
+    assert_eq!(table["rows"].as_array().unwrap().len(), 120, "{table}");
+    let files = table["files"].as_array().unwrap().len();
+    assert!(files < 5, "{files} files after compaction: {table}");
+    let history: Vec<&str> = table["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h.as_str())
+        .collect();
+    assert!(history.contains(&"OPTIMIZE"), "{history:?}");
+    assert_eq!(table["txn_version"], 11);
+    let checkpoints = std::fs::read_dir(path.join("_delta_log"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().contains(".checkpoint."))
+        })
+        .count();
+    assert!(checkpoints >= 1, "a Delta checkpoint was written");
+}
