@@ -240,6 +240,8 @@ fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
         sink.write(batch, &rows).unwrap();
         sink.commit(batch).unwrap();
     }
+    // Append tables compact on a thread beside the commits.
+    sink.wait_for_compaction();
     let table = read_delta(&path, Some("app"));
     assert_eq!(table["rows"].as_array().unwrap().len(), 120, "{table}");
     let files = table["files"].as_array().unwrap().len();

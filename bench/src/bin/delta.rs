@@ -101,6 +101,7 @@ fn main() -> anyhow::Result<()> {
             )?;
             sink.commit(c)?;
         }
+        sink.wait_for_compaction();
         let total = started.elapsed();
         for micros in sink.take_commit_micros() {
             histogram.record(micros.max(1))?;

@@ -14,6 +14,7 @@
 //! at the batch's end (at-least-once, as the trigger's output).
 
 mod columns;
+mod compaction;
 
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches, filter_record_batch};
@@ -28,7 +29,6 @@ use deltalake::DeltaTable;
 use object_store::ObjectStoreExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::IntoFuture;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::row::Row;
@@ -116,6 +116,8 @@ pub struct DeltaSink {
     commit_micros: Vec<u64>,
     /// The source's offsets at the end of the batch being committed.
     source_offsets: Option<serde_json::Value>,
+    /// Append tables: compaction on a thread of its own.
+    compactor: Option<compaction::Background>,
 }
 
 /// The commit-info keys under which a batch's id and end offsets are kept.
@@ -159,6 +161,7 @@ impl DeltaSink {
             key_files: None,
             commit_micros: Vec::new(),
             source_offsets: None,
+            compactor: None,
         };
         sink.table = sink.open_existing()?;
         Ok(sink)
@@ -458,23 +461,7 @@ impl DeltaSink {
     /// Reads one data file of the table.
     fn read_file(&self, path: &str) -> Result<Vec<RecordBatch>> {
         let table = self.table.as_ref().expect("the table exists");
-        let store = table.object_store();
-        let location = deltalake::Path::parse(path).map_err(|e| delta_error("file path", e))?;
-        let bytes = self.runtime.block_on(async {
-            let got = store
-                .get(&location)
-                .await
-                .map_err(|e| delta_error(&format!("reading {path}"), e))?;
-            got.bytes()
-                .await
-                .map_err(|e| delta_error(&format!("reading {path}"), e))
-        })?;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| delta_error(&format!("decoding {path}"), e))?;
-        reader
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| delta_error(&format!("decoding {path}"), e))
+        read_file(&self.runtime, table, path)
     }
 
     /// Upsert: the files holding any key of `batch` (to remove), and their
@@ -548,79 +535,73 @@ impl DeltaSink {
                 .block_on(deltalake::checkpoints::create_checkpoint(table, None))
                 .map_err(|e| delta_error("writing a Delta checkpoint", e))?;
         }
-        if self.config.compact_min_files > 0 {
-            self.compact()?;
+        if self.config.compact_min_files > 0 && self.config.partition_by.is_empty() {
+            match self.config.mode {
+                // Appends never remove files: compaction runs beside them.
+                DeltaWriteMode::Append | DeltaWriteMode::Changes => {
+                    if self.compactor.is_none() {
+                        self.compactor = Some(compaction::Background::start(
+                            self.url()?,
+                            self.storage_options(),
+                            self.config.compact_min_files,
+                            self.config.compact_target_bytes,
+                        )?);
+                    }
+                    if let Some(c) = &self.compactor {
+                        c.request();
+                    }
+                }
+                // Rewrites and overwrites remove files themselves: compact
+                // in line, between commits.
+                DeltaWriteMode::Overwrite | DeltaWriteMode::Upsert { .. } => {
+                    let table = self.table.as_mut().expect("the table exists");
+                    let compacted = compaction::compact(
+                        &self.runtime,
+                        table,
+                        self.config.compact_min_files,
+                        self.config.compact_target_bytes,
+                    )?;
+                    if compacted.is_some() {
+                        // Keys moved to the compacted file.
+                        self.key_files = None;
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// Rewrites the small files into one when there are enough of them
-    /// (`dataChange: false`: readers of the change feed skip it).
-    pub fn compact(&mut self) -> Result<()> {
-        let Some(table) = self.table.as_ref() else {
-            return Ok(());
-        };
-        if !self.config.partition_by.is_empty() {
-            // Partitioned tables would need a compaction per partition.
-            return Ok(());
+    /// Waits until background compaction is idle (tests and benchmarks).
+    pub fn wait_for_compaction(&mut self) {
+        if let Some(c) = self.compactor.take() {
+            c.finish();
         }
-        let target = self.config.compact_target_bytes as i64;
-        let state = table
-            .snapshot()
-            .map_err(|e| delta_error("table state", e))?;
-        let small: Vec<(String, deltalake::kernel::Remove)> = state
-            .log_data()
-            .into_iter()
-            .filter(|f| f.size() < target)
-            .map(|f| (f.path().to_string(), f.remove_action(false)))
-            .collect();
-        if small.len() < self.config.compact_min_files.max(2) {
-            return Ok(());
-        }
-        let schema: SchemaRef = Arc::new(Self::table_schema(table)?);
-        let mut batches = Vec::new();
-        for (path, _) in &small {
-            for b in self.read_file(path)? {
-                batches.push(conform(&b, &schema)?);
-            }
-        }
-        let merged = concat_batches(&schema, &batches).map_err(|e| delta_error("compacting", e))?;
-        let files = small.len();
-        let table = self.table.as_mut().expect("the table exists");
-        let version = self.runtime.block_on(async {
-            let adds = write_files(table, merged, WriteMode::Default).await?;
-            let mut actions: Vec<Action> =
-                small.into_iter().map(|(_, r)| Action::Remove(r)).collect();
-            actions.extend(adds.into_iter().map(|mut a| {
-                a.data_change = false;
-                Action::Add(a)
-            }));
-            let state = table
-                .snapshot()
-                .map_err(|e| delta_error("table state", e))?;
-            let finalized = CommitBuilder::default()
-                .with_actions(actions)
-                .build(
-                    Some(state),
-                    table.log_store(),
-                    DeltaOperation::Optimize {
-                        predicate: None,
-                        target_size: target,
-                    },
-                )
-                .await
-                .map_err(|e| delta_error("committing the compaction", e))?;
-            table
-                .update_state()
-                .await
-                .map_err(|e| delta_error("reloading the table", e))?;
-            Ok::<_, Error>(finalized.version())
-        })?;
-        // Keys moved to the compacted file.
-        self.key_files = None;
-        tracing::info!(files, version, "Delta files compacted");
-        Ok(())
     }
+}
+
+/// Reads one data file of `table`.
+pub(crate) fn read_file(
+    runtime: &tokio::runtime::Runtime,
+    table: &DeltaTable,
+    path: &str,
+) -> Result<Vec<RecordBatch>> {
+    let store = table.object_store();
+    let location = deltalake::Path::parse(path).map_err(|e| delta_error("file path", e))?;
+    let bytes = runtime.block_on(async {
+        let got = store
+            .get(&location)
+            .await
+            .map_err(|e| delta_error(&format!("reading {path}"), e))?;
+        got.bytes()
+            .await
+            .map_err(|e| delta_error(&format!("reading {path}"), e))
+    })?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| delta_error(&format!("decoding {path}"), e))?;
+    reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| delta_error(&format!("decoding {path}"), e))
 }
 
 /// Writes `batch` as Parquet files of `table` (none for no rows); returns
