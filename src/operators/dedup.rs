@@ -52,6 +52,7 @@ pub struct Deduplicate {
     changed: BTreeMap<Vec<u8>, Option<TimestampMicros>>,
     store: Option<Box<dyn StateStore>>,
     key_buffer: Vec<u8>,
+    value_buffer: Vec<u8>,
     dropped_by_watermark: u64,
     dropped_duplicates: u64,
     late_rows: Vec<Row>,
@@ -82,6 +83,7 @@ impl Deduplicate {
             changed: BTreeMap::new(),
             store: None,
             key_buffer: Vec::new(),
+            value_buffer: Vec::new(),
             dropped_by_watermark: 0,
             dropped_duplicates: 0,
             late_rows: Vec::new(),
@@ -116,14 +118,13 @@ impl Deduplicate {
                 // Every column, by name, so that column order does not count.
                 let mut columns: Vec<(&str, &Value)> = row.columns().collect();
                 columns.sort_by(|a, b| a.0.cmp(b.0));
-                let names: Vec<Value> = columns.iter().map(|(n, _)| Value::from(*n)).collect();
-                encode_key_into(
-                    names
-                        .iter()
-                        .zip(columns.iter().map(|(_, v)| *v))
-                        .flat_map(|(n, v)| [n, v]),
-                    &mut self.key_buffer,
-                );
+                self.key_buffer.clear();
+                for (name, value) in columns {
+                    self.key_buffer.extend_from_slice(name.as_bytes());
+                    self.key_buffer.push(0xff);
+                    encode_key_into(std::iter::once(value), &mut self.value_buffer);
+                    self.key_buffer.extend_from_slice(&self.value_buffer);
+                }
             }
             DedupSpec::Keys(keys) | DedupSpec::WithinWatermark { keys, .. } => {
                 encode_key_into(

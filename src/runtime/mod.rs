@@ -6,7 +6,9 @@ mod query;
 pub mod testing;
 
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
-pub use query::{default_query_id, Query, QueryBuilder, RunSummary, StopHandle};
+pub use query::{
+    checkpoint_batch_id, default_query_id, Query, QueryBuilder, RunSummary, StopHandle,
+};
 
 use crate::error::{Error, Result};
 use crate::record::Record;
@@ -87,10 +89,12 @@ pub trait Source: Send {
     }
     /// Ends the next batch exactly at `end` (offsets as [`Source::offsets`]
     /// reports them) where the committed position is behind it, reading
-    /// nothing from the other partitions: the replay of a batch whose output
-    /// the sink already committed. Returns whether anything is replayed.
+    /// nothing from the other partitions: the replay of batch `batch_id`,
+    /// whose output the sink already committed. Returns whether that batch
+    /// was not committed here (its offsets are behind, or the checkpoints
+    /// committed with them name an earlier batch: a batch without input).
     /// Sources that cannot return `false`.
-    fn replay_until(&mut self, _end: &serde_json::Value) -> Result<bool> {
+    fn replay_until(&mut self, _batch_id: u64, _end: &serde_json::Value) -> Result<bool> {
         Ok(false)
     }
     /// Records behind the end of the input, if known (consumer lag).

@@ -702,11 +702,31 @@ fn restore_thread_died() -> Error {
 const RESTORE_GRACE: Duration = Duration::from_millis(100);
 
 /// Restores a task's watermark from the checkpoint its source kept.
+/// What a task checkpoints with its source offsets: the batch that
+/// committed them and the watermark.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TaskCheckpoint {
+    #[serde(rename = "batchId")]
+    batch_id: u64,
+    watermark: WatermarkTracker,
+}
+
+/// The batch id a task checkpoint was committed by (`None` for a
+/// checkpoint from before batch ids were recorded).
+pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
+    serde_json::from_str::<TaskCheckpoint>(checkpoint)
+        .ok()
+        .map(|c| c.batch_id)
+}
+
 fn restore_watermark(task: &mut Task, partition: i32, checkpoint: &str) {
     let Some(w) = task.watermark.as_mut() else {
         return;
     };
-    match serde_json::from_str::<WatermarkTracker>(checkpoint) {
+    let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint)
+        .map(|c| c.watermark)
+        .or_else(|_| serde_json::from_str::<WatermarkTracker>(checkpoint));
+    match saved {
         Ok(saved) => {
             w.restore(&saved);
             tracing::info!(partition, watermark = w.in_effect(), "watermark restored");
@@ -831,17 +851,21 @@ impl Query {
             } => (REAL_TIME_TICK, Some(checkpoint_interval)),
         };
         let real_time = checkpoint_interval.is_some();
+        // The batch replayed for the sink runs even without input rows: its
+        // output (a watermark's closed windows) is what the sink holds.
+        let mut replaying: Option<u64> = None;
         if let Some((committed, end)) = sink.recovered_batch()? {
             // Batch ids continue where the sink's record ends; the batch the
             // sink holds but the source did not commit runs again with its
             // own id, over exactly its input, and the sink skips it.
             batch_id = committed + 1;
-            if source.replay_until(&end)? {
+            if source.replay_until(committed, &end)? {
                 tracing::info!(
                     batch_id = committed,
                     "replaying a batch the sink already committed"
                 );
                 batch_id = committed;
+                replaying = Some(committed);
             }
         }
         let event_time = self.builder.event_time.clone();
@@ -1008,7 +1032,8 @@ impl Query {
                     );
                     t.operators.iter().any(|op| op.wants_batch(&ctx))
                 });
-            if !has_records && !watermark_pending && !timers_due && !real_time {
+            let replay_due = replaying.take_if(|b| *b == batch_id).is_some();
+            if !has_records && !watermark_pending && !timers_due && !real_time && !replay_due {
                 if exhausted {
                     break;
                 }
@@ -1230,7 +1255,13 @@ impl Query {
             dead_letter.flush()?;
             let checkpoints: BTreeMap<i32, String> = tasks
                 .iter()
-                .filter_map(|(p, t)| Some((*p, serde_json::to_string(t.watermark.as_ref()?).ok()?)))
+                .filter_map(|(p, t)| {
+                    let checkpoint = TaskCheckpoint {
+                        batch_id,
+                        watermark: t.watermark.clone()?,
+                    };
+                    Some((*p, serde_json::to_string(&checkpoint).ok()?))
+                })
                 .collect();
             match source.commit(&checkpoints) {
                 Err(Error::BatchAborted(reason)) if source.rewind()? => {

@@ -530,12 +530,19 @@ impl Source for KafkaSource {
             .map_err(|e| Error::Source(format!("resuming partition {partition}: {e}")))
     }
 
-    fn replay_until(&mut self, end: &serde_json::Value) -> Result<bool> {
+    fn replay_until(&mut self, batch_id: u64, end: &serde_json::Value) -> Result<bool> {
         self.join(Instant::now() + Duration::from_secs(60))?;
         let assigned = self.assigned();
         let committed = self.committed_offsets(&assigned)?;
         let mut bounds = HashMap::new();
-        let mut behind = false;
+        // A batch without input moves no offset: the checkpoints committed
+        // with the offsets say which batch committed them.
+        let committed_batch = committed
+            .elements()
+            .iter()
+            .filter_map(|e| tidemark::runtime::checkpoint_batch_id(e.metadata()))
+            .max();
+        let mut behind = committed_batch.is_some_and(|b| b < batch_id);
         for (topic, partition) in assigned {
             let start = committed
                 .find_partition(&topic, partition)
