@@ -973,7 +973,10 @@ impl Query {
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) if pending.held => None,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        if source.hold(partition)? {
+                        // A replayed batch must hold exactly its recorded
+                        // input: it waits for its restores.
+                        let replay_batch = replaying == Some(batch_id);
+                        if !replay_batch && source.hold(partition)? {
                             pending.held = true;
                             tracing::info!(
                                 partition,
