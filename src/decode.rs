@@ -46,3 +46,35 @@ impl Decoder for JsonDecoder {
         self.schema.row_from_json(&json, &record.position)
     }
 }
+
+/// Decodes each topic's records with its own decoder (a join's two
+/// streams have different columns), the rest with a default one.
+pub struct ByTopicDecoder {
+    by_topic: std::collections::HashMap<String, Box<dyn Decoder>>,
+    default: Box<dyn Decoder>,
+}
+
+impl ByTopicDecoder {
+    /// Records of topics without a decoder of their own go to `default`.
+    pub fn new(default: Box<dyn Decoder>) -> Self {
+        ByTopicDecoder {
+            by_topic: Default::default(),
+            default,
+        }
+    }
+
+    /// Decodes the records of `topic` with `decoder`.
+    pub fn topic(mut self, topic: &str, decoder: Box<dyn Decoder>) -> Self {
+        self.by_topic.insert(topic.to_string(), decoder);
+        self
+    }
+}
+
+impl Decoder for ByTopicDecoder {
+    fn decode(&mut self, record: &Record) -> Result<Row> {
+        match self.by_topic.get_mut(record.position.topic.as_ref()) {
+            Some(d) => d.decode(record),
+            None => self.default.decode(record),
+        }
+    }
+}

@@ -321,10 +321,93 @@ pub enum StepSpec {
     Dedup(DedupYaml),
     /// `distinct: {}`.
     Distinct(DistinctYaml),
+    /// A stream-stream join with a second stream.
+    Join(Box<JoinYaml>),
 }
 
 const STEP_NAMES: &str =
-    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct";
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join";
+
+/// `join: {topic, type, on, event_time, watermark, between | window, ...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinYaml {
+    /// The second stream's topic(s), co-partitioned with the source's (for
+    /// the files source: the sub-directory of `source.path`).
+    pub topic: TopicList,
+    /// The stream's name in progress reports and in renamed columns
+    /// (default: its first topic).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `inner` (default), `left_outer`, `right_outer`, `full_outer` or
+    /// `left_semi`.
+    #[serde(default = "default_join_type", rename = "type")]
+    pub join_type: crate::operators::JoinType,
+    /// Key columns: a name present on both sides, or `{left: a, right: b}`.
+    pub on: Vec<JoinKeyYaml>,
+    /// The second stream's event-time column.
+    pub event_time: String,
+    /// The second stream's own watermark delay.
+    #[serde(default)]
+    pub watermark: Option<DurationSpec>,
+    /// `[lower, upper]`: `right.event_time BETWEEN left.event_time + lower
+    /// AND left.event_time + upper`, inclusive.
+    #[serde(default)]
+    pub between: Option<[String; 2]>,
+    /// Instead of `between`: both rows in the same tumbling window.
+    #[serde(default)]
+    pub window: Option<DurationSpec>,
+    /// The second stream's column types (empty: inferred).
+    #[serde(default)]
+    pub schema: SchemaSpec,
+    /// Stateless steps (filter, select, with_column) on the second stream
+    /// before the join.
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+}
+
+fn default_join_type() -> crate::operators::JoinType {
+    crate::operators::JoinType::Inner
+}
+
+/// One join key: `adId`, or `{left: impressionAdId, right: clickAdId}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinKeyYaml {
+    /// The left (main stream) column.
+    pub left: String,
+    /// The right (joined stream) column.
+    pub right: String,
+}
+
+impl<'de> Deserialize<'de> for JoinKeyYaml {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Same(String),
+            Pair { left: String, right: String },
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            de::Error::custom("a join key is a column name or `{left: <column>, right: <column>}`")
+        })? {
+            Raw::Same(c) => Ok(JoinKeyYaml {
+                left: c.clone(),
+                right: c,
+            }),
+            Raw::Pair { left, right } => Ok(JoinKeyYaml { left, right }),
+        }
+    }
+}
+
+impl JoinYaml {
+    /// The stream's name.
+    pub fn stream_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| self.topic.0.first().cloned())
+            .unwrap_or_else(|| "right".into())
+    }
+}
 
 /// `dedup: {keys, within_watermark}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -366,6 +449,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "rolling_window" => StepSpec::RollingWindow(map.next_value()?),
                     "dedup" => StepSpec::Dedup(map.next_value()?),
                     "distinct" => StepSpec::Distinct(map.next_value()?),
+                    "join" => StepSpec::Join(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -1046,7 +1130,9 @@ impl PipelineFile {
     /// on the Kafka record key (`source.keyed_by`); `None` when it runs as
     /// one stage.
     pub fn repartition_stages(&self) -> Option<RepartitionStages> {
-        if self.source.kind != SourceKind::Kafka {
+        if self.source.kind != SourceKind::Kafka || self.join().is_some() {
+            // A join reads co-partitioned topics where they are; its
+            // checks live in `check_join_partitioning`.
             return None;
         }
         let (at, keys) = self.steps.iter().enumerate().find_map(|(i, s)| match s {
@@ -1137,6 +1223,81 @@ impl PipelineFile {
         })
     }
 
+    /// The join step, if any.
+    pub fn join(&self) -> Option<&JoinYaml> {
+        self.steps.iter().find_map(|s| match s {
+            StepSpec::Join(j) => Some(j.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The topics the source reads: its own and a join's second stream's.
+    pub fn input_topics(&self) -> Vec<String> {
+        let mut topics = self.source.topic.clone().map(|t| t.0).unwrap_or_default();
+        if let Some(j) = self.join() {
+            topics.extend(j.topic.0.iter().cloned());
+        }
+        topics
+    }
+
+    /// A pipeline with a join runs each task on one partition number of
+    /// every topic: groupings after the join must be on the join keys (or
+    /// the record key), else a key's rows would be spread over tasks.
+    pub fn check_join_partitioning(&self) -> Result<()> {
+        let Some(position) = self
+            .steps
+            .iter()
+            .position(|s| matches!(s, StepSpec::Join(_)))
+        else {
+            return Ok(());
+        };
+        let join = self.join().expect("found");
+        if self
+            .steps
+            .iter()
+            .filter(|s| matches!(s, StepSpec::Join(_)))
+            .count()
+            > 1
+        {
+            return Err(Error::config(
+                "steps",
+                "one join per pipeline: chain a second join in a second pipeline",
+            ));
+        }
+        let mut join_keys: Vec<String> = join.on.iter().map(|k| k.left.clone()).collect();
+        join_keys.sort();
+        let keyed_by = self.source.keyed_by.clone().map(|mut k| {
+            k.sort();
+            k
+        });
+        for (index, step) in self.steps.iter().enumerate() {
+            if index == position {
+                continue;
+            }
+            let keys = match step {
+                StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
+                StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
+                StepSpec::Dedup(d) => Some(d.keys.clone()),
+                _ => None,
+            };
+            if let Some(mut keys) = keys {
+                keys.sort();
+                if self.source.kind == SourceKind::Kafka
+                    && keys != join_keys
+                    && Some(&keys) != keyed_by.as_ref()
+                {
+                    return Err(Error::config(
+                        "steps",
+                        format!(
+                            "a grouping in a pipeline with a join must be on the join keys {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The state settings from `state:` or `state_dir:`, if any.
     pub fn state_spec(&self) -> Option<StateSpec> {
         self.state.clone().or_else(|| {
@@ -1182,8 +1343,60 @@ impl PipelineFile {
         if self.watermark_from_markers {
             b = b.watermark_from_markers();
         }
+        if self.join().is_some() {
+            self.check_join_partitioning()?;
+            let main = match &self.source.topic {
+                Some(t) => t.0.join(","),
+                None => "main".to_string(),
+            };
+            b = b
+                .main_stream(&main)
+                .main_columns(&self.schema().fields().map(|(n, _)| n).collect::<Vec<_>>());
+        }
         for step in &self.steps {
             b = match step {
+                StepSpec::Join(j) => {
+                    let mut input = crate::runtime::JoinInput::new(&j.stream_name())
+                        .topics(&j.topic.0)
+                        .event_time(&j.event_time)
+                        .columns(&j.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+                    if let Some(w) = j.watermark {
+                        input = input.watermark(&w.to_spark_string())?;
+                    }
+                    for step in &j.steps {
+                        input = match step {
+                            StepSpec::Filter(e) => input.filter(&e.0)?,
+                            StepSpec::Select(s) => input.select(&s.0),
+                            StepSpec::WithColumn(w) => input.with_column(&w.name, &w.expr.0)?,
+                            _ => {
+                                return Err(Error::config(
+                                    "join.steps",
+                                    "only filter, select and with_column run on the joined stream before the join",
+                                ))
+                            }
+                        };
+                    }
+                    let time = match (&j.between, j.window) {
+                        (Some(_), Some(_)) => {
+                            return Err(Error::config(
+                                "join.between",
+                                "set `between` or `window`, not both",
+                            ))
+                        }
+                        (Some([lower, upper]), None) => {
+                            crate::operators::JoinTimeCondition::between(lower, upper)?
+                        }
+                        (None, Some(w)) => crate::operators::JoinTimeCondition::Window {
+                            size_micros: w.0.as_micros() as i64,
+                        },
+                        (None, None) => crate::operators::JoinTimeCondition::None,
+                    };
+                    let on: Vec<(&str, &str)> =
+                        j.on.iter()
+                            .map(|k| (k.left.as_str(), k.right.as_str()))
+                            .collect();
+                    b.join(input, j.join_type, &on, time)?
+                }
                 StepSpec::Filter(e) => b.filter(&e.0)?,
                 StepSpec::Select(s) => b.select(&s.0),
                 StepSpec::WithColumn(w) => b.with_column(&w.name, &w.expr.0)?,

@@ -42,6 +42,13 @@ pub struct QueryProgress {
     /// the sink (`p50`, `p99`, `p99.9`, `max`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub latency_ms: BTreeMap<String, u64>,
+    /// Queries with a join: each stream's own watermark at the end of the
+    /// batch (its maximum event time minus its delay, RFC 3339), which the
+    /// `multiple_watermark_policy` combines into the next batch's global
+    /// watermark (`eventTime.watermark`). A stream that has delivered
+    /// nothing shows the epoch.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub stream_watermarks: BTreeMap<String, String>,
 }
 
 /// Spark's `StateOperatorProgress`.

@@ -30,6 +30,21 @@ pub enum WatermarkPolicy {
 struct InputProgress {
     max_event_time: TimestampMicros,
     last_active_processing_time: TimestampMicros,
+    /// This input's own delay (a join's second stream has its own
+    /// `withWatermark`); `None`: the tracker's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delay_micros: Option<i64>,
+    /// The query input (stream) this partition belongs to, for progress
+    /// and for the `min` rule on streams that never delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stream: Option<String>,
+}
+
+impl InputProgress {
+    fn watermark(&self, default_delay: i64) -> TimestampMicros {
+        self.max_event_time
+            .saturating_sub(self.delay_micros.unwrap_or(default_delay))
+    }
 }
 
 /// Tracks inputs' event times and the watermarks of the current batch.
@@ -49,6 +64,10 @@ pub struct WatermarkTracker {
     policy: WatermarkPolicy,
     idle_timeout_micros: Option<i64>,
     inputs: BTreeMap<String, InputProgress>,
+    /// Streams expected to deliver: under `min`, one that has delivered
+    /// nothing yet counts as watermark 0 (Spark) and holds the rest back.
+    #[serde(default)]
+    expected_streams: Vec<String>,
     in_effect: TimestampMicros,
     previous: TimestampMicros,
 }
@@ -67,6 +86,7 @@ impl WatermarkTracker {
             policy,
             idle_timeout_micros,
             inputs: BTreeMap::new(),
+            expected_streams: Vec::new(),
             in_effect: 0,
             previous: 0,
         }
@@ -80,10 +100,28 @@ impl WatermarkTracker {
         event_time: TimestampMicros,
         processing_time: TimestampMicros,
     ) {
+        self.observe_stream(input, None, None, event_time, processing_time)
+    }
+
+    /// Like [`WatermarkTracker::observe`], for an input of stream `stream`
+    /// whose watermark delay is `delay_micros` (`None`: the tracker's):
+    /// the streams of a join, each with its own `withWatermark`.
+    pub fn observe_stream(
+        &mut self,
+        input: &str,
+        stream: Option<&str>,
+        delay_micros: Option<i64>,
+        event_time: TimestampMicros,
+        processing_time: TimestampMicros,
+    ) {
         match self.inputs.get_mut(input) {
             Some(p) => {
                 p.max_event_time = p.max_event_time.max(event_time);
                 p.last_active_processing_time = processing_time;
+                p.delay_micros = delay_micros.or(p.delay_micros);
+                if p.stream.is_none() {
+                    p.stream = stream.map(str::to_string);
+                }
             }
             None => {
                 self.inputs.insert(
@@ -91,10 +129,41 @@ impl WatermarkTracker {
                     InputProgress {
                         max_event_time: event_time,
                         last_active_processing_time: processing_time,
+                        delay_micros,
+                        stream: stream.map(str::to_string),
                     },
                 );
             }
         }
+    }
+
+    /// Declares a stream that must deliver before the `min` policy lets the
+    /// watermark move (Spark counts an input without data as watermark 0).
+    pub fn expect_stream(&mut self, stream: &str) {
+        if !self.expected_streams.iter().any(|s| s == stream) {
+            self.expected_streams.push(stream.to_string());
+        }
+    }
+
+    /// Each stream's watermark now (the `min` over its inputs; 0 for a
+    /// stream that has delivered nothing), before the policy combines them.
+    pub fn stream_watermarks(&self) -> BTreeMap<String, TimestampMicros> {
+        let mut out: BTreeMap<String, TimestampMicros> = self
+            .expected_streams
+            .iter()
+            .map(|s| (s.clone(), 0))
+            .collect();
+        let mut seen: BTreeMap<String, TimestampMicros> = BTreeMap::new();
+        for p in self.inputs.values() {
+            let (Some(stream), true) = (&p.stream, p.max_event_time != TimestampMicros::MIN) else {
+                continue;
+            };
+            let w = p.watermark(self.delay_micros).max(0);
+            let slot = seen.entry(stream.clone()).or_insert(w);
+            *slot = (*slot).min(w);
+        }
+        out.extend(seen);
+        out
     }
 
     /// Makes `input` known before it delivers anything: under the `min`
@@ -106,6 +175,8 @@ impl WatermarkTracker {
                 InputProgress {
                     max_event_time: TimestampMicros::MIN,
                     last_active_processing_time: processing_time,
+                    delay_micros: None,
+                    stream: None,
                 },
             );
         }
@@ -131,9 +202,21 @@ impl WatermarkTracker {
                 Some(timeout) => processing_time - p.last_active_processing_time < timeout,
                 None => true,
             });
-        let per_input = active.map(|p| p.max_event_time.saturating_sub(self.delay_micros));
+        let per_input = active.map(|p| p.watermark(self.delay_micros));
         match self.policy {
-            WatermarkPolicy::Min => per_input.min(),
+            WatermarkPolicy::Min => {
+                let silent_stream = self.expected_streams.iter().any(|s| {
+                    !self
+                        .inputs
+                        .values()
+                        .any(|p| p.stream.as_deref() == Some(s.as_str()))
+                });
+                if silent_stream {
+                    // A stream without data counts as watermark 0.
+                    return Some(0);
+                }
+                per_input.min()
+            }
             WatermarkPolicy::Max => per_input.max(),
         }
     }
@@ -166,6 +249,9 @@ impl WatermarkTracker {
                 .entry(input.clone())
                 .or_insert_with(|| p.clone());
             entry.max_event_time = entry.max_event_time.max(p.max_event_time);
+        }
+        for stream in &saved.expected_streams {
+            self.expect_stream(stream);
         }
         self.in_effect = self.in_effect.max(saved.in_effect);
         self.previous = self.previous.max(saved.previous);
@@ -219,6 +305,32 @@ mod tests {
         wm.register("late-starter", 0);
         wm.finish_batch(0);
         assert_eq!(wm.in_effect(), 30);
+    }
+
+    #[test]
+    fn streams_keep_their_own_delays_and_a_silent_stream_holds_min_at_zero() {
+        let hour = 60 * MIN;
+        let mut min = WatermarkTracker::new(hour, WatermarkPolicy::Min, None);
+        min.expect_stream("impressions");
+        min.expect_stream("clicks");
+        min.observe_stream("imp/0", Some("impressions"), None, 13 * hour, 0);
+        min.finish_batch(0);
+        assert_eq!(min.in_effect(), 0, "clicks has delivered nothing");
+        min.observe_stream("clk/0", Some("clicks"), Some(2 * hour), 13 * hour, 0);
+        min.finish_batch(0);
+        assert_eq!(min.in_effect(), 11 * hour, "min(13h - 1h, 13h - 2h)");
+        assert_eq!(
+            min.stream_watermarks(),
+            BTreeMap::from([
+                ("clicks".into(), 11 * hour),
+                ("impressions".into(), 12 * hour)
+            ])
+        );
+        let mut max = WatermarkTracker::new(hour, WatermarkPolicy::Max, None);
+        max.observe_stream("imp/0", Some("impressions"), None, 13 * hour, 0);
+        max.observe_stream("clk/0", Some("clicks"), Some(2 * hour), 13 * hour, 0);
+        max.finish_batch(0);
+        assert_eq!(max.in_effect(), 12 * hour);
     }
 
     #[test]

@@ -127,6 +127,10 @@ fn run_scenario(dir: &Path) -> Result<(), String> {
             ),
             ("numRowsDroppedByWatermark", serde_json::json!(dropped)),
             ("numOutputRows", serde_json::json!(got.sink.num_output_rows)),
+            (
+                "streamWatermarks",
+                serde_json::to_value(&got.stream_watermarks).unwrap(),
+            ),
         ];
         for (field, value) in checks {
             if let Some(w) = want.get(field) {

@@ -19,6 +19,9 @@ use tidemark::runtime::{BatchRequest, DeadLetter, Sink, Source, SourceBatch};
 #[derive(Debug)]
 pub struct FilesSource {
     dir: PathBuf,
+    /// Several streams (a join): each a sub-directory of `dir`, batch `i`
+    /// being the files named alike in each.
+    inputs: Vec<String>,
     done: Vec<PathBuf>,
     handed_out: usize,
     committed: usize,
@@ -36,10 +39,75 @@ impl FilesSource {
         }
         Ok(FilesSource {
             dir,
+            inputs: Vec::new(),
             done: Vec::new(),
             handed_out: 0,
             committed: 0,
         })
+    }
+
+    /// A source of several streams: `dir/<input>/` each; a batch is the
+    /// files of one name across them (a stream may lack a file: no rows of
+    /// it in that batch). Records carry their stream's name as topic.
+    pub fn with_inputs(dir: impl AsRef<Path>, inputs: Vec<String>) -> Result<Self> {
+        let mut source = FilesSource::new(dir)?;
+        for input in &inputs {
+            if !source.dir.join(input).is_dir() {
+                return Err(Error::config(
+                    "source.path",
+                    format!(
+                        "`{}` has no sub-directory `{input}` for that stream",
+                        source.dir.display()
+                    ),
+                ));
+            }
+        }
+        source.inputs = inputs;
+        Ok(source)
+    }
+
+    /// The pending batch names (multi-stream mode): file names in any
+    /// stream's directory, not yet read.
+    fn pending_names(&self) -> Result<Vec<PathBuf>> {
+        let mut names = std::collections::BTreeSet::new();
+        for input in &self.inputs {
+            let dir = self.dir.join(input);
+            for entry in fs::read_dir(&dir)
+                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+            {
+                let path = entry
+                    .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+                    .path();
+                let Some(name) = path.file_name() else {
+                    continue;
+                };
+                if path.is_file() && !name.to_string_lossy().starts_with('.') {
+                    names.insert(PathBuf::from(name));
+                }
+            }
+        }
+        Ok(names
+            .into_iter()
+            .filter(|n| !self.done.contains(n))
+            .collect())
+    }
+
+    fn read_lines(file: &Path, topic: &std::sync::Arc<str>, out: &mut Vec<Record>) -> Result<()> {
+        let reader = BufReader::new(
+            File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?,
+        );
+        for (line_no, line) in reader.split(b'\n').enumerate() {
+            let line = line.map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
+            if line.iter().all(|b| b.is_ascii_whitespace()) {
+                continue;
+            }
+            out.push(Record {
+                value: Some(line),
+                position: SourcePosition::new(topic.clone(), 0, line_no as i64 + 1),
+                ..Default::default()
+            });
+        }
+        Ok(())
     }
 
     fn pending(&self) -> Result<Vec<PathBuf>> {
@@ -65,6 +133,29 @@ impl Source for FilesSource {
     }
 
     fn next_batch(&mut self, request: &BatchRequest) -> Result<SourceBatch> {
+        if !self.inputs.is_empty() {
+            let pending = self.pending_names()?;
+            let Some(name) = pending.first().cloned() else {
+                return Ok(SourceBatch {
+                    exhausted: request.available_now,
+                    ..Default::default()
+                });
+            };
+            let mut records = Vec::new();
+            for input in &self.inputs {
+                let file = self.dir.join(input).join(&name);
+                if file.is_file() {
+                    Self::read_lines(&file, &std::sync::Arc::from(input.as_str()), &mut records)?;
+                }
+            }
+            self.done.push(name);
+            self.handed_out += 1;
+            return Ok(SourceBatch {
+                records,
+                exhausted: request.available_now && pending.len() == 1,
+                ..Default::default()
+            });
+        }
         let pending = self.pending()?;
         let Some(file) = pending.first().cloned() else {
             return Ok(SourceBatch {
@@ -108,9 +199,13 @@ impl Source for FilesSource {
         serde_json::json!({ "logOffset": self.handed_out as i64 - 1 })
     }
 
-    fn watermark_input(&self, _topic: &str, _partition: i32) -> String {
-        // Every file belongs to one input: the directory.
-        self.dir.display().to_string()
+    fn watermark_input(&self, topic: &str, _partition: i32) -> String {
+        if self.inputs.is_empty() {
+            // Every file belongs to one input: the directory.
+            self.dir.display().to_string()
+        } else {
+            format!("{}/{topic}", self.dir.display())
+        }
     }
 }
 

@@ -74,13 +74,31 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             )?)
         }
     };
+    let join = file.join();
     let source: Box<dyn Source> = match src.kind {
-        SourceKind::Files => Box::new(FilesSource::new(resolve(
-            base_dir,
-            src.path.as_deref().unwrap_or("."),
-        ))?),
+        SourceKind::Files => {
+            let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
+            match join {
+                None => Box::new(FilesSource::new(dir)?),
+                Some(_) if src.topic.is_none() => {
+                    return Err(tidemark::error::Error::config(
+                        "source.topic",
+                        "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
+                    ))
+                }
+                Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
+            }
+        }
         SourceKind::Kafka => {
             let mut properties = src.properties.clone();
+            if join.is_some() {
+                check_co_partitioned(&source_bootstrap, &file.input_topics())?;
+                // Partition n of every topic to the same instance: the
+                // range assignor splits each topic alike.
+                properties
+                    .entry("partition.assignment.strategy".into())
+                    .or_insert_with(|| "range".into());
+            }
             // Static membership: an instance restarted within the session
             // timeout gets its partitions back without a rebalance.
             if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
@@ -90,7 +108,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             }
             let source = KafkaSource::new(KafkaSourceConfig {
                 bootstrap: source_bootstrap.clone(),
-                topics: src.topic.clone().map(|t| t.0).unwrap_or_default(),
+                topics: file.input_topics(),
                 group: src.group.clone().unwrap_or_else(|| file.name.clone()),
                 earliest: src.starting_offsets != Some(StartingOffsets::Latest),
                 properties,
@@ -110,6 +128,16 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             }
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
+    };
+    let decoder: Box<dyn Decoder> = match (join, src.format) {
+        (Some(j), Format::Json) => {
+            let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
+            for topic in &j.topic.0 {
+                by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(j.schema.0.clone())));
+            }
+            Box::new(by_topic)
+        }
+        _ => decoder,
     };
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
     let sink = if file.sink.repartition_markers {
@@ -158,7 +186,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             let changelog = match spec.changelog.unwrap_or(src.kind == SourceKind::Kafka) {
                 false => None,
                 true => {
-                    let topics = src.topic.clone().map(|t| t.0).unwrap_or_default();
+                    let topics = file.input_topics();
                     let mut partitions = 1;
                     for topic in &topics {
                         partitions = partitions.max(crate::state_backend::partition_count(
@@ -200,6 +228,33 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
         late_data,
         state_backend,
     })
+}
+
+/// A join's topics must have as many partitions each: task `n` joins
+/// partition `n` of every topic (records keyed by the join key, with the
+/// same partitioner).
+fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
+    let mut counts = Vec::new();
+    for topic in topics {
+        counts.push((
+            topic.clone(),
+            crate::state_backend::partition_count(bootstrap, topic)?,
+        ));
+    }
+    if counts.windows(2).any(|w| w[0].1 != w[1].1) {
+        let listed: Vec<String> = counts
+            .iter()
+            .map(|(t, n)| format!("`{t}` has {n}"))
+            .collect();
+        return Err(tidemark::error::Error::config(
+            "join.topic",
+            format!(
+                "the joined topics are not co-partitioned: {}; a join needs the same number of partitions on every topic, keyed by the join key (re-create one of them, or write it through a pipeline into a topic with the right count)",
+                listed.join(", ")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The input partitions (`topic/partition`) of a Kafka source.

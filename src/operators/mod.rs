@@ -7,12 +7,14 @@
 
 mod dedup;
 mod fixed_windows;
+mod join;
 mod rolling;
 mod state_codec;
 mod stateless;
 mod window_aggregate;
 
 pub use dedup::{DedupSpec, Deduplicate};
+pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
@@ -76,6 +78,31 @@ pub trait Operator: Send {
 
     /// Processes one row, pushing any output to `out`.
     fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()>;
+
+    /// Processes one row of input `input`: 0 is the chain's own rows, 1
+    /// the second stream of a join. Only joins take a second input.
+    fn on_input_row(
+        &mut self,
+        input: usize,
+        row: Row,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        match input {
+            0 => self.on_row(row, ctx, out),
+            _ => Err(crate::error::Error::config(
+                "join",
+                format!("{} takes one input", self.describe()),
+            )),
+        }
+    }
+
+    /// The watermark of this operator's output, given its input's (Spark
+    /// 3.5's propagation): the next stateful operator judges lateness and
+    /// evicts by it. A join may emit rows older than its input watermark.
+    fn output_watermark(&self, watermark: TimestampMicros) -> TimestampMicros {
+        watermark
+    }
 
     /// Ends a batch: emits what the watermark or output mode releases.
     fn on_batch_end(&mut self, _ctx: &BatchContext, _out: &mut Vec<Row>) -> Result<()> {

@@ -7,7 +7,7 @@ pub mod testing;
 
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use query::{
-    checkpoint_batch_id, default_query_id, Query, QueryBuilder, RunSummary, StopHandle,
+    checkpoint_batch_id, default_query_id, JoinInput, Query, QueryBuilder, RunSummary, StopHandle,
 };
 
 use crate::error::{Error, Result};

@@ -48,6 +48,12 @@ pub struct QueryBuilder {
     policy: WatermarkPolicy,
     idle_timeout: Option<Duration>,
     steps: Vec<OperatorFactory>,
+    /// The second streams of joins.
+    side_inputs: Vec<SideInput>,
+    /// The name of the main stream, in progress reports of joins.
+    main_stream: Arc<str>,
+    /// The main stream's declared columns (a right outer join's nulls).
+    main_columns: Vec<Arc<str>>,
     stateful_steps: usize,
     /// Window aggregations (what Spark's output-mode rules call
     /// aggregations; deduplication is stateful but is not one).
@@ -70,6 +76,102 @@ pub struct QueryBuilder {
 /// Computes a row's event time (microseconds) when no column holds it.
 pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send + Sync>;
 
+/// The second stream of a join: its topics, event-time column, watermark
+/// and the stateless steps its rows go through before the join.
+#[derive(Clone)]
+pub struct JoinInput {
+    name: Arc<str>,
+    topics: Vec<String>,
+    event_time: Option<Arc<str>>,
+    watermark: Option<Duration>,
+    steps: Vec<OperatorFactory>,
+    columns: Vec<Arc<str>>,
+}
+
+impl JoinInput {
+    /// The stream `name`, read from the topic of that name (for the files
+    /// source: the sub-directory of that name).
+    pub fn new(name: &str) -> Self {
+        JoinInput {
+            name: Arc::from(name),
+            topics: vec![name.to_string()],
+            event_time: None,
+            watermark: None,
+            steps: Vec::new(),
+            columns: Vec::new(),
+        }
+    }
+
+    /// Reads the stream from these topics instead (co-partitioned with the
+    /// main stream's).
+    pub fn topics<S: AsRef<str>>(mut self, topics: &[S]) -> Self {
+        self.topics = topics.iter().map(|t| t.as_ref().to_string()).collect();
+        self
+    }
+
+    /// The stream's event-time column.
+    pub fn event_time(mut self, column: &str) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self
+    }
+
+    /// The stream's own watermark delay, as a Spark duration string.
+    pub fn watermark(mut self, delay: &str) -> Result<Self> {
+        let d = crate::duration::parse_duration(delay)
+            .map_err(|e| Error::config("join.watermark", e.to_string()))?;
+        self.watermark = Some(d);
+        Ok(self)
+    }
+
+    /// The stream's columns, when known: a left outer row writes them as
+    /// nulls (otherwise the columns of the rows seen so far are).
+    pub fn columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self
+    }
+
+    /// Keeps the stream's rows for which `condition` is true.
+    pub fn filter(mut self, condition: &str) -> Result<Self> {
+        crate::operators::Filter::new(condition)?;
+        let condition = condition.to_string();
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::Filter::new(&condition).expect("validated"))
+        }));
+        Ok(self)
+    }
+
+    /// Keeps `(column, output name)` pairs of the stream's rows.
+    pub fn select<S: AsRef<str>>(mut self, columns: &[(S, S)]) -> Self {
+        let cols: Vec<(String, String)> = columns
+            .iter()
+            .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
+            .collect();
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::Select::new(cols.clone()))
+        }));
+        self
+    }
+
+    /// Adds a computed column to the stream's rows.
+    pub fn with_column(mut self, name: &str, expression: &str) -> Result<Self> {
+        crate::operators::WithColumn::new(name, expression)?;
+        let (n, e) = (name.to_string(), expression.to_string());
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))
+        }));
+        Ok(self)
+    }
+}
+
+/// A join's second stream within the query.
+struct SideInput {
+    /// The input index its records are routed by.
+    input: usize,
+    /// The index of its join in the steps.
+    join_at: usize,
+    stream: JoinInput,
+}
+
 impl Query {
     /// Starts building a query named `name`.
     pub fn builder(name: &str) -> QueryBuilder {
@@ -81,6 +183,9 @@ impl Query {
             policy: WatermarkPolicy::Min,
             idle_timeout: None,
             steps: Vec::new(),
+            side_inputs: Vec::new(),
+            main_stream: Arc::from("main"),
+            main_columns: Vec::new(),
             stateful_steps: 0,
             aggregations: 0,
             rolling_windows: 0,
@@ -368,6 +473,118 @@ impl QueryBuilder {
         Ok(self)
     }
 
+    /// Names the main stream (the query's own input) in progress reports
+    /// of a join's per-stream watermarks (default `main`).
+    pub fn main_stream(mut self, name: &str) -> Self {
+        self.main_stream = Arc::from(name);
+        self
+    }
+
+    /// The main stream's columns, when declared: a right outer join writes
+    /// them as nulls in an unmatched right row (otherwise the columns of
+    /// the rows seen so far).
+    pub fn main_columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.main_columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self
+    }
+
+    /// Joins the rows so far (the left side) with a second stream (the
+    /// right side), Spark's stream-stream join: `on` pairs left and right
+    /// key columns, `time` bounds how far apart matching rows' event times
+    /// are, which is what lets the watermarks evict state. Append output
+    /// mode only. The second stream's records are those of `right`'s
+    /// topics; each stream keeps its own watermark and the query combines
+    /// them by the policy ([`QueryBuilder::watermark_policy`]).
+    ///
+    /// ```
+    /// use tidemark::prelude::*;
+    /// use tidemark::operators::{JoinTimeCondition, JoinType};
+    /// use tidemark::runtime::JoinInput;
+    ///
+    /// let query = Query::builder("ad-clicks")
+    ///     .event_time("impressionTime")
+    ///     .watermark("2 hours").unwrap()
+    ///     .join(
+    ///         JoinInput::new("clicks").event_time("clickTime").watermark("3 hours").unwrap(),
+    ///         JoinType::LeftOuter,
+    ///         &[("adId", "adId")],
+    ///         JoinTimeCondition::between("0 seconds", "1 hour").unwrap(),
+    ///     )
+    ///     .unwrap()
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(query.describe()[0].contains("LeftOuter"));
+    /// ```
+    pub fn join(
+        mut self,
+        right: JoinInput,
+        join_type: crate::operators::JoinType,
+        on: &[(&str, &str)],
+        time: crate::operators::JoinTimeCondition,
+    ) -> Result<Self> {
+        let Some(left_time) = self.event_time.clone() else {
+            return Err(Error::config(
+                "event_time",
+                "a stream-stream join compares event times: set the main stream's `event_time`",
+            ));
+        };
+        let Some(right_time) = right.event_time.clone() else {
+            return Err(Error::config(
+                "join.event_time",
+                format!(
+                    "set the event-time column of the joined stream `{}`",
+                    right.name
+                ),
+            ));
+        };
+        if right.watermark.is_some() && self.watermark.is_none() {
+            return Err(Error::config(
+                "watermark",
+                "the joined stream has a watermark but the main stream has none: set `watermark`",
+            ));
+        }
+        let needs_watermarks = join_type != crate::operators::JoinType::Inner;
+        if needs_watermarks && (self.watermark.is_none() || right.watermark.is_none()) {
+            return Err(Error::config(
+                "join.watermark",
+                "outer and semi joins need a watermark on both streams (as in Spark): set `watermark` and the join's `watermark`",
+            ));
+        }
+        let spec = crate::operators::JoinSpec {
+            join_type,
+            left_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
+            right_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
+            left_time,
+            right_time,
+            time,
+            right_name: right.name.clone(),
+            right_columns: right.columns.clone(),
+            left_columns: self.main_columns.clone(),
+        };
+        // Checked once here so that the step factory cannot fail.
+        let probe = crate::operators::StreamJoin::new(spec.clone())?;
+        if time == crate::operators::JoinTimeCondition::None || self.watermark.is_none() {
+            tracing::warn!(
+                step = %crate::operators::Operator::describe(&probe),
+                "a join without a time condition and watermarks keeps every row of both streams for ever: its state grows without bound"
+            );
+        }
+        let input = self.side_inputs.len() + 1;
+        self.side_inputs.push(SideInput {
+            input,
+            join_at: self.steps.len(),
+            stream: right,
+        });
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::StreamJoin::new(spec.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
     /// Spark's output mode (default append).
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
         self.output_mode = mode;
@@ -447,6 +664,12 @@ impl QueryBuilder {
                 "update output mode is not supported for session windows (as in Spark); use append or complete",
             ));
         }
+        if !self.side_inputs.is_empty() && self.output_mode != OutputMode::Append {
+            return Err(Error::config(
+                "output_mode",
+                "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
+            ));
+        }
         if self.watermark.is_some() && self.event_time.is_none() {
             return Err(Error::config(
                 "watermark",
@@ -524,20 +747,32 @@ pub struct RunSummary {
 /// co-partitioned partitions).
 struct Task {
     operators: Vec<Box<dyn Operator>>,
+    /// The steps of each join's second stream before the join.
+    side_chains: Vec<SideChain>,
     watermark: Option<WatermarkTracker>,
 }
 
+/// The second stream of a join, in a task: its own steps, then the join.
+struct SideChain {
+    /// The input index its records are routed by (1, 2, ...).
+    input: usize,
+    /// Where in the main chain its join is.
+    join_at: usize,
+    operators: Vec<Box<dyn Operator>>,
+}
+
 impl Task {
-    /// Pushes `rows` into the chain at operator `from`.
+    /// Pushes `rows` into the chain at operator `from`; `contexts` holds
+    /// each operator's view of the batch.
     fn push(
         &mut self,
         from: usize,
         rows: Vec<Row>,
-        ctx: &BatchContext,
+        contexts: &[BatchContext],
         out: &mut Vec<Row>,
     ) -> Result<()> {
         let mut current = rows;
-        for op in &mut self.operators[from..] {
+        for (op, ctx) in self.operators[from..].iter_mut().zip(&contexts[from..]) {
             let mut next = Vec::with_capacity(current.len());
             for row in current {
                 op.on_row(row, ctx, &mut next)?;
@@ -548,36 +783,85 @@ impl Task {
         Ok(())
     }
 
-    fn finish_batch(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+    /// Pushes one row of input `input` (a join's second stream) through
+    /// its steps and into its join.
+    fn push_input(
+        &mut self,
+        input: usize,
+        row: Row,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let Some(chain) = self.side_chains.iter_mut().find(|c| c.input == input) else {
+            return Err(Error::Source(format!("no join takes input {input}")));
+        };
+        let join_at = chain.join_at;
+        let ctx = &contexts[join_at];
+        let mut current = vec![row];
+        for op in chain.operators.iter_mut() {
+            let mut next = Vec::with_capacity(current.len());
+            for row in current {
+                op.on_row(row, ctx, &mut next)?;
+            }
+            current = next;
+        }
+        let mut joined = Vec::new();
+        for row in current {
+            self.operators[join_at].on_input_row(input, row, ctx, &mut joined)?;
+        }
+        if !joined.is_empty() {
+            self.push(join_at + 1, joined, contexts, out)?;
+        }
+        Ok(())
+    }
+
+    fn finish_batch(&mut self, contexts: &[BatchContext], out: &mut Vec<Row>) -> Result<()> {
         for i in 0..self.operators.len() {
             let mut emitted = Vec::new();
-            self.operators[i].on_batch_end(ctx, &mut emitted)?;
+            self.operators[i].on_batch_end(&contexts[i], &mut emitted)?;
             if !emitted.is_empty() {
-                self.push(i + 1, emitted, ctx, out)?;
+                self.push(i + 1, emitted, contexts, out)?;
             }
         }
         Ok(())
     }
 
-    fn context(
+    /// Each operator's view of the batch: the first sees the query's
+    /// watermarks, each later one the watermark its predecessor passes on
+    /// (Spark 3.5's propagation: after a join, rows may be older than the
+    /// input watermark, and the next stateful operator must wait for them).
+    fn contexts(
         &self,
         batch_id: u64,
         processing_time: TimestampMicros,
         collect_late_rows: bool,
         real_time: bool,
-    ) -> BatchContext {
+    ) -> Vec<BatchContext> {
         let (late_threshold, watermark) = match &self.watermark {
             Some(w) => (w.late_threshold(), w.in_effect()),
             None => (0, 0),
         };
-        BatchContext {
+        let mut ctx = BatchContext {
             batch_id,
             processing_time,
             late_threshold,
             watermark,
             collect_late_rows,
             real_time,
+        };
+        let mut out = Vec::with_capacity(self.operators.len() + 1);
+        for op in &self.operators {
+            out.push(ctx);
+            // 0 is "no watermark yet" and stays so.
+            if ctx.watermark > 0 {
+                ctx.watermark = op.output_watermark(ctx.watermark).max(0);
+            }
+            if ctx.late_threshold > 0 {
+                ctx.late_threshold = op.output_watermark(ctx.late_threshold).max(0);
+            }
         }
+        out.push(ctx);
+        out
     }
 }
 
@@ -597,6 +881,8 @@ struct OpenBatch {
     event_times: u64,
     event_time_progress: BTreeMap<String, TimestampMicros>,
     watermark_used: Option<TimestampMicros>,
+    /// Joins: each stream's watermark (before the policy combines them).
+    stream_watermarks: BTreeMap<String, TimestampMicros>,
     /// Real-time mode: milliseconds from each record's timestamp to its
     /// output handed to the sink.
     latency_ms: Option<hdrhistogram::Histogram<u64>>,
@@ -618,6 +904,7 @@ impl OpenBatch {
             event_times: 0,
             event_time_progress: BTreeMap::new(),
             watermark_used: None,
+            stream_watermarks: BTreeMap::new(),
             latency_ms: real_time
                 .then(|| hdrhistogram::Histogram::new_with_bounds(1, 3_600_000, 3).ok())
                 .flatten(),
@@ -764,11 +1051,21 @@ impl Query {
 
     /// The operator graph, one line per step (for `tidemark describe`).
     pub fn describe(&self) -> Vec<String> {
-        self.builder
-            .steps
-            .iter()
-            .map(|f| f(self.builder.output_mode).describe())
-            .collect()
+        let b = &self.builder;
+        let mut lines = Vec::new();
+        for (index, f) in b.steps.iter().enumerate() {
+            for side in b.side_inputs.iter().filter(|s| s.join_at == index) {
+                for step in &side.stream.steps {
+                    lines.push(format!(
+                        "[{}] {}",
+                        side.stream.name,
+                        step(b.output_mode).describe()
+                    ));
+                }
+            }
+            lines.push(f(b.output_mode).describe());
+        }
+        lines
     }
 
     /// The operators of a task for `partition`; with a state backend, each
@@ -804,15 +1101,59 @@ impl Query {
     /// A task around restored operators.
     fn task_of(&self, operators: Vec<Box<dyn Operator>>) -> Task {
         let b = &self.builder;
+        let side_chains = b
+            .side_inputs
+            .iter()
+            .map(|side| SideChain {
+                input: side.input,
+                join_at: side.join_at,
+                operators: side.stream.steps.iter().map(|f| f(b.output_mode)).collect(),
+            })
+            .collect();
         Task {
             operators,
+            side_chains,
             watermark: b.watermark.map(|d| {
-                WatermarkTracker::new(
+                let mut tracker = WatermarkTracker::new(
                     d.as_micros() as i64,
                     b.policy,
                     b.idle_timeout.map(|t| t.as_micros() as i64),
-                )
+                );
+                if !b.side_inputs.is_empty() {
+                    tracker.expect_stream(&b.main_stream);
+                    for side in &b.side_inputs {
+                        tracker.expect_stream(&side.stream.name);
+                    }
+                }
+                tracker
             }),
+        }
+    }
+
+    /// Which input a record of `topic` belongs to: 0 for the main stream,
+    /// else the join's second stream reading that topic.
+    fn input_of(&self, topic: &str) -> usize {
+        self.builder
+            .side_inputs
+            .iter()
+            .find(|s| s.stream.topics.iter().any(|t| t == topic))
+            .map_or(0, |s| s.input)
+    }
+
+    /// The event-time column, stream name and watermark delay of `input`.
+    fn input_time(&self, input: usize) -> (Option<Arc<str>>, Option<Arc<str>>, Option<i64>) {
+        let b = &self.builder;
+        match input {
+            0 if b.side_inputs.is_empty() => (b.event_time.clone(), None, None),
+            0 => (b.event_time.clone(), Some(b.main_stream.clone()), None),
+            i => {
+                let side = &b.side_inputs[i - 1].stream;
+                (
+                    side.event_time.clone(),
+                    Some(side.name.clone()),
+                    side.watermark.map(|d| d.as_micros() as i64),
+                )
+            }
         }
     }
 
@@ -1027,13 +1368,16 @@ impl Query {
             let timers_due = !has_records
                 && !real_time
                 && tasks.values().any(|t| {
-                    let ctx = t.context(
+                    let contexts = t.contexts(
                         batch_id,
                         self.builder.clock.batch_time(batch_id),
                         collect_late,
                         real_time,
                     );
-                    t.operators.iter().any(|op| op.wants_batch(&ctx))
+                    t.operators
+                        .iter()
+                        .zip(&contexts)
+                        .any(|(op, ctx)| op.wants_batch(ctx))
                 });
             let replay_due = replaying.take_if(|b| *b == batch_id).is_some();
             if !has_records && !watermark_pending && !timers_due && !real_time && !replay_due {
@@ -1056,9 +1400,10 @@ impl Query {
             let (mut min_et, mut max_et, mut sum_et, mut n_et) = (i64::MAX, i64::MIN, 0i128, 0u64);
             let mut held_records = 0u64;
             let num_input = batch.records.len() as u64;
-            let mut contexts: BTreeMap<i32, BatchContext> = BTreeMap::new();
+            let mut contexts: BTreeMap<i32, Vec<BatchContext>> = BTreeMap::new();
             let mut batch_max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros> =
                 BTreeMap::new();
+            let joins = !self.builder.side_inputs.is_empty();
             let mut markers = 0u64;
             for record in &batch.records {
                 let partition = record.position.partition;
@@ -1088,9 +1433,19 @@ impl Query {
                         continue;
                     }
                 }
-                let ctx = *contexts.entry(partition).or_insert_with(|| {
-                    task.context(batch_id, processing_time, collect_late, real_time)
+                let ctx = contexts.entry(partition).or_insert_with(|| {
+                    task.contexts(batch_id, processing_time, collect_late, real_time)
                 });
+                let input = if joins {
+                    self.input_of(&record.position.topic)
+                } else {
+                    0
+                };
+                let event_time = if input == 0 {
+                    event_time.clone()
+                } else {
+                    self.input_time(input).0
+                };
                 let result = decoder.decode(record).and_then(|mut row| {
                     if let Some(column) = &event_time {
                         if let Some(extract) = &extractor {
@@ -1117,15 +1472,19 @@ impl Query {
                             *slot = (*slot).max(t);
                         }
                     }
-                    task.push(0, vec![row], &ctx, &mut outputs)
-                        .map_err(|e| match e {
-                            Error::BadRecord { .. } => e,
-                            other => Error::BadRecord {
-                                position: record.position.clone(),
-                                field: "<step>".into(),
-                                reason: other.to_string(),
-                            },
-                        })
+                    let pushed = if input == 0 {
+                        task.push(0, vec![row], ctx, &mut outputs)
+                    } else {
+                        task.push_input(input, row, ctx, &mut outputs)
+                    };
+                    pushed.map_err(|e| match e {
+                        Error::BadRecord { .. } => e,
+                        other => Error::BadRecord {
+                            position: record.position.clone(),
+                            field: "<step>".into(),
+                            reason: other.to_string(),
+                        },
+                    })
                 });
                 if let Err(error) = result {
                     bad_records += 1;
@@ -1142,18 +1501,28 @@ impl Query {
                         .get_mut(partition)
                         .and_then(|task| task.watermark.as_mut())
                     {
-                        w.observe(&input, *t, processing_time);
+                        let (_, stream, delay) =
+                            self.input_time(if joins { self.input_of(topic) } else { 0 });
+                        w.observe_stream(&input, stream.as_deref(), delay, *t, processing_time);
                     }
                 }
                 event_time_progress.insert(input, *t);
             }
             let mut late_rows = Vec::new();
             let mut watermark_used: Option<TimestampMicros> = None;
+            let mut stream_watermarks: BTreeMap<String, TimestampMicros> = BTreeMap::new();
             for (partition, task) in tasks.iter_mut() {
-                let ctx = contexts.get(partition).copied().unwrap_or_else(|| {
-                    task.context(batch_id, processing_time, collect_late, real_time)
+                let task_contexts = contexts.remove(partition).unwrap_or_else(|| {
+                    task.contexts(batch_id, processing_time, collect_late, real_time)
                 });
-                task.finish_batch(&ctx, &mut outputs)?;
+                task.finish_batch(&task_contexts, &mut outputs)?;
+                let ctx = task_contexts[0];
+                if let Some(w) = task.watermark.as_ref().filter(|_| joins) {
+                    for (stream, watermark) in w.stream_watermarks() {
+                        let slot = stream_watermarks.entry(stream).or_insert(watermark);
+                        *slot = (*slot).min(watermark);
+                    }
+                }
                 if task.watermark.is_some() {
                     watermark_used =
                         Some(watermark_used.map_or(ctx.watermark, |w: i64| w.min(ctx.watermark)));
@@ -1193,6 +1562,9 @@ impl Query {
             }
             if watermark_used.is_some() {
                 open.watermark_used = watermark_used;
+            }
+            if !stream_watermarks.is_empty() {
+                open.stream_watermarks = stream_watermarks;
             }
             let checkpoint_due = match checkpoint_interval {
                 None => true,
@@ -1345,6 +1717,11 @@ impl Query {
                     num_output_rows: open.num_output,
                 },
                 latency_ms: open.latency_summary(),
+                stream_watermarks: open
+                    .stream_watermarks
+                    .iter()
+                    .map(|(k, v)| (k.clone(), format_rfc3339(*v)))
+                    .collect(),
             };
             progress.record_metrics();
             tracing::debug!(progress = %progress.json(), "batch done");

@@ -1,0 +1,922 @@
+//! Stream-stream joins with Spark's rules (`StreamingSymmetricHashJoinExec`).
+//!
+//! Both inputs are buffered in state by join key. A new row of one side is
+//! joined with the other side's buffered rows (each matching pair is emitted
+//! once: by whichever of the two rows came second) and is then buffered
+//! itself. The time condition bounds the state:
+//!
+//! * a **range** `right_time BETWEEN left_time + lower AND left_time + upper`
+//!   (inclusive at both ends): with watermark `W`, no future right row can
+//!   match a left row with `left_time <= W - upper`, nor a future left row a
+//!   right row with `right_time <= W + lower`; those rows are evicted at the
+//!   end of the batch (Spark's state value watermarks, solved from the
+//!   condition as `StreamingJoinHelper` does);
+//! * **equal windows**: both rows fall in the same tumbling window, which is
+//!   part of the key; rows are evicted once `window_end <= W`.
+//!
+//! A row whose event time is at or before the late-row watermark (the
+//! previous batch's) is dropped and counted. Outer joins emit a row with
+//! nulls for the other side when an unmatched row is evicted (so in the
+//! batch whose watermark guarantees no future match); a left semi join
+//! emits a left row once, at its first match.
+
+use super::state_codec::{corrupt, put_value, Reader};
+use super::{encode_key_into, BatchContext, Operator};
+use crate::error::{Error, Result};
+use crate::progress::StateOperatorProgress;
+use crate::row::{Row, Value};
+use crate::time::TimestampMicros;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tidemark_state::StateStore;
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The kinds of join, Spark's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JoinType {
+    /// Matching pairs only.
+    Inner,
+    /// Matching pairs, and each unmatched left row with nulls.
+    LeftOuter,
+    /// Matching pairs, and each unmatched right row with nulls.
+    RightOuter,
+    /// Both outer sides.
+    FullOuter,
+    /// Each left row that has a match, once, with its own columns only.
+    LeftSemi,
+}
+
+impl JoinType {
+    fn keeps_unmatched(self, side: Side) -> bool {
+        matches!(
+            (self, side),
+            (JoinType::LeftOuter | JoinType::FullOuter, Side::Left)
+                | (JoinType::RightOuter | JoinType::FullOuter, Side::Right)
+        )
+    }
+}
+
+impl std::str::FromStr for JoinType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "inner" => JoinType::Inner,
+            "left_outer" | "left" => JoinType::LeftOuter,
+            "right_outer" | "right" => JoinType::RightOuter,
+            "full_outer" | "full" | "outer" => JoinType::FullOuter,
+            "left_semi" | "semi" => JoinType::LeftSemi,
+            other => {
+                return Err(Error::config(
+                    "join.type",
+                    format!(
+                        "unknown join type `{other}`; allowed: inner, left_outer, right_outer, full_outer, left_semi"
+                    ),
+                ))
+            }
+        })
+    }
+}
+
+/// The event-time condition of a join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinTimeCondition {
+    /// `right_time BETWEEN left_time + lower AND left_time + upper`, both
+    /// ends inclusive (microseconds; `lower` may be negative).
+    Range {
+        /// Lower offset from the left row's time.
+        lower_micros: i64,
+        /// Upper offset from the left row's time.
+        upper_micros: i64,
+    },
+    /// Both rows in the same tumbling window of this size (starting at the
+    /// epoch), which is added to the output as `window_start`/`window_end`.
+    Window {
+        /// The window size.
+        size_micros: i64,
+    },
+    /// Key equality only: state is never evicted (inner joins only).
+    None,
+}
+
+impl JoinTimeCondition {
+    /// `right_time BETWEEN left_time + lower AND left_time + upper`, from
+    /// Spark duration strings; a leading `-` makes an offset negative
+    /// (`between("-10 minutes", "10 minutes")`).
+    ///
+    /// ```
+    /// use tidemark::operators::JoinTimeCondition;
+    /// let c = JoinTimeCondition::between("0 seconds", "1 hour").unwrap();
+    /// assert_eq!(c, JoinTimeCondition::Range { lower_micros: 0, upper_micros: 3_600_000_000 });
+    /// ```
+    pub fn between(lower: &str, upper: &str) -> Result<Self> {
+        Ok(JoinTimeCondition::Range {
+            lower_micros: signed_micros(lower)?,
+            upper_micros: signed_micros(upper)?,
+        })
+    }
+
+    /// Both rows in the same tumbling window of `size`.
+    pub fn window(size: &str) -> Result<Self> {
+        Ok(JoinTimeCondition::Window {
+            size_micros: signed_micros(size)?,
+        })
+    }
+}
+
+fn signed_micros(text: &str) -> Result<i64> {
+    let trimmed = text.trim();
+    let (sign, rest) = match trimmed.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, trimmed),
+    };
+    let d = crate::duration::parse_duration(rest)
+        .map_err(|e| Error::config("join.between", e.to_string()))?;
+    Ok(sign * d.as_micros() as i64)
+}
+
+/// What a join matches on and what it outputs.
+#[derive(Debug, Clone)]
+pub struct JoinSpec {
+    /// The kind of join.
+    pub join_type: JoinType,
+    /// Key columns of the left rows.
+    pub left_keys: Vec<Arc<str>>,
+    /// Key columns of the right rows, pairwise equal to `left_keys`.
+    pub right_keys: Vec<Arc<str>>,
+    /// The left rows' event-time column.
+    pub left_time: Arc<str>,
+    /// The right rows' event-time column.
+    pub right_time: Arc<str>,
+    /// The time condition.
+    pub time: JoinTimeCondition,
+    /// The right input's name: a right column whose name a left column
+    /// already has is written as `<right_name>_<column>`.
+    pub right_name: Arc<str>,
+    /// Columns of the right rows, when declared: the nulls of a left outer
+    /// row. Otherwise the columns of the right rows seen so far.
+    pub right_columns: Vec<Arc<str>>,
+    /// Columns of the left rows, when declared: the nulls of a right outer
+    /// row. Otherwise the columns of the left rows seen so far.
+    pub left_columns: Vec<Arc<str>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Side {
+    Left = 0,
+    Right = 1,
+}
+
+impl Side {
+    fn other(self) -> Side {
+        match self {
+            Side::Left => Side::Right,
+            Side::Right => Side::Left,
+        }
+    }
+}
+
+/// A buffered row with its join key.
+type KeyedRow = (Vec<u8>, Buffered);
+
+/// A buffered row.
+#[derive(Debug, Clone)]
+struct Buffered {
+    id: u64,
+    /// The event time the condition compares.
+    time: TimestampMicros,
+    /// Evicted once the watermark reaches this.
+    evict_at: TimestampMicros,
+    matched: bool,
+    row: Row,
+}
+
+#[derive(Default)]
+struct SideState {
+    rows: HashMap<Vec<u8>, Vec<Buffered>>,
+    /// (eviction time, key, id).
+    evictions: BTreeSet<(TimestampMicros, Vec<u8>, u64)>,
+    len: usize,
+    /// Approximate bytes of the buffered rows.
+    bytes: usize,
+}
+
+/// The stream-stream join operator (see the module documentation).
+pub struct StreamJoin {
+    spec: JoinSpec,
+    state: [SideState; 2],
+    next_id: u64,
+    /// Rows written (`Some`) or removed (`None`) since the last checkpoint.
+    changed: BTreeMap<(Side, u64), Option<KeyedRow>>,
+    store: Option<Box<dyn StateStore>>,
+    left_columns_seen: Vec<Arc<str>>,
+    right_columns_seen: Vec<Arc<str>>,
+    key_buffer: Vec<u8>,
+    value_buffer: Vec<u8>,
+    dropped_by_watermark: u64,
+    late_rows: Vec<Row>,
+    rows_updated: u64,
+    rows_removed: u64,
+}
+
+const FOREVER: TimestampMicros = TimestampMicros::MAX;
+const STATE_VERSION: u8 = 1;
+
+impl StreamJoin {
+    /// A join as `spec` says; the spec is checked.
+    pub fn new(spec: JoinSpec) -> Result<Self> {
+        if spec.left_keys.is_empty() || spec.left_keys.len() != spec.right_keys.len() {
+            return Err(Error::config(
+                "join.on",
+                "a join needs at least one key column, as many on the right as on the left",
+            ));
+        }
+        if let JoinTimeCondition::Range {
+            lower_micros,
+            upper_micros,
+        } = spec.time
+        {
+            if lower_micros > upper_micros {
+                return Err(Error::config(
+                    "join.between",
+                    "the lower bound is after the upper bound: no row could ever match",
+                ));
+            }
+        }
+        if let JoinTimeCondition::Window { size_micros } = spec.time {
+            if size_micros <= 0 {
+                return Err(Error::config("join.window", "the window must be positive"));
+            }
+        }
+        if spec.join_type != JoinType::Inner && spec.time == JoinTimeCondition::None {
+            return Err(Error::config(
+                "join.between",
+                "outer and semi joins need a time condition (`between` or `window`) so that the watermark can tell when a row will never match (as in Spark)",
+            ));
+        }
+        Ok(StreamJoin {
+            left_columns_seen: spec.left_columns.clone(),
+            right_columns_seen: spec.right_columns.clone(),
+            spec,
+            state: [SideState::default(), SideState::default()],
+            next_id: 0,
+            changed: BTreeMap::new(),
+            store: None,
+            key_buffer: Vec::new(),
+            value_buffer: Vec::new(),
+            dropped_by_watermark: 0,
+            late_rows: Vec::new(),
+            rows_updated: 0,
+            rows_removed: 0,
+        })
+    }
+
+    /// The oldest event time that can still appear in the output, given the
+    /// watermark: what a stateful operator after the join must wait for
+    /// (Spark 3.5's watermark propagation).
+    fn output_bound(&self, watermark: TimestampMicros) -> TimestampMicros {
+        match self.spec.time {
+            // Output rows carry the left time, which may be as old as the
+            // left state keeps (W - upper), or the right time for
+            // right-outer rows (W + lower).
+            JoinTimeCondition::Range {
+                lower_micros,
+                upper_micros,
+            } => watermark
+                .saturating_sub(upper_micros)
+                .min(watermark.saturating_add(lower_micros)),
+            _ => watermark,
+        }
+    }
+
+    /// When a row of `side` at `time` can no longer match: the state
+    /// watermark the condition gives, compared with `<=` as in Spark.
+    fn evict_at(&self, side: Side, time: TimestampMicros) -> TimestampMicros {
+        match (self.spec.time, side) {
+            (
+                JoinTimeCondition::Range {
+                    upper_micros: u, ..
+                },
+                Side::Left,
+            ) => time.saturating_add(u),
+            (
+                JoinTimeCondition::Range {
+                    lower_micros: l, ..
+                },
+                Side::Right,
+            ) => time.saturating_sub(l),
+            (JoinTimeCondition::Window { size_micros }, _) => {
+                window_start(time, size_micros).saturating_add(size_micros)
+            }
+            (JoinTimeCondition::None, _) => FOREVER,
+        }
+    }
+
+    fn time_column(&self, side: Side) -> &Arc<str> {
+        match side {
+            Side::Left => &self.spec.left_time,
+            Side::Right => &self.spec.right_time,
+        }
+    }
+
+    /// Whether a left row at `left` and a right row at `right` satisfy the
+    /// time condition (the window is in the key).
+    fn times_match(&self, left: TimestampMicros, right: TimestampMicros) -> bool {
+        match self.spec.time {
+            JoinTimeCondition::Range {
+                lower_micros,
+                upper_micros,
+            } => {
+                right >= left.saturating_add(lower_micros)
+                    && right <= left.saturating_add(upper_micros)
+            }
+            _ => true,
+        }
+    }
+
+    /// Encodes the key of `row` on `side` into `key_buffer`; `false` when a
+    /// key column is null (SQL: null never equals anything).
+    fn encode_key(&mut self, side: Side, row: &Row, time: TimestampMicros) -> bool {
+        let keys = match side {
+            Side::Left => &self.spec.left_keys,
+            Side::Right => &self.spec.right_keys,
+        };
+        let null = Value::Null;
+        let values: Vec<&Value> = keys.iter().map(|k| row.get(k).unwrap_or(&null)).collect();
+        if values.iter().any(|v| v.is_null()) {
+            return false;
+        }
+        let window = match self.spec.time {
+            JoinTimeCondition::Window { size_micros } => {
+                Some(Value::Timestamp(window_start(time, size_micros)))
+            }
+            _ => None,
+        };
+        encode_key_into(
+            values.into_iter().chain(window.as_ref()),
+            &mut self.key_buffer,
+        );
+        true
+    }
+
+    fn remember_columns(&mut self, side: Side, row: &Row) {
+        let seen = match side {
+            Side::Left => &mut self.left_columns_seen,
+            Side::Right => &mut self.right_columns_seen,
+        };
+        for (name, _) in row.columns() {
+            if !seen.iter().any(|c| c.as_ref() == name) {
+                seen.push(Arc::from(name));
+            }
+        }
+    }
+
+    /// The output row of a pair; `None` on one side writes its columns as
+    /// nulls.
+    fn joined(&self, left: Option<&Row>, right: Option<&Row>) -> Row {
+        if self.spec.join_type == JoinType::LeftSemi {
+            return left.cloned().unwrap_or_default();
+        }
+        let mut out = Row::new();
+        match left {
+            Some(l) => {
+                for (name, value) in l.columns() {
+                    out.set(name, value.clone());
+                }
+            }
+            None => {
+                for name in &self.left_columns_seen {
+                    out.set(name.clone(), Value::Null);
+                }
+                // A key column both sides name alike is written once: a
+                // right-outer row fills it from the right (SQL's USING).
+                if let Some(r) = right {
+                    for (lk, rk) in self.spec.left_keys.iter().zip(&self.spec.right_keys) {
+                        if lk == rk {
+                            out.set(lk.clone(), r.get(rk).cloned().unwrap_or(Value::Null));
+                        }
+                    }
+                }
+            }
+        }
+        let right_names: Vec<Arc<str>> = match right {
+            Some(r) => r.columns().map(|(n, _)| Arc::from(n)).collect(),
+            None => self.right_columns_seen.clone(),
+        };
+        for name in right_names {
+            // The right key columns equal the left ones: written once.
+            if let Some(i) = self.spec.right_keys.iter().position(|k| *k == name) {
+                if self.spec.left_keys[i] == name {
+                    continue;
+                }
+            }
+            let value = right
+                .and_then(|r| r.get(&name).cloned())
+                .unwrap_or(Value::Null);
+            let taken = left.is_some_and(|l| l.get(&name).is_some())
+                || (left.is_none() && self.left_columns_seen.contains(&name));
+            if taken {
+                out.set(format!("{}_{}", self.spec.right_name, name), value);
+            } else {
+                out.set(name, value);
+            }
+        }
+        if let JoinTimeCondition::Window { size_micros } = self.spec.time {
+            let time = left
+                .and_then(|l| l.get(&self.spec.left_time))
+                .or_else(|| right.and_then(|r| r.get(&self.spec.right_time)));
+            if let Some(Value::Timestamp(t)) = time {
+                let start = window_start(*t, size_micros);
+                out.set("window_start", Value::Timestamp(start));
+                out.set("window_end", Value::Timestamp(start + size_micros));
+            }
+        }
+        out
+    }
+
+    fn on_side_row(
+        &mut self,
+        side: Side,
+        row: Row,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let time = match row.get(self.time_column(side)) {
+            Some(Value::Timestamp(t)) => *t,
+            _ => {
+                return Err(Error::Source(format!(
+                    "join: the {} event-time column `{}` is missing or not a timestamp",
+                    match side {
+                        Side::Left => "left",
+                        Side::Right => "right",
+                    },
+                    self.time_column(side)
+                )))
+            }
+        };
+        if ctx.late_threshold > 0 && time <= ctx.late_threshold {
+            self.dropped_by_watermark += 1;
+            if ctx.collect_late_rows {
+                self.late_rows.push(row);
+            }
+            return Ok(());
+        }
+        self.remember_columns(side, &row);
+        let keeps_unmatched = self.spec.join_type.keeps_unmatched(side);
+        if !self.encode_key(side, &row, time) {
+            // A null key never matches: an outer side emits it at once.
+            if keeps_unmatched {
+                let joined = match side {
+                    Side::Left => self.joined(Some(&row), None),
+                    Side::Right => self.joined(None, Some(&row)),
+                };
+                out.push(joined);
+            }
+            return Ok(());
+        }
+        let key = std::mem::take(&mut self.key_buffer);
+        let semi = self.spec.join_type == JoinType::LeftSemi;
+        let mut matched = false;
+        let mut changed_other = Vec::new();
+        if let Some(candidates) = self.state[side.other() as usize].rows.get(&key) {
+            for (index, other) in candidates.iter().enumerate() {
+                let (l, r) = match side {
+                    Side::Left => (time, other.time),
+                    Side::Right => (other.time, time),
+                };
+                if !self.times_match(l, r) {
+                    continue;
+                }
+                if semi && side == Side::Right && other.matched {
+                    // Each left row once: at its first match.
+                    continue;
+                }
+                matched = true;
+                if semi {
+                    if side == Side::Right {
+                        out.push(other.row.clone());
+                        changed_other.push(index);
+                    } else {
+                        break;
+                    }
+                    continue;
+                }
+                out.push(match side {
+                    Side::Left => self.joined(Some(&row), Some(&other.row)),
+                    Side::Right => self.joined(Some(&other.row), Some(&row)),
+                });
+                if !other.matched {
+                    changed_other.push(index);
+                }
+            }
+        }
+        if semi && side == Side::Left && matched {
+            out.push(row);
+            self.key_buffer = key;
+            return Ok(());
+        }
+        if !changed_other.is_empty() {
+            let other_side = side.other();
+            let candidates = self.state[other_side as usize]
+                .rows
+                .get_mut(&key)
+                .expect("candidates exist");
+            for index in changed_other {
+                let b = &mut candidates[index];
+                b.matched = true;
+                self.changed
+                    .insert((other_side, b.id), Some((key.clone(), b.clone())));
+            }
+        }
+        let evict_at = self.evict_at(side, time);
+        if evict_at <= ctx.watermark && ctx.watermark > 0 {
+            // Already past its state watermark: no future row can match it.
+            if !matched && keeps_unmatched {
+                let joined = match side {
+                    Side::Left => self.joined(Some(&row), None),
+                    Side::Right => self.joined(None, Some(&row)),
+                };
+                out.push(joined);
+            }
+            self.key_buffer = key;
+            return Ok(());
+        }
+        let buffered = Buffered {
+            id: self.next_id,
+            time,
+            evict_at,
+            matched,
+            row,
+        };
+        self.next_id += 1;
+        self.insert(side, key.clone(), buffered.clone());
+        self.changed
+            .insert((side, buffered.id), Some((key.clone(), buffered)));
+        self.rows_updated += 1;
+        self.key_buffer = key;
+        Ok(())
+    }
+
+    fn insert(&mut self, side: Side, key: Vec<u8>, buffered: Buffered) {
+        let state = &mut self.state[side as usize];
+        if buffered.evict_at != FOREVER {
+            state
+                .evictions
+                .insert((buffered.evict_at, key.clone(), buffered.id));
+        }
+        state.len += 1;
+        state.bytes += row_bytes(&buffered.row) + key.len() + 48;
+        state.rows.entry(key).or_default().push(buffered);
+    }
+
+    /// Evicts what the watermark guarantees will never match; outer sides
+    /// emit their unmatched rows with nulls.
+    fn evict(&mut self, side: Side, watermark: TimestampMicros, out: &mut Vec<Row>) {
+        let keeps_unmatched = self.spec.join_type.keeps_unmatched(side);
+        loop {
+            let state = &mut self.state[side as usize];
+            let Some((t, _, _)) = state.evictions.first() else {
+                break;
+            };
+            if *t > watermark {
+                break;
+            }
+            let (_, key, id) = state.evictions.pop_first().expect("first exists");
+            let Some(rows) = state.rows.get_mut(&key) else {
+                continue;
+            };
+            let Some(pos) = rows.iter().position(|b| b.id == id) else {
+                continue;
+            };
+            let removed = rows.swap_remove(pos);
+            if rows.is_empty() {
+                state.rows.remove(&key);
+            }
+            state.len -= 1;
+            state.bytes = state
+                .bytes
+                .saturating_sub(row_bytes(&removed.row) + key.len() + 48);
+            self.changed.insert((side, id), None);
+            self.rows_removed += 1;
+            if keeps_unmatched && !removed.matched {
+                let joined = match side {
+                    Side::Left => self.joined(Some(&removed.row), None),
+                    Side::Right => self.joined(None, Some(&removed.row)),
+                };
+                out.push(joined);
+            }
+        }
+    }
+
+    fn encode_buffered(&mut self, key: &[u8], b: &Buffered) -> Vec<u8> {
+        let out = &mut self.value_buffer;
+        out.clear();
+        out.push(STATE_VERSION);
+        out.extend(b.time.to_le_bytes());
+        out.extend(b.evict_at.to_le_bytes());
+        out.push(b.matched as u8);
+        out.extend((key.len() as u32).to_le_bytes());
+        out.extend(key);
+        out.extend((b.row.len() as u16).to_le_bytes());
+        for (name, value) in b.row.columns() {
+            out.extend((name.len() as u32).to_le_bytes());
+            out.extend(name.as_bytes());
+            put_value(value, out);
+        }
+        out.clone()
+    }
+
+    fn decode_buffered(id: u64, bytes: &[u8]) -> Result<KeyedRow> {
+        let mut r = Reader(bytes);
+        if r.u8()? != STATE_VERSION {
+            return Err(corrupt("unknown join state layout"));
+        }
+        let time = r.i64()?;
+        let evict_at = r.i64()?;
+        let matched = r.u8()? != 0;
+        let key_len = r.u32()? as usize;
+        let key = r.take(key_len)?.to_vec();
+        let mut row = Row::new();
+        for _ in 0..r.u16()? {
+            let n = r.u32()? as usize;
+            let name =
+                std::str::from_utf8(r.take(n)?).map_err(|_| corrupt("column name is not UTF-8"))?;
+            let name: Arc<str> = Arc::from(name);
+            row.set(name, r.value()?);
+        }
+        Ok((
+            key,
+            Buffered {
+                id,
+                time,
+                evict_at,
+                matched,
+                row,
+            },
+        ))
+    }
+}
+
+fn window_start(time: TimestampMicros, size: i64) -> TimestampMicros {
+    time - time.rem_euclid(size)
+}
+
+fn row_bytes(row: &Row) -> usize {
+    row.columns()
+        .map(|(n, v)| {
+            n.len()
+                + 16
+                + match v {
+                    Value::Str(s) => s.len(),
+                    _ => 0,
+                }
+        })
+        .sum()
+}
+
+fn store_key(side: Side, id: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = side as u8;
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+impl Operator for StreamJoin {
+    fn describe(&self) -> String {
+        let condition = match self.spec.time {
+            JoinTimeCondition::Range {
+                lower_micros,
+                upper_micros,
+            } => format!(
+                "{} BETWEEN {} + {}s AND {} + {}s",
+                self.spec.right_time,
+                self.spec.left_time,
+                lower_micros / 1_000_000,
+                self.spec.left_time,
+                upper_micros / 1_000_000
+            ),
+            JoinTimeCondition::Window { size_micros } => {
+                format!("same {}s window", size_micros / 1_000_000)
+            }
+            JoinTimeCondition::None => "no time condition".into(),
+        };
+        format!(
+            "StreamingSymmetricHashJoin {:?} {:?} = {}.{:?}, {condition}",
+            self.spec.join_type, self.spec.left_keys, self.spec.right_name, self.spec.right_keys
+        )
+    }
+
+    fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        self.on_side_row(Side::Left, row, ctx, out)
+    }
+
+    fn on_input_row(
+        &mut self,
+        input: usize,
+        row: Row,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        match input {
+            0 => self.on_side_row(Side::Left, row, ctx, out),
+            _ => self.on_side_row(Side::Right, row, ctx, out),
+        }
+    }
+
+    fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        if ctx.watermark <= 0 {
+            return Ok(());
+        }
+        self.evict(Side::Left, ctx.watermark, out);
+        self.evict(Side::Right, ctx.watermark, out);
+        Ok(())
+    }
+
+    fn output_watermark(&self, watermark: TimestampMicros) -> TimestampMicros {
+        self.output_bound(watermark)
+    }
+
+    fn take_late_rows(&mut self) -> Vec<Row> {
+        std::mem::take(&mut self.late_rows)
+    }
+
+    fn is_stateful(&self) -> bool {
+        true
+    }
+
+    fn open_state(
+        &mut self,
+        store: Box<dyn StateStore>,
+        _cache_bytes: Option<usize>,
+    ) -> Result<()> {
+        self.state = [SideState::default(), SideState::default()];
+        for (key, value) in store.prefix(b"")? {
+            let (side, id) = match key.as_slice() {
+                [s, rest @ ..] if rest.len() == 8 => (
+                    if *s == 0 { Side::Left } else { Side::Right },
+                    u64::from_be_bytes(rest.try_into().expect("8 bytes")),
+                ),
+                _ => return Err(corrupt("join state key")),
+            };
+            let (join_key, buffered) = Self::decode_buffered(id, &value)?;
+            self.next_id = self.next_id.max(id + 1);
+            self.remember_columns(side, &buffered.row.clone());
+            self.insert(side, join_key, buffered);
+        }
+        self.store = Some(store);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        let changed = std::mem::take(&mut self.changed);
+        if self.store.is_none() {
+            return Ok(());
+        }
+        for ((side, id), value) in changed {
+            let key = store_key(side, id);
+            match value {
+                Some((join_key, b)) => {
+                    let bytes = self.encode_buffered(&join_key, &b);
+                    self.store.as_mut().expect("checked").put(&key, &bytes)?;
+                }
+                None => self.store.as_mut().expect("checked").delete(&key)?,
+            }
+        }
+        self.store.as_mut().expect("checked").flush()?;
+        Ok(())
+    }
+
+    fn state_progress(&mut self) -> Option<StateOperatorProgress> {
+        let mut custom_metrics = BTreeMap::new();
+        custom_metrics.insert("numLeftStateRows".into(), self.state[0].len as u64);
+        custom_metrics.insert("numRightStateRows".into(), self.state[1].len as u64);
+        Some(StateOperatorProgress {
+            operator_name: "symmetricHashJoin".into(),
+            num_rows_total: (self.state[0].len + self.state[1].len) as u64,
+            num_rows_updated: std::mem::take(&mut self.rows_updated),
+            num_rows_removed: std::mem::take(&mut self.rows_removed),
+            num_rows_dropped_by_watermark: std::mem::take(&mut self.dropped_by_watermark),
+            memory_used_bytes: (self.state[0].bytes + self.state[1].bytes) as u64,
+            custom_metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000_000;
+
+    fn spec(join_type: JoinType) -> JoinSpec {
+        JoinSpec {
+            join_type,
+            left_keys: vec!["ad".into()],
+            right_keys: vec!["ad".into()],
+            left_time: "it".into(),
+            right_time: "ct".into(),
+            time: JoinTimeCondition::Range {
+                lower_micros: 0,
+                upper_micros: 60 * MIN,
+            },
+            right_name: "clicks".into(),
+            right_columns: vec![],
+            left_columns: vec![],
+        }
+    }
+
+    fn row(ad: &str, column: &str, t: i64) -> Row {
+        [("ad", Value::from(ad)), (column, Value::Timestamp(t))]
+            .into_iter()
+            .collect()
+    }
+
+    fn ctx(late: i64, watermark: i64) -> BatchContext {
+        BatchContext {
+            batch_id: 0,
+            processing_time: 0,
+            late_threshold: late,
+            watermark,
+            collect_late_rows: false,
+            real_time: false,
+        }
+    }
+
+    #[test]
+    fn range_bounds_are_inclusive_and_each_pair_is_emitted_once() {
+        let mut join = StreamJoin::new(spec(JoinType::Inner)).unwrap();
+        let mut out = Vec::new();
+        let c = ctx(0, 0);
+        join.on_input_row(0, row("a", "it", 100 * MIN), &c, &mut out)
+            .unwrap();
+        for t in [99, 100, 160, 161] {
+            join.on_input_row(1, row("a", "ct", t * MIN), &c, &mut out)
+                .unwrap();
+        }
+        assert_eq!(out.len(), 2, "{out:?}");
+        // A second left row matches the buffered clicks too, once each.
+        join.on_input_row(0, row("a", "it", 101 * MIN), &c, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 4, "{out:?}");
+    }
+
+    #[test]
+    fn equal_windows_match_within_a_window_and_evict_at_its_end() {
+        let mut s = spec(JoinType::LeftOuter);
+        s.time = JoinTimeCondition::window("10 minutes").unwrap();
+        let mut join = StreamJoin::new(s).unwrap();
+        let mut out = Vec::new();
+        let c = ctx(0, 0);
+        join.on_input_row(0, row("a", "it", 101 * MIN), &c, &mut out)
+            .unwrap();
+        join.on_input_row(0, row("a", "it", 111 * MIN), &c, &mut out)
+            .unwrap();
+        // Same window [100, 110) as the first impression only.
+        join.on_input_row(1, row("a", "ct", 109 * MIN), &c, &mut out)
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            out[0].get("window_start"),
+            Some(&Value::Timestamp(100 * MIN))
+        );
+        assert_eq!(out[0].get("window_end"), Some(&Value::Timestamp(110 * MIN)));
+        // W = 110 closes [100, 110) only: the matched row leaves silently.
+        join.on_batch_end(&ctx(0, 110 * MIN), &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        join.on_batch_end(&ctx(0, 120 * MIN), &mut out).unwrap();
+        assert_eq!(out.len(), 2, "the unmatched 111 impression, with nulls");
+        assert_eq!(out[1].get("ct"), Some(&Value::Null), "seen on a right row");
+        assert_eq!(out[1].get("it"), Some(&Value::Timestamp(111 * MIN)));
+    }
+
+    #[test]
+    fn null_keys_never_match() {
+        let mut join = StreamJoin::new(spec(JoinType::Inner)).unwrap();
+        let mut out = Vec::new();
+        let mut left = row("a", "it", 100 * MIN);
+        left.set("ad", Value::Null);
+        let mut right = row("a", "ct", 100 * MIN);
+        right.set("ad", Value::Null);
+        join.on_input_row(0, left, &ctx(0, 0), &mut out).unwrap();
+        join.on_input_row(1, right, &ctx(0, 0), &mut out).unwrap();
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn state_survives_a_store_round_trip() {
+        let mut join = StreamJoin::new(spec(JoinType::LeftOuter)).unwrap();
+        join.open_state(Box::new(tidemark_state::InMemoryStore::new("j")), None)
+            .unwrap();
+        let mut out = Vec::new();
+        join.on_input_row(0, row("a", "it", 100 * MIN), &ctx(0, 0), &mut out)
+            .unwrap();
+        join.checkpoint().unwrap();
+        let store = join.store.take().unwrap();
+        let mut restored = StreamJoin::new(spec(JoinType::LeftOuter)).unwrap();
+        restored.open_state(store, None).unwrap();
+        restored.on_batch_end(&ctx(0, 160 * MIN), &mut out).unwrap();
+        assert_eq!(out.len(), 1, "the unmatched impression, with nulls");
+        assert_eq!(out[0].get("it"), Some(&Value::Timestamp(100 * MIN)));
+    }
+}
