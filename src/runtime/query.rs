@@ -1282,10 +1282,21 @@ impl Query {
             // restore that outlasts the grace period goes on in the
             // background, its partition held back by the source, while the
             // other tasks process this batch.
+            // A partition handed back with a checkpoint starts its task at
+            // once too, records or not: after a restart its watermark may
+            // already have moved, and the no-data batch that evicts (and
+            // writes closed windows, outer join rows) must not wait for
+            // new input.
+            let resumed = batch
+                .restored_checkpoints
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|_| self.builder.stateful_steps > 0);
             let new_partitions: std::collections::BTreeSet<i32> = batch
                 .records
                 .iter()
                 .map(|r| r.position.partition)
+                .chain(resumed)
                 .filter(|p| !tasks.contains_key(p) && !restoring.contains_key(p))
                 .collect();
             for partition in new_partitions {
