@@ -168,6 +168,12 @@ impl Row {
         self.columns.iter().map(|(n, v)| (n.as_ref(), v))
     }
 
+    /// The columns in order, with their shared names: copying a column
+    /// to another row this way allocates nothing for its name.
+    pub fn entries(&self) -> impl Iterator<Item = (&Arc<str>, &Value)> {
+        self.columns.iter().map(|(n, v)| (n, v))
+    }
+
     /// Number of columns.
     pub fn len(&self) -> usize {
         self.columns.len()

@@ -381,8 +381,8 @@ impl StreamJoin {
         let mut out = Row::new();
         match left {
             Some(l) => {
-                for (name, value) in l.columns() {
-                    out.set(name, value.clone());
+                for (name, value) in l.entries() {
+                    out.set(name.clone(), value.clone());
                 }
             }
             None => {
@@ -400,26 +400,26 @@ impl StreamJoin {
                 }
             }
         }
-        let right_names: Vec<Arc<str>> = match right {
-            Some(r) => r.columns().map(|(n, _)| Arc::from(n)).collect(),
-            None => self.right_columns_seen.clone(),
+        let right_names: Vec<&Arc<str>> = match right {
+            Some(r) => r.entries().map(|(n, _)| n).collect(),
+            None => self.right_columns_seen.iter().collect(),
         };
         for name in right_names {
             // The right key columns equal the left ones: written once.
-            if let Some(i) = self.spec.right_keys.iter().position(|k| *k == name) {
-                if self.spec.left_keys[i] == name {
+            if let Some(i) = self.spec.right_keys.iter().position(|k| k == name) {
+                if self.spec.left_keys[i] == *name {
                     continue;
                 }
             }
             let value = right
-                .and_then(|r| r.get(&name).cloned())
+                .and_then(|r| r.get(name).cloned())
                 .unwrap_or(Value::Null);
-            let taken = left.is_some_and(|l| l.get(&name).is_some())
-                || (left.is_none() && self.left_columns_seen.contains(&name));
+            let taken = left.is_some_and(|l| l.get(name).is_some())
+                || (left.is_none() && self.left_columns_seen.contains(name));
             if taken {
                 out.set(format!("{}_{}", self.spec.right_name, name), value);
             } else {
-                out.set(name, value);
+                out.set(name.clone(), value);
             }
         }
         if let JoinTimeCondition::Window { size_micros } = self.spec.time {
@@ -525,8 +525,10 @@ impl StreamJoin {
             for index in changed_other {
                 let b = &mut candidates[index];
                 b.matched = true;
-                self.changed
-                    .insert((other_side, b.id), Some((key.clone(), b.clone())));
+                if self.store.is_some() {
+                    self.changed
+                        .insert((other_side, b.id), Some((key.clone(), b.clone())));
+                }
             }
         }
         let evict_at = self.evict_at(side, time);
@@ -550,9 +552,11 @@ impl StreamJoin {
             row,
         };
         self.next_id += 1;
-        self.insert(side, key.clone(), buffered.clone());
-        self.changed
-            .insert((side, buffered.id), Some((key.clone(), buffered)));
+        if self.store.is_some() {
+            self.changed
+                .insert((side, buffered.id), Some((key.clone(), buffered.clone())));
+        }
+        self.insert(side, key.clone(), buffered);
         self.rows_updated += 1;
         self.key_buffer = key;
         Ok(())
@@ -597,7 +601,9 @@ impl StreamJoin {
             state.bytes = state
                 .bytes
                 .saturating_sub(row_bytes(&removed.row) + key.len() + 48);
-            self.changed.insert((side, id), None);
+            if self.store.is_some() {
+                self.changed.insert((side, id), None);
+            }
             self.rows_removed += 1;
             if keeps_unmatched && !removed.matched {
                 let joined = match side {
