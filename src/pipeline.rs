@@ -323,10 +323,12 @@ pub enum StepSpec {
     Distinct(DistinctYaml),
     /// A stream-stream join with a second stream.
     Join(Box<JoinYaml>),
+    /// A stream–table join with a compacted topic (Kafka Streams' KTable).
+    TableJoin(TableJoinYaml),
 }
 
 const STEP_NAMES: &str =
-    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join";
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join";
 
 /// `join: {topic, type, on, event_time, watermark, between | window, ...}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -364,6 +366,40 @@ pub struct JoinYaml {
     /// before the join.
     #[serde(default)]
     pub steps: Vec<StepSpec>,
+}
+
+/// `table_join: {topic, type, on, schema}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableJoinYaml {
+    /// The table's compacted topic, co-partitioned with the source (for
+    /// the files source: the sub-directory of `source.path`).
+    pub topic: TopicList,
+    /// The table's name in renamed columns (default: its first topic).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `inner` (default: rows without a table row are dropped) or
+    /// `left_outer` (kept with nulls).
+    #[serde(default = "default_join_type", rename = "type")]
+    pub join_type: crate::operators::JoinType,
+    /// Key columns: a name present on both sides, or `{left: a, right: b}`.
+    pub on: Vec<JoinKeyYaml>,
+    /// The table's column types (empty: inferred).
+    #[serde(default)]
+    pub schema: SchemaSpec,
+}
+
+/// What a pipeline's joins read besides the source's own topics.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinedInput<'a> {
+    /// The step's index.
+    pub step: usize,
+    /// Its topics.
+    pub topics: &'a TopicList,
+    /// Its column types.
+    pub schema: &'a SchemaSpec,
+    /// The join's keys on the main stream.
+    pub keys: &'a [JoinKeyYaml],
 }
 
 fn default_join_type() -> crate::operators::JoinType {
@@ -450,6 +486,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "dedup" => StepSpec::Dedup(map.next_value()?),
                     "distinct" => StepSpec::Distinct(map.next_value()?),
                     "join" => StepSpec::Join(map.next_value()?),
+                    "table_join" => StepSpec::TableJoin(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -1130,7 +1167,7 @@ impl PipelineFile {
     /// on the Kafka record key (`source.keyed_by`); `None` when it runs as
     /// one stage.
     pub fn repartition_stages(&self) -> Option<RepartitionStages> {
-        if self.source.kind != SourceKind::Kafka || self.join().is_some() {
+        if self.source.kind != SourceKind::Kafka || !self.joined_inputs().is_empty() {
             // A join reads co-partitioned topics where they are; its
             // checks live in `check_join_partitioning`.
             return None;
@@ -1231,27 +1268,46 @@ impl PipelineFile {
         })
     }
 
-    /// The topics the source reads: its own and a join's second stream's.
+    /// The streams and tables the joins read, in step order.
+    pub fn joined_inputs(&self) -> Vec<JoinedInput<'_>> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter_map(|(step, s)| match s {
+                StepSpec::Join(j) => Some(JoinedInput {
+                    step,
+                    topics: &j.topic,
+                    schema: &j.schema,
+                    keys: &j.on,
+                }),
+                StepSpec::TableJoin(t) => Some(JoinedInput {
+                    step,
+                    topics: &t.topic,
+                    schema: &t.schema,
+                    keys: &t.on,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The topics the source reads: its own and those of its joins.
     pub fn input_topics(&self) -> Vec<String> {
         let mut topics = self.source.topic.clone().map(|t| t.0).unwrap_or_default();
-        if let Some(j) = self.join() {
-            topics.extend(j.topic.0.iter().cloned());
+        for joined in self.joined_inputs() {
+            topics.extend(joined.topics.0.iter().cloned());
         }
         topics
     }
 
-    /// A pipeline with a join runs each task on one partition number of
-    /// every topic: groupings after the join must be on the join keys (or
-    /// the record key), else a key's rows would be spread over tasks.
+    /// A pipeline with joins runs each task on one partition number of
+    /// every topic: its groupings must be on a join's keys (or the record
+    /// key), else a key's rows would be spread over tasks.
     pub fn check_join_partitioning(&self) -> Result<()> {
-        let Some(position) = self
-            .steps
-            .iter()
-            .position(|s| matches!(s, StepSpec::Join(_)))
-        else {
+        let joined = self.joined_inputs();
+        if joined.is_empty() {
             return Ok(());
-        };
-        let join = self.join().expect("found");
+        }
         if self
             .steps
             .iter()
@@ -1261,35 +1317,32 @@ impl PipelineFile {
         {
             return Err(Error::config(
                 "steps",
-                "one join per pipeline: chain a second join in a second pipeline",
+                "one stream-stream join per pipeline: chain a second join in a second pipeline",
             ));
         }
-        let mut join_keys: Vec<String> = join.on.iter().map(|k| k.left.clone()).collect();
-        join_keys.sort();
-        let keyed_by = self.source.keyed_by.clone().map(|mut k| {
+        let sorted = |mut k: Vec<String>| {
             k.sort();
             k
-        });
-        for (index, step) in self.steps.iter().enumerate() {
-            if index == position {
-                continue;
-            }
+        };
+        let mut allowed: Vec<Vec<String>> = joined
+            .iter()
+            .map(|j| sorted(j.keys.iter().map(|k| k.left.clone()).collect()))
+            .collect();
+        allowed.extend(self.source.keyed_by.clone().map(sorted));
+        for step in &self.steps {
             let keys = match step {
                 StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
                 StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
                 StepSpec::Dedup(d) => Some(d.keys.clone()),
                 _ => None,
             };
-            if let Some(mut keys) = keys {
-                keys.sort();
-                if self.source.kind == SourceKind::Kafka
-                    && keys != join_keys
-                    && Some(&keys) != keyed_by.as_ref()
-                {
+            if let Some(keys) = keys.map(sorted) {
+                if self.source.kind == SourceKind::Kafka && !allowed.contains(&keys) {
                     return Err(Error::config(
                         "steps",
                         format!(
-                            "a grouping in a pipeline with a join must be on the join keys {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
+                            "a grouping in a pipeline with a join must be on the join keys {:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet",
+                            allowed[0]
                         ),
                     ));
                 }
@@ -1343,7 +1396,7 @@ impl PipelineFile {
         if self.watermark_from_markers {
             b = b.watermark_from_markers();
         }
-        if self.join().is_some() {
+        if !self.joined_inputs().is_empty() {
             self.check_join_partitioning()?;
             let main = match &self.source.topic {
                 Some(t) => t.0.join(","),
@@ -1355,6 +1408,33 @@ impl PipelineFile {
         }
         for step in &self.steps {
             b = match step {
+                StepSpec::TableJoin(t) => {
+                    let name = t
+                        .name
+                        .clone()
+                        .or_else(|| t.topic.0.first().cloned())
+                        .unwrap_or_else(|| "table".into());
+                    let table = crate::runtime::JoinInput::table(&name)
+                        .topics(&t.topic.0)
+                        .columns(&t.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+                    let keep_unmatched = match t.join_type {
+                        crate::operators::JoinType::Inner => false,
+                        crate::operators::JoinType::LeftOuter => true,
+                        other => {
+                            return Err(Error::config(
+                                "table_join.type",
+                                format!(
+                                    "a stream–table join is `inner` or `left_outer` (as in Kafka Streams), not {other:?}"
+                                ),
+                            ))
+                        }
+                    };
+                    let on: Vec<(&str, &str)> =
+                        t.on.iter()
+                            .map(|k| (k.left.as_str(), k.right.as_str()))
+                            .collect();
+                    b.join_table(table, keep_unmatched, &on)?
+                }
                 StepSpec::Join(j) => {
                     let mut input = crate::runtime::JoinInput::new(&j.stream_name())
                         .topics(&j.topic.0)

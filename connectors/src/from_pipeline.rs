@@ -74,11 +74,11 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             )?)
         }
     };
-    let join = file.join();
+    let joined = file.joined_inputs();
     let source: Box<dyn Source> = match src.kind {
         SourceKind::Files => {
             let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
-            match join {
+            match joined.first() {
                 None => Box::new(FilesSource::new(dir)?),
                 Some(_) if src.topic.is_none() => {
                     return Err(tidemark::error::Error::config(
@@ -91,7 +91,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
         }
         SourceKind::Kafka => {
             let mut properties = src.properties.clone();
-            if join.is_some() {
+            if !joined.is_empty() {
                 check_co_partitioned(&source_bootstrap, &file.input_topics())?;
                 // Partition n of every topic to the same instance: the
                 // range assignor splits each topic alike.
@@ -129,11 +129,14 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
-    let decoder: Box<dyn Decoder> = match (join, src.format) {
-        (Some(j), Format::Json) => {
+    let decoder: Box<dyn Decoder> = match src.format {
+        Format::Json if !joined.is_empty() => {
             let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
-            for topic in &j.topic.0 {
-                by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(j.schema.0.clone())));
+            for j in &joined {
+                for topic in &j.topics.0 {
+                    by_topic =
+                        by_topic.topic(topic, Box::new(JsonDecoder::new(j.schema.0.clone())));
+                }
             }
             Box::new(by_topic)
         }

@@ -57,6 +57,20 @@ pub fn produce_to(topic: &str, partition: Option<i32>, records: &[(String, Vec<u
     producer.flush(Duration::from_secs(30)).expect("flush");
 }
 
+/// Produces a tombstone (a record with a key and no value) to `topic`.
+pub fn produce_tombstone(topic: &str, key: &str) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    producer
+        .send(BaseRecord::<str, [u8]>::to(topic).key(key))
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
 /// One consumed record.
 #[derive(Debug, Clone)]
 pub struct Consumed {

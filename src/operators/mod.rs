@@ -11,12 +11,14 @@ mod join;
 mod rolling;
 mod state_codec;
 mod stateless;
+mod table_join;
 mod window_aggregate;
 
 pub use dedup::{DedupSpec, Deduplicate};
 pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
+pub use table_join::{TableJoin, TableJoinSpec};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
 
 use crate::error::Result;
@@ -95,6 +97,16 @@ pub trait Operator: Send {
                 format!("{} takes one input", self.describe()),
             )),
         }
+    }
+
+    /// A tombstone (a record without a value) of input `input`, by its
+    /// record key: a table join deletes that key's row. Only table joins
+    /// take tombstones.
+    fn on_input_tombstone(&mut self, input: usize, _key: &[u8]) -> Result<()> {
+        Err(crate::error::Error::config(
+            "join",
+            format!("{} takes no tombstones (input {input})", self.describe()),
+        ))
     }
 
     /// The watermark of this operator's output, given its input's (Spark

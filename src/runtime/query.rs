@@ -81,6 +81,8 @@ pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send
 #[derive(Clone)]
 pub struct JoinInput {
     name: Arc<str>,
+    /// A table (compacted topic) for a stream–table join, not a stream.
+    table: bool,
     topics: Vec<String>,
     event_time: Option<Arc<str>>,
     watermark: Option<Duration>,
@@ -94,11 +96,22 @@ impl JoinInput {
     pub fn new(name: &str) -> Self {
         JoinInput {
             name: Arc::from(name),
+            table: false,
             topics: vec![name.to_string()],
             event_time: None,
             watermark: None,
             steps: Vec::new(),
             columns: Vec::new(),
+        }
+    }
+
+    /// The table `name` for [`QueryBuilder::join_table`]: a compacted
+    /// topic of that name (latest row per key, tombstones delete). A table
+    /// has no event time and no watermark.
+    pub fn table(name: &str) -> Self {
+        JoinInput {
+            table: true,
+            ..JoinInput::new(name)
         }
     }
 
@@ -585,6 +598,52 @@ impl QueryBuilder {
         Ok(self)
     }
 
+    /// Kafka Streams' stream–table join (`KStream#join(KTable)`, or
+    /// `leftJoin` with `keep_unmatched`): each row looks up the latest row
+    /// of `table` (a [`JoinInput::table`], co-partitioned, keyed by the
+    /// `on` columns) and gains its columns. The table's updates within a
+    /// batch are applied before the batch's rows look it up; updates emit
+    /// nothing. The table is operator state: checkpointed, restored, and
+    /// in the changelog like any other.
+    pub fn join_table(
+        mut self,
+        table: JoinInput,
+        keep_unmatched: bool,
+        on: &[(&str, &str)],
+    ) -> Result<Self> {
+        if !table.table {
+            return Err(Error::config(
+                "table_join",
+                format!(
+                    "`{}` is a stream: build it with JoinInput::table",
+                    table.name
+                ),
+            ));
+        }
+        let spec = crate::operators::TableJoinSpec {
+            keep_unmatched,
+            stream_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
+            table_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
+            table_name: table.name.clone(),
+            table_columns: table.columns.clone(),
+        };
+        crate::operators::TableJoin::new(spec.clone())?;
+        let input = self.side_inputs.len() + 1;
+        self.side_inputs.push(SideInput {
+            input,
+            join_at: self.steps.len(),
+            stream: table,
+        });
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::TableJoin::new(spec.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
     /// Spark's output mode (default append).
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
         self.output_mode = mode;
@@ -664,7 +723,9 @@ impl QueryBuilder {
                 "update output mode is not supported for session windows (as in Spark); use append or complete",
             ));
         }
-        if !self.side_inputs.is_empty() && self.output_mode != OutputMode::Append {
+        if self.side_inputs.iter().any(|s| !s.stream.table)
+            && self.output_mode != OutputMode::Append
+        {
             return Err(Error::config(
                 "output_mode",
                 "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
@@ -813,6 +874,14 @@ impl Task {
             self.push(join_at + 1, joined, contexts, out)?;
         }
         Ok(())
+    }
+
+    /// Hands a tombstone of input `input` to its join.
+    fn push_tombstone(&mut self, input: usize, key: &[u8]) -> Result<()> {
+        let Some(chain) = self.side_chains.iter().find(|c| c.input == input) else {
+            return Err(Error::Source(format!("no join takes input {input}")));
+        };
+        self.operators[chain.join_at].on_input_tombstone(input, key)
     }
 
     fn finish_batch(&mut self, contexts: &[BatchContext], out: &mut Vec<Row>) -> Result<()> {
@@ -1121,7 +1190,7 @@ impl Query {
                 );
                 if !b.side_inputs.is_empty() {
                     tracker.expect_stream(&b.main_stream);
-                    for side in &b.side_inputs {
+                    for side in b.side_inputs.iter().filter(|s| !s.stream.table) {
                         tracker.expect_stream(&side.stream.name);
                     }
                 }
@@ -1140,12 +1209,21 @@ impl Query {
             .map_or(0, |s| s.input)
     }
 
+    fn has_table_inputs(&self) -> bool {
+        self.builder.side_inputs.iter().any(|s| s.stream.table)
+    }
+
+    fn is_table_input(&self, input: usize) -> bool {
+        input > 0 && self.builder.side_inputs[input - 1].stream.table
+    }
+
     /// The event-time column, stream name and watermark delay of `input`.
     fn input_time(&self, input: usize) -> (Option<Arc<str>>, Option<Arc<str>>, Option<i64>) {
         let b = &self.builder;
         match input {
-            0 if b.side_inputs.is_empty() => (b.event_time.clone(), None, None),
+            0 if b.side_inputs.iter().all(|s| s.stream.table) => (b.event_time.clone(), None, None),
             0 => (b.event_time.clone(), Some(b.main_stream.clone()), None),
+            i if b.side_inputs[i - 1].stream.table => (None, None, None),
             i => {
                 let side = &b.side_inputs[i - 1].stream;
                 (
@@ -1416,7 +1494,18 @@ impl Query {
                 BTreeMap::new();
             let joins = !self.builder.side_inputs.is_empty();
             let mut markers = 0u64;
-            for record in &batch.records {
+            // A table's updates come first in a batch: its rows look up the
+            // table as of the batch's input.
+            let tables_first: Vec<&Record> = if self.has_table_inputs() {
+                let (tables, rest): (Vec<&Record>, Vec<&Record>) = batch
+                    .records
+                    .iter()
+                    .partition(|r| self.is_table_input(self.input_of(&r.position.topic)));
+                tables.into_iter().chain(rest).collect()
+            } else {
+                batch.records.iter().collect()
+            };
+            for record in tables_first {
                 let partition = record.position.partition;
                 let Some(task) = tasks.get_mut(&partition) else {
                     // Its task is restoring: the source delivers the record
@@ -1457,6 +1546,21 @@ impl Query {
                 } else {
                     self.input_time(input).0
                 };
+                if record.value.is_none() && input > 0 && self.is_table_input(input) {
+                    let result = match record.key.as_deref() {
+                        Some(key) => task.push_tombstone(input, key),
+                        None => Err(Error::BadRecord {
+                            position: record.position.clone(),
+                            field: "<key>".into(),
+                            reason: "a table tombstone without a key deletes nothing".into(),
+                        }),
+                    };
+                    if let Err(error) = result {
+                        bad_records += 1;
+                        dead_letter.send(record, &error)?;
+                    }
+                    continue;
+                }
                 let result = decoder.decode(record).and_then(|mut row| {
                     if let Some(column) = &event_time {
                         if let Some(extract) = &extractor {
