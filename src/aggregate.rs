@@ -307,7 +307,13 @@ impl MomentsAcc {
         }
         let n = self.n - 1.0;
         let mean = (self.n * self.mean - x) / n;
-        self.m2 = (self.m2 - (x - mean) * (x - self.mean)).max(0.0);
+        let term = (x - mean) * (x - self.mean);
+        let m2 = self.m2 - term;
+        // A difference below the rounding error of its operands is zero:
+        // left as a residue, its square root (a standard deviation of
+        // 1e-8 over equal values) would read as a real change.
+        let noise = 8.0 * f64::EPSILON * (self.m2.abs() + term.abs());
+        self.m2 = if m2 <= noise { 0.0 } else { m2 };
         self.mean = mean;
         self.n = n;
     }

@@ -120,11 +120,52 @@ proptest! {
 
     #[test]
     fn rolling_window_matches_brute_force(batches in batches()) {
+        check(batches)?;
+    }
+}
+
+/// A case proptest found: a key whose events all entered before a restart
+/// and that then only received an event after the frontier must not write
+/// its unchanged values again.
+#[test]
+fn no_row_after_a_restart_when_only_a_waiting_event_arrives() {
+    let mut batches: Vec<Batch> = vec![(0, vec![]); 12];
+    batches.extend([
+        (0, vec![(2, 1, 1)]),
+        (3, vec![(2, 0, 0)]),
+        (6, vec![(2, -2, 0)]),
+        (9, vec![]),
+        (0, vec![(2, 0, 0)]),
+    ]);
+    check(batches).unwrap();
+}
+
+/// Another: a standard deviation over equal values after others left the
+/// range, against the same values read back after a restart.
+#[test]
+fn equal_values_after_removals_match_their_restored_state() {
+    let batches: Vec<Batch> = vec![
+        (0, vec![]),
+        (0, vec![]),
+        (0, vec![(2, -2, 18)]),
+        (6, vec![]),
+        (3, vec![(2, -5, 14)]),
+        (0, vec![(2, 0, 3)]),
+        (5, vec![(2, -9, 0)]),
+        (8, vec![(2, -3, 3)]),
+        (0, vec![(2, 0, 0)]),
+    ];
+    check(batches).unwrap();
+}
+
+fn check(batches: Vec<Batch>) -> Result<(), TestCaseError> {
+    {
         // State goes through a store and is read back into a new operator
         // every fourth batch, as after a restart.
         let mut backend = tidemark::runtime::InMemoryStateBackend::default();
         let mut op = operator();
-        op.open_state(backend.open(0, "op0").unwrap(), None).unwrap();
+        op.open_state(backend.open(0, "op0").unwrap(), None)
+            .unwrap();
         let mut events: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
         let mut last: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         let mut processing_time = 1_000_000 * SECOND;
@@ -153,7 +194,8 @@ proptest! {
             op.checkpoint().unwrap();
             if batch_id % 4 == 3 {
                 op = operator();
-                op.open_state(backend.open(0, "op0").unwrap(), None).unwrap();
+                op.open_state(backend.open(0, "op0").unwrap(), None)
+                    .unwrap();
             }
 
             let frontier = processing_time - DELAY;
@@ -170,25 +212,40 @@ proptest! {
             }
             let mut actual: BTreeMap<String, Vec<Value>> = BTreeMap::new();
             for row in &out {
-                let key = match row.get("k") { Some(Value::Str(s)) => s.to_string(), other => panic!("{other:?}") };
+                let key = match row.get("k") {
+                    Some(Value::Str(s)) => s.to_string(),
+                    other => panic!("{other:?}"),
+                };
                 prop_assert_eq!(row.get("frontier"), Some(&Value::Timestamp(frontier)));
                 let values: Vec<Value> = (0..MEASURES.len())
                     .map(|i| row.get(&format!("m{i}")).cloned().unwrap_or(Value::Null))
                     .collect();
-                prop_assert!(actual.insert(key.clone(), values).is_none(), "one row per key per batch: {}", key);
+                prop_assert!(
+                    actual.insert(key.clone(), values).is_none(),
+                    "one row per key per batch: {}",
+                    key
+                );
             }
             prop_assert_eq!(
                 actual.keys().collect::<Vec<_>>(),
                 expected.keys().collect::<Vec<_>>(),
-                "batch {}: keys that emitted {:?}, model's last {:?}", batch_id, actual, last
+                "batch {}: keys that emitted {:?}, model's last {:?}",
+                batch_id,
+                actual,
+                last
             );
             for (key, want) in &expected {
                 let got = &actual[key];
                 prop_assert!(
                     got.iter().zip(want).all(|(a, b)| close(a, b)),
-                    "batch {} key {}: got {:?}, want {:?}", batch_id, key, got, want
+                    "batch {} key {}: got {:?}, want {:?}",
+                    batch_id,
+                    key,
+                    got,
+                    want
                 );
             }
         }
     }
+    Ok(())
 }

@@ -164,21 +164,8 @@ impl Source for FilesSource {
             });
         };
         let name: std::sync::Arc<str> = std::sync::Arc::from(file.display().to_string());
-        let reader = BufReader::new(
-            File::open(&file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?,
-        );
         let mut records = Vec::new();
-        for (line_no, line) in reader.split(b'\n').enumerate() {
-            let line = line.map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-                continue;
-            }
-            records.push(Record {
-                value: Some(line),
-                position: SourcePosition::new(name.clone(), 0, line_no as i64 + 1),
-                ..Default::default()
-            });
-        }
+        Self::read_lines(&file, &name, &mut records)?;
         self.done.push(file);
         self.handed_out += 1;
         Ok(SourceBatch {

@@ -20,7 +20,7 @@
 //! batch whose watermark guarantees no future match); a left semi join
 //! emits a left row once, at its first match.
 
-use super::state_codec::{corrupt, put_value, Reader};
+use super::state_codec::{corrupt, put_row, Reader};
 use super::{encode_key_into, BatchContext, Operator};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -400,28 +400,13 @@ impl StreamJoin {
                 }
             }
         }
-        let right_names: Vec<&Arc<str>> = match right {
-            Some(r) => r.entries().map(|(n, _)| n).collect(),
-            None => self.right_columns_seen.iter().collect(),
-        };
-        for name in right_names {
-            // The right key columns equal the left ones: written once.
-            if let Some(i) = self.spec.right_keys.iter().position(|k| k == name) {
-                if self.spec.left_keys[i] == *name {
-                    continue;
-                }
-            }
-            let value = right
-                .and_then(|r| r.get(name).cloned())
-                .unwrap_or(Value::Null);
-            let taken = left.is_some_and(|l| l.get(name).is_some())
-                || (left.is_none() && self.left_columns_seen.contains(name));
-            if taken {
-                out.set(format!("{}_{}", self.spec.right_name, name), value);
-            } else {
-                out.set(name.clone(), value);
-            }
-        }
+        add_other_side(
+            &mut out,
+            right,
+            &self.right_columns_seen,
+            (&self.spec.left_keys, &self.spec.right_keys),
+            &self.spec.right_name,
+        );
         if let JoinTimeCondition::Window { size_micros } = self.spec.time {
             let time = left
                 .and_then(|l| l.get(&self.spec.left_time))
@@ -624,12 +609,7 @@ impl StreamJoin {
         out.push(b.matched as u8);
         out.extend((key.len() as u32).to_le_bytes());
         out.extend(key);
-        out.extend((b.row.len() as u16).to_le_bytes());
-        for (name, value) in b.row.columns() {
-            out.extend((name.len() as u32).to_le_bytes());
-            out.extend(name.as_bytes());
-            put_value(value, out);
-        }
+        put_row(&b.row, out);
         out.clone()
     }
 
@@ -643,14 +623,7 @@ impl StreamJoin {
         let matched = r.u8()? != 0;
         let key_len = r.u32()? as usize;
         let key = r.take(key_len)?.to_vec();
-        let mut row = Row::new();
-        for _ in 0..r.u16()? {
-            let n = r.u32()? as usize;
-            let name =
-                std::str::from_utf8(r.take(n)?).map_err(|_| corrupt("column name is not UTF-8"))?;
-            let name: Arc<str> = Arc::from(name);
-            row.set(name, r.value()?);
-        }
+        let row = r.row()?;
         Ok((
             key,
             Buffered {
@@ -661,6 +634,38 @@ impl StreamJoin {
                 row,
             },
         ))
+    }
+}
+
+/// Adds the other side's columns to a joined row: those of `other`, or
+/// `known` ones as nulls when there is no other row. A key column both
+/// sides name alike is already there and is skipped; any other column
+/// whose name is taken is written `<other_name>_<column>`.
+pub(crate) fn add_other_side(
+    out: &mut Row,
+    other: Option<&Row>,
+    known: &[Arc<str>],
+    (own_keys, other_keys): (&[Arc<str>], &[Arc<str>]),
+    other_name: &str,
+) {
+    let names: Vec<&Arc<str>> = match other {
+        Some(r) => r.entries().map(|(n, _)| n).collect(),
+        None => known.iter().collect(),
+    };
+    for name in names {
+        if let Some(i) = other_keys.iter().position(|k| k == name) {
+            if own_keys[i] == *name {
+                continue;
+            }
+        }
+        let value = other
+            .and_then(|r| r.get(name).cloned())
+            .unwrap_or(Value::Null);
+        if out.get(name).is_some() {
+            out.set(format!("{other_name}_{name}"), value);
+        } else {
+            out.set(name.clone(), value);
+        }
     }
 }
 

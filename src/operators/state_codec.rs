@@ -87,6 +87,31 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Appends a whole row: column count, then each name and value.
+pub(crate) fn put_row(row: &crate::row::Row, out: &mut Vec<u8>) {
+    out.extend((row.len() as u16).to_le_bytes());
+    for (name, value) in row.columns() {
+        out.extend((name.len() as u32).to_le_bytes());
+        out.extend(name.as_bytes());
+        put_value(value, out);
+    }
+}
+
+impl Reader<'_> {
+    /// Reads what [`put_row`] wrote.
+    pub(crate) fn row(&mut self) -> Result<crate::row::Row> {
+        let mut row = crate::row::Row::new();
+        for _ in 0..self.u16()? {
+            let n = self.u32()? as usize;
+            let name = std::str::from_utf8(self.take(n)?)
+                .map_err(|_| corrupt("column name is not UTF-8"))?;
+            let name: Arc<str> = Arc::from(name);
+            row.set(name, self.value()?);
+        }
+        Ok(row)
+    }
+}
+
 /// Encodes a key's values and its windows with their accumulators.
 pub(crate) fn encode_key_state<'a>(
     key_values: &[Value],

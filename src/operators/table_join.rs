@@ -14,7 +14,7 @@
 //! column, a JSON array for several, as tidemark's Kafka sink writes them),
 //! so that a tombstone's record key finds the row it deletes.
 
-use super::state_codec::{corrupt, put_value, Reader};
+use super::state_codec::{corrupt, put_row, Reader};
 use super::{BatchContext, Operator};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -133,37 +133,20 @@ impl TableJoin {
     }
 
     fn enrich(&self, mut row: Row, table_row: Option<&Row>) -> Row {
-        let names: Vec<&Arc<str>> = match table_row {
-            Some(t) => t.entries().map(|(n, _)| n).collect(),
-            None => self.columns.iter().collect(),
-        };
-        for name in names {
-            if let Some(i) = self.spec.table_keys.iter().position(|k| k == name) {
-                if self.spec.stream_keys[i] == *name {
-                    continue;
-                }
-            }
-            let value = table_row
-                .and_then(|t| t.get(name).cloned())
-                .unwrap_or(Value::Null);
-            if row.get(name).is_some() {
-                row.set(format!("{}_{}", self.spec.table_name, name), value);
-            } else {
-                row.set(name.clone(), value);
-            }
-        }
+        super::join::add_other_side(
+            &mut row,
+            table_row,
+            &self.columns,
+            (&self.spec.stream_keys, &self.spec.table_keys),
+            &self.spec.table_name,
+        );
         row
     }
 }
 
 fn encode_row(row: &Row) -> Vec<u8> {
     let mut out = vec![STATE_VERSION];
-    out.extend((row.len() as u16).to_le_bytes());
-    for (name, value) in row.columns() {
-        out.extend((name.len() as u32).to_le_bytes());
-        out.extend(name.as_bytes());
-        put_value(value, &mut out);
-    }
+    put_row(row, &mut out);
     out
 }
 
@@ -172,15 +155,7 @@ fn decode_row(bytes: &[u8]) -> Result<Row> {
     if r.u8()? != STATE_VERSION {
         return Err(corrupt("unknown table layout"));
     }
-    let mut row = Row::new();
-    for _ in 0..r.u16()? {
-        let n = r.u32()? as usize;
-        let name =
-            std::str::from_utf8(r.take(n)?).map_err(|_| corrupt("column name is not UTF-8"))?;
-        let name: Arc<str> = Arc::from(name);
-        row.set(name, r.value()?);
-    }
-    Ok(row)
+    r.row()
 }
 
 impl Operator for TableJoin {
