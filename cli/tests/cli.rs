@@ -212,3 +212,41 @@ fn micro_batch_run_serves_prometheus_metrics_and_stops_on_ctrl_c() {
     assert!(metrics.contains("tidemark_bad_records_total"), "{metrics}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("stopping after the current batch"));
 }
+
+#[test]
+fn the_join_example_runs_and_describes_both_streams() {
+    let example = Path::new(EXAMPLE).with_file_name("ad-clicks");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        example.join("pipeline.yaml"),
+        dir.path().join("pipeline.yaml"),
+    )
+    .unwrap();
+    for stream in ["impressions", "clicks"] {
+        let to = dir.path().join("batches").join(stream);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(example.join("batches").join(stream)).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let file = dir.path().join("pipeline.yaml");
+    let described = tidemark(&["describe", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&described.stdout);
+    assert!(
+        text.contains("StreamingSymmetricHashJoin LeftOuter"),
+        "{text}"
+    );
+    let out = tidemark(&["run", "--progress", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    // Five clicked impressions, two written with null clicks (a4, a6).
+    assert_eq!(rows.lines().count(), 7, "{rows}");
+    assert_eq!(rows.matches(r#""clickTime":null"#).count(), 2, "{rows}");
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(progress.contains(r#""streamWatermarks""#), "{progress}");
+}
