@@ -387,6 +387,21 @@ pub struct TableJoinYaml {
     /// The table's column types (empty: inferred).
     #[serde(default)]
     pub schema: SchemaSpec,
+    /// `true`: a global table (Kafka Streams' GlobalKTable): every instance
+    /// reads every partition of the topic, so it need not be co-partitioned
+    /// with the source nor share its key.
+    #[serde(default)]
+    pub global: bool,
+}
+
+impl TableJoinYaml {
+    /// The table's name.
+    pub fn table_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| self.topic.0.first().cloned())
+            .unwrap_or_else(|| "table".into())
+    }
 }
 
 /// What a pipeline's joins read besides the source's own topics.
@@ -1280,12 +1295,23 @@ impl PipelineFile {
                     schema: &j.schema,
                     keys: &j.on,
                 }),
-                StepSpec::TableJoin(t) => Some(JoinedInput {
+                StepSpec::TableJoin(t) if !t.global => Some(JoinedInput {
                     step,
                     topics: &t.topic,
                     schema: &t.schema,
                     keys: &t.on,
                 }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The global tables (name, topics, schema), which the connectors feed.
+    pub fn global_tables(&self) -> Vec<(String, &TopicList, &SchemaSpec)> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s {
+                StepSpec::TableJoin(t) if t.global => Some((t.table_name(), &t.topic, &t.schema)),
                 _ => None,
             })
             .collect()
@@ -1409,11 +1435,7 @@ impl PipelineFile {
         for step in &self.steps {
             b = match step {
                 StepSpec::TableJoin(t) => {
-                    let name = t
-                        .name
-                        .clone()
-                        .or_else(|| t.topic.0.first().cloned())
-                        .unwrap_or_else(|| "table".into());
+                    let name = t.table_name();
                     let table = crate::runtime::JoinInput::table(&name)
                         .topics(&t.topic.0)
                         .columns(&t.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
@@ -1433,7 +1455,11 @@ impl PipelineFile {
                         t.on.iter()
                             .map(|k| (k.left.as_str(), k.right.as_str()))
                             .collect();
-                    b.join_table(table, keep_unmatched, &on)?
+                    if t.global {
+                        b.join_global_table(table, keep_unmatched, &on)?
+                    } else {
+                        b.join_table(table, keep_unmatched, &on)?
+                    }
                 }
                 StepSpec::Join(j) => {
                     let mut input = crate::runtime::JoinInput::new(&j.stream_name())

@@ -9,6 +9,14 @@ use std::process::Stdio;
 use std::time::Duration;
 use tidemark_integration_tests::*;
 
+/// A customer row keyed by its id.
+fn customer(i: i64, tier: &str) -> (String, Vec<u8>) {
+    (
+        format!("c{i}"),
+        format!(r#"{{"id": "c{i}", "tier": "{tier}"}}"#).into_bytes(),
+    )
+}
+
 fn run(file: &std::path::Path) {
     let done = tidemark_run(file, None, Stdio::piped()).output().unwrap();
     assert!(
@@ -51,12 +59,6 @@ state: {{dir: state, changelog: true, memory_mb: 32}}
         ),
     )
     .unwrap();
-    let customer = |i: i64, tier: &str| {
-        (
-            format!("c{i}"),
-            format!(r#"{{"id": "c{i}", "tier": "{tier}"}}"#).into_bytes(),
-        )
-    };
     // Run 1: the table alone.
     produce(
         &customers,
@@ -98,4 +100,69 @@ state: {{dir: state, changelog: true, memory_mb: 32}}
         );
     }
     assert_eq!(seen.len(), 40);
+}
+
+#[test]
+fn a_global_table_serves_orders_that_are_not_co_partitioned_with_it() {
+    let (orders, customers) = (unique("gt-orders"), unique("gt-customers"));
+    let (output, app) = (unique("gt-out"), unique("gt-app"));
+    // Three order partitions keyed by order, one customer partition: not
+    // co-partitioned, and not keyed alike.
+    create_topic(&orders, 3);
+    create_topic(&customers, 1);
+    create_topic(&output, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name: {app}
+source:
+  kind: kafka
+  topic: {orders}
+  schema: {{orderId: string, customerId: string}}
+steps:
+  - table_join:
+      topic: {customers}
+      global: true
+      type: inner
+      on: [{{left: customerId, right: id}}]
+      schema: {{id: string, tier: string}}
+output_mode: append
+trigger: available_now
+sink: {{kind: kafka, topic: {output}, key: [orderId]}}
+"#
+        ),
+    )
+    .unwrap();
+    produce(
+        &customers,
+        &(0..20).map(|i| customer(i, "basic")).collect::<Vec<_>>(),
+    );
+    produce(&customers, &[customer(5, "gold")]);
+    produce_tombstone(&customers, "c7");
+    let placed: Vec<_> = (0..60)
+        .map(|i| {
+            let value = format!(r#"{{"orderId": "o{i}", "customerId": "c{}"}}"#, i % 20);
+            (format!("o{i}"), value.into_bytes())
+        })
+        .collect();
+    produce(&orders, &placed);
+    run(&file);
+
+    // c7 was deleted: its three orders find no customer (inner join).
+    let out = consume_all(&output, 57, Duration::from_secs(30));
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &out {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let want = if v["customerId"] == "c5" {
+            "gold"
+        } else {
+            "basic"
+        };
+        assert_eq!(v["tier"], want, "{v}");
+        assert_ne!(v["customerId"], "c7", "{v}");
+        assert!(seen.insert(v["orderId"].to_string()), "twice: {v}");
+    }
+    assert_eq!(seen.len(), 57);
 }

@@ -19,6 +19,8 @@ use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBa
 
 /// The connected parts of a pipeline.
 pub struct Connected {
+    /// The feeds of global tables, by table name.
+    pub table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)>,
     /// The source.
     pub source: Box<dyn Source>,
     /// The sink.
@@ -38,6 +40,9 @@ impl Connected {
     /// returns it with the source and sink to run it on.
     pub fn wire(self, query: QueryBuilder) -> (QueryBuilder, Box<dyn Source>, Box<dyn Sink>) {
         let mut query = query.decoder(self.decoder).dead_letter(self.dead_letter);
+        for (name, feed) in self.table_feeds {
+            query = query.table_feed(&name, BoxedFeed(feed));
+        }
         if let Some(late) = self.late_data {
             query = query.late_data(late);
         }
@@ -45,6 +50,18 @@ impl Connected {
             query = query.state_backend(state);
         }
         (query, self.source, self.sink)
+    }
+}
+
+/// A boxed feed as a feed.
+struct BoxedFeed(Box<dyn tidemark::runtime::TableFeed>);
+
+impl tidemark::runtime::TableFeed for BoxedFeed {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn catch_up(&mut self) -> Result<Vec<tidemark::record::Record>> {
+        self.0.catch_up()
     }
 }
 
@@ -129,19 +146,43 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
+    let global_tables = file.global_tables();
     let decoder: Box<dyn Decoder> = match src.format {
-        Format::Json if !joined.is_empty() => {
+        Format::Json if !joined.is_empty() || !global_tables.is_empty() => {
             let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
-            for j in &joined {
-                for topic in &j.topics.0 {
-                    by_topic =
-                        by_topic.topic(topic, Box::new(JsonDecoder::new(j.schema.0.clone())));
+            let topics = joined
+                .iter()
+                .map(|j| (j.topics, j.schema))
+                .chain(global_tables.iter().map(|(_, t, s)| (*t, *s)));
+            for (list, schema) in topics {
+                for topic in &list.0 {
+                    by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(schema.0.clone())));
                 }
             }
             Box::new(by_topic)
         }
         _ => decoder,
     };
+    let mut table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)> = Vec::new();
+    for (name, topics, _) in &global_tables {
+        let [topic] = topics.0.as_slice() else {
+            return Err(tidemark::error::Error::config(
+                "table_join.topic",
+                "a global table reads one topic",
+            ));
+        };
+        let feed: Box<dyn tidemark::runtime::TableFeed> = match src.kind {
+            SourceKind::Kafka => Box::new(crate::kafka::KafkaTableFeed::new(
+                &source_bootstrap,
+                topic,
+                &BTreeMap::new(),
+            )?),
+            SourceKind::Files => Box::new(crate::files::FilesTableFeed::new(
+                resolve(base_dir, src.path.as_deref().unwrap_or(".")).join(topic),
+            )?),
+        };
+        table_feeds.push((name.clone(), feed));
+    }
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
     let sink = if file.sink.repartition_markers {
         repartition_sink(file, &source_bootstrap, transactions.as_ref())?
@@ -224,6 +265,7 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
         }
     };
     Ok(Connected {
+        table_feeds,
         source,
         sink,
         decoder,

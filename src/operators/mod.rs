@@ -18,7 +18,7 @@ pub use dedup::{DedupSpec, Deduplicate};
 pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
-pub use table_join::{TableJoin, TableJoinSpec};
+pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
 
 use crate::error::Result;

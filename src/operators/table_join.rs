@@ -42,9 +42,15 @@ pub struct TableJoinSpec {
     pub table_columns: Vec<Arc<str>>,
 }
 
+/// A global table (Kafka Streams' GlobalKTable): every partition of its
+/// topic, shared by all tasks, fed by the query between batches.
+pub type SharedTable = Arc<std::sync::RwLock<std::collections::HashMap<String, Row>>>;
+
 /// The stream–table join operator (see the module documentation).
 pub struct TableJoin {
     spec: TableJoinSpec,
+    /// A global table instead of the task's own.
+    global: Option<SharedTable>,
     table: HashMap<String, Row>,
     /// Keys written (`Some`) or deleted (`None`) since the last checkpoint.
     changed: BTreeMap<String, Option<Row>>,
@@ -60,7 +66,7 @@ const STATE_VERSION: u8 = 1;
 
 /// The record-key form of `columns` of `row`: the text of one column, a
 /// JSON array of several (what the Kafka sink writes as the key).
-pub(crate) fn record_key(row: &Row, columns: &[Arc<str>]) -> Option<String> {
+pub fn record_key(row: &Row, columns: &[Arc<str>]) -> Option<String> {
     match columns {
         [one] => match row.get(one) {
             None | Some(Value::Null) => None,
@@ -91,6 +97,7 @@ impl TableJoin {
         Ok(TableJoin {
             columns: spec.table_columns.clone(),
             spec,
+            global: None,
             table: HashMap::default(),
             changed: BTreeMap::new(),
             store: None,
@@ -99,6 +106,14 @@ impl TableJoin {
             rows_removed: 0,
             unmatched: 0,
         })
+    }
+
+    /// A join against `table`, a global table every task shares: the
+    /// operator keeps no state of its own.
+    pub fn global(spec: TableJoinSpec, table: SharedTable) -> Result<Self> {
+        let mut join = TableJoin::new(spec)?;
+        join.global = Some(table);
+        Ok(join)
     }
 
     fn upsert(&mut self, row: Row) -> Result<()> {
@@ -174,9 +189,18 @@ impl Operator for TableJoin {
     }
 
     fn on_row(&mut self, row: Row, _ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
-        let found = record_key(&row, &self.spec.stream_keys).and_then(|k| self.table.get(&k));
+        let key = record_key(&row, &self.spec.stream_keys);
+        let found = match (&self.global, &key) {
+            (_, None) => None,
+            (Some(shared), Some(k)) => shared
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(k)
+                .cloned(),
+            (None, Some(k)) => self.table.get(k).cloned(),
+        };
         match found {
-            Some(t) => out.push(self.enrich(row, Some(t))),
+            Some(t) => out.push(self.enrich(row, Some(&t))),
             None if self.spec.keep_unmatched => {
                 self.unmatched += 1;
                 out.push(self.enrich(row, None));
@@ -211,7 +235,8 @@ impl Operator for TableJoin {
     }
 
     fn is_stateful(&self) -> bool {
-        true
+        // A global table is the query's, fed from its topic at start.
+        self.global.is_none()
     }
 
     fn open_state(
@@ -256,6 +281,9 @@ impl Operator for TableJoin {
             "numUnmatchedStreamRows".into(),
             std::mem::take(&mut self.unmatched),
         );
+        if self.global.is_some() {
+            return None;
+        }
         Some(StateOperatorProgress {
             operator_name: "streamTableJoin".into(),
             num_rows_total: self.table.len() as u64,

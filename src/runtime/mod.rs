@@ -103,6 +103,17 @@ pub trait Source: Send {
     }
 }
 
+/// The records of a global table's topic (every partition), read by the
+/// query between batches (Kafka Streams' GlobalKTable: every instance reads
+/// the whole topic, so the stream need not be co-partitioned with it).
+pub trait TableFeed: Send {
+    /// A description for logs.
+    fn describe(&self) -> String;
+    /// The records that arrived since the last call, up to the topic's end
+    /// as of now; the first call reads the whole topic (bootstrap).
+    fn catch_up(&mut self) -> Result<Vec<Record>>;
+}
+
 /// Turns raw records into rows.
 pub trait Decoder: Send {
     /// Decodes one record; the error names the record, field and reason.

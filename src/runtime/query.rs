@@ -50,6 +50,8 @@ pub struct QueryBuilder {
     steps: Vec<OperatorFactory>,
     /// The second streams of joins.
     side_inputs: Vec<SideInput>,
+    /// Global tables: their shared rows, key columns and feeds.
+    global_tables: Vec<GlobalTable>,
     /// The name of the main stream, in progress reports of joins.
     main_stream: Arc<str>,
     /// The main stream's declared columns (a right outer join's nulls).
@@ -176,6 +178,81 @@ impl JoinInput {
     }
 }
 
+/// The settings of a join of the stream with `table` on `on`.
+fn table_join_spec(
+    table: &JoinInput,
+    keep_unmatched: bool,
+    on: &[(&str, &str)],
+) -> crate::operators::TableJoinSpec {
+    crate::operators::TableJoinSpec {
+        keep_unmatched,
+        stream_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
+        table_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
+        table_name: table.name.clone(),
+        table_columns: table.columns.clone(),
+    }
+}
+
+/// A global table of the query.
+struct GlobalTable {
+    name: Arc<str>,
+    keys: Vec<Arc<str>>,
+    rows: crate::operators::SharedTable,
+    feed: Option<Box<dyn super::TableFeed>>,
+}
+
+impl GlobalTable {
+    /// Reads what the feed has and applies it: an upsert per record, a
+    /// delete per tombstone (by record key). Bad records go to `dead_letter`.
+    fn catch_up(
+        &mut self,
+        decoder: &mut dyn Decoder,
+        dead_letter: &mut dyn DeadLetter,
+    ) -> Result<u64> {
+        let Some(feed) = self.feed.as_mut() else {
+            return Err(Error::config(
+                "table_join.global",
+                format!("the global table `{}` has no feed", self.name),
+            ));
+        };
+        let records = feed.catch_up()?;
+        let mut bad = 0;
+        let mut rows = self.rows.write().unwrap_or_else(|p| p.into_inner());
+        for record in &records {
+            let applied = match (&record.value, &record.key) {
+                (None, Some(key)) => match std::str::from_utf8(key) {
+                    Ok(key) => {
+                        rows.remove(key);
+                        Ok(())
+                    }
+                    Err(_) => Err("a tombstone whose key is not UTF-8 text".to_string()),
+                },
+                (None, None) => Err("a tombstone without a key deletes nothing".to_string()),
+                (Some(_), _) => match decoder.decode(record) {
+                    Ok(row) => match crate::operators::table_record_key(&row, &self.keys) {
+                        Some(key) => {
+                            rows.insert(key, row);
+                            Ok(())
+                        }
+                        None => Err(format!("the key columns {:?} are missing", self.keys)),
+                    },
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            if let Err(reason) = applied {
+                bad += 1;
+                let error = Error::BadRecord {
+                    position: record.position.clone(),
+                    field: "<table>".into(),
+                    reason,
+                };
+                dead_letter.send(record, &error)?;
+            }
+        }
+        Ok(bad)
+    }
+}
+
 /// A join's second stream within the query.
 struct SideInput {
     /// The input index its records are routed by.
@@ -197,6 +274,7 @@ impl Query {
             idle_timeout: None,
             steps: Vec::new(),
             side_inputs: Vec::new(),
+            global_tables: Vec::new(),
             main_stream: Arc::from("main"),
             main_columns: Vec::new(),
             stateful_steps: 0,
@@ -620,13 +698,7 @@ impl QueryBuilder {
                 ),
             ));
         }
-        let spec = crate::operators::TableJoinSpec {
-            keep_unmatched,
-            stream_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
-            table_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
-            table_name: table.name.clone(),
-            table_columns: table.columns.clone(),
-        };
+        let spec = table_join_spec(&table, keep_unmatched, on);
         crate::operators::TableJoin::new(spec.clone())?;
         let input = self.side_inputs.len() + 1;
         self.side_inputs.push(SideInput {
@@ -642,6 +714,53 @@ impl QueryBuilder {
             )
         }));
         Ok(self)
+    }
+
+    /// Kafka Streams' `KStream#join(GlobalKTable)` (`leftJoin` with
+    /// `keep_unmatched`): like [`QueryBuilder::join_table`], but every task
+    /// looks rows up in one table holding every partition of its topic, so
+    /// the stream need not be co-partitioned with it nor keyed by `on`. The
+    /// table is read whole before the first batch and caught up between
+    /// batches from `feed` (see [`QueryBuilder::table_feed`]); it lives in
+    /// memory and is read again from its topic at each start.
+    pub fn join_global_table(
+        mut self,
+        table: JoinInput,
+        keep_unmatched: bool,
+        on: &[(&str, &str)],
+    ) -> Result<Self> {
+        let spec = table_join_spec(&table, keep_unmatched, on);
+        let rows: crate::operators::SharedTable = Default::default();
+        crate::operators::TableJoin::global(spec.clone(), rows.clone())?;
+        self.global_tables.push(GlobalTable {
+            name: table.name.clone(),
+            keys: spec.table_keys.clone(),
+            rows: rows.clone(),
+            feed: None,
+        });
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::TableJoin::global(spec.clone(), rows.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Where the global table `name` reads its topic from.
+    pub fn table_feed(mut self, name: &str, feed: impl super::TableFeed + 'static) -> Self {
+        if let Some(t) = self.global_tables.iter_mut().find(|t| &*t.name == name) {
+            t.feed = Some(Box::new(feed));
+        }
+        self
+    }
+
+    /// The names of the global tables, which need a [`QueryBuilder::table_feed`].
+    pub fn global_table_names(&self) -> Vec<String> {
+        self.global_tables
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect()
     }
 
     /// Spark's output mode (default append).
@@ -729,6 +848,12 @@ impl QueryBuilder {
             return Err(Error::config(
                 "output_mode",
                 "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
+            ));
+        }
+        if let Some(t) = self.global_tables.iter().find(|t| t.feed.is_none()) {
+            return Err(Error::config(
+                "table_join.global",
+                format!("the global table `{}` has no feed to read it from", t.name),
             ));
         }
         if self.watermark.is_some() && self.event_time.is_none() {
@@ -1297,6 +1422,10 @@ impl Query {
             if open_batch.is_none() {
                 if let Some(backend) = state_backend.as_mut() {
                     backend.between_batches()?;
+                }
+                for table in self.builder.global_tables.iter_mut() {
+                    summary.bad_records +=
+                        table.catch_up(decoder.as_mut(), dead_letter.as_mut())?;
                 }
             }
             let open =

@@ -6,12 +6,14 @@ mod dead_letter;
 mod exactly_once;
 mod sink;
 mod source;
+mod table_feed;
 
 pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};
+pub use table_feed::KafkaTableFeed;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
