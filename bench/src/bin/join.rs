@@ -12,6 +12,7 @@
 //! ```
 
 use clap::Parser;
+use std::sync::Arc;
 use std::time::Instant;
 use tidemark::operators::{
     BatchContext, JoinSpec, JoinTimeCondition, JoinType, Operator, StreamJoin,
@@ -50,6 +51,8 @@ fn main() -> anyhow::Result<()> {
         right_columns: vec!["adId".into(), "clickTime".into()],
         left_columns: vec!["adId".into(), "impressionTime".into()],
     })?;
+    let names: (Arc<str>, Arc<str>, Arc<str>) =
+        ("adId".into(), "impressionTime".into(), "clickTime".into());
     let (mut late, mut watermark) = (0i64, 0i64);
     let mut out = Vec::new();
     let (mut emitted, mut rows_in) = (0u64, 0u64);
@@ -68,18 +71,21 @@ fn main() -> anyhow::Result<()> {
             real_time: false,
         };
         let ad = |i: u64| Value::from(format!("ad{}", i % args.ads).as_str());
+        // Column names shared across rows, as a decoder with a schema
+        // hands them out.
+        let (ad_id, impression_time, click_time) = (&names.0, &names.1, &names.2);
         for i in done..done + n {
             let mut row = Row::new();
-            row.set("adId", ad(i));
-            row.set("impressionTime", Value::Timestamp(1 + i as i64 * MS));
+            row.set(ad_id.clone(), ad(i));
+            row.set(impression_time.clone(), Value::Timestamp(1 + i as i64 * MS));
             join.on_input_row(0, row, &ctx, &mut out)?;
             rows_in += 1;
             // The click of impression i - 30 000 (30 s earlier), if even.
             if i >= 30_000 && (i - 30_000) % 2 == 0 {
                 let c = i - 30_000;
                 let mut row = Row::new();
-                row.set("adId", ad(c));
-                row.set("clickTime", Value::Timestamp(1 + i as i64 * MS));
+                row.set(ad_id.clone(), ad(c));
+                row.set(click_time.clone(), Value::Timestamp(1 + i as i64 * MS));
                 join.on_input_row(1, row, &ctx, &mut out)?;
                 rows_in += 1;
             }
