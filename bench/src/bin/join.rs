@@ -33,12 +33,21 @@ struct Args {
     /// Watermark delay of both streams, minutes.
     #[arg(long, default_value_t = 10)]
     delay_minutes: i64,
+    /// Instead of the operator in process: produce the streams to two
+    /// co-partitioned topics of this many partitions on the broker in
+    /// `KAFKA_BOOTSTRAP` and run the join query Kafka to Kafka,
+    /// available-now.
+    #[arg(long)]
+    through_kafka: Option<i32>,
 }
 
 const MS: i64 = 1000;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(partitions) = args.through_kafka {
+        return through_kafka(&args, partitions);
+    }
     let delay = args.delay_minutes * 60_000 * MS;
     let mut join = StreamJoin::new(JoinSpec {
         join_type: JoinType::LeftOuter,
@@ -115,6 +124,164 @@ fn main() -> anyhow::Result<()> {
             "rows_emitted": emitted,
             "peak_state_rows": peak_state_rows,
             "peak_state_mib": peak_state_bytes >> 20,
+            "peak_rss_mib": tidemark_bench::peak_rss_mib(),
+        })
+    );
+    Ok(())
+}
+
+/// Produces `(key, value)` records to `topic`, keyed so that both streams
+/// land alike (co-partitioned).
+fn produce(
+    bootstrap: &str,
+    topic: &str,
+    records: impl Iterator<Item = (String, String)>,
+) -> anyhow::Result<()> {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    for (key, value) in records {
+        let mut pending = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match producer.send(pending) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    pending = back;
+                }
+            }
+        }
+    }
+    producer.flush(std::time::Duration::from_secs(120))?;
+    Ok(())
+}
+
+/// The join query from Kafka to Kafka: rows/s over the whole run
+/// (reading both topics, joining, writing, committing).
+fn through_kafka(args: &Args, partitions: i32) -> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+    use tidemark::prelude::*;
+    use tidemark::runtime::JoinInput;
+    use tidemark_connectors::kafka::{
+        default_bootstrap, ensure_topic, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
+        ValueFormat,
+    };
+    let bootstrap = default_bootstrap();
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let (impressions, clicks, output) = (
+        format!("bench-join-imp-{run}"),
+        format!("bench-join-clk-{run}"),
+        format!("bench-join-out-{run}"),
+    );
+    for topic in [&impressions, &clicks, &output] {
+        ensure_topic(&bootstrap, topic, partitions)?;
+    }
+    let at = |i: u64| tidemark::time::format_rfc3339(1 + i as i64 * MS);
+    let ad = |i: u64| format!("ad{}", i % args.ads);
+    produce(
+        &bootstrap,
+        &impressions,
+        (0..args.events).map(|i| {
+            (
+                ad(i),
+                format!(r#"{{"adId": "{}", "impressionTime": "{}"}}"#, ad(i), at(i)),
+            )
+        }),
+    )?;
+    produce(
+        &bootstrap,
+        &clicks,
+        (0..args.events).step_by(2).map(|c| {
+            (
+                ad(c),
+                format!(
+                    r#"{{"adId": "{}", "clickTime": "{}"}}"#,
+                    ad(c),
+                    at(c + 30_000)
+                ),
+            )
+        }),
+    )?;
+    let rows_in = args.events + args.events.div_ceil(2);
+    let mut source = KafkaSource::new(KafkaSourceConfig {
+        bootstrap: bootstrap.clone(),
+        topics: vec![impressions.clone(), clicks.clone()],
+        group: format!("bench-join-{run}"),
+        earliest: true,
+        properties: BTreeMap::from([(
+            "partition.assignment.strategy".to_string(),
+            "range".to_string(),
+        )]),
+    })?;
+    let mut sink = KafkaSink::new(
+        &bootstrap,
+        &output,
+        KeyColumns(vec!["adId".into()]),
+        ValueFormat::Json,
+        &BTreeMap::new(),
+    )?;
+    let decoder = tidemark::decode::ByTopicDecoder::new(Box::new(
+        tidemark::decode::JsonDecoder::new(tidemark::schema::Schema::new([
+            ("adId", tidemark::schema::FieldType::String),
+            ("impressionTime", tidemark::schema::FieldType::Timestamp),
+        ])),
+    ))
+    .topic(
+        &clicks,
+        Box::new(tidemark::decode::JsonDecoder::new(
+            tidemark::schema::Schema::new([
+                ("adId", tidemark::schema::FieldType::String),
+                ("clickTime", tidemark::schema::FieldType::Timestamp),
+            ]),
+        )),
+    );
+    let delay = format!("{} minutes", args.delay_minutes);
+    let peak_state = Arc::new(std::sync::Mutex::new(0u64));
+    let seen = peak_state.clone();
+    let query = Query::builder("bench-join")
+        .decoder(decoder)
+        .event_time("impressionTime")
+        .watermark(&delay)?
+        .main_stream(&impressions)
+        .join(
+            JoinInput::new("clicks")
+                .topics(&[&clicks])
+                .event_time("clickTime")
+                .watermark(&delay)?,
+            JoinType::LeftOuter,
+            &[("adId", "adId")],
+            JoinTimeCondition::between("0 seconds", "1 minute")?,
+        )?
+        .trigger(Trigger::AvailableNow)
+        .max_records_per_batch(args.batch as usize * 3 / 2)
+        .on_progress(move |p: &QueryProgress| {
+            let rows: u64 = p.state_operators.iter().map(|s| s.num_rows_total).sum();
+            let mut peak = seen.lock().unwrap_or_else(|e| e.into_inner());
+            *peak = (*peak).max(rows);
+        })
+        .build()?;
+    let started = Instant::now();
+    let summary = query.run(&mut source, &mut sink)?;
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        summary.input_records == rows_in,
+        "read {} of {rows_in}",
+        summary.input_records
+    );
+    println!(
+        "{}",
+        serde_json::json!({
+            "through_kafka": true,
+            "partitions": partitions,
+            "delay_minutes": args.delay_minutes,
+            "rows_in": rows_in,
+            "rows_per_second": (rows_in as f64 / seconds).round(),
+            "rows_emitted": summary.output_rows,
+            "batches": summary.batches,
+            "peak_state_rows": *peak_state.lock().unwrap_or_else(|e| e.into_inner()),
             "peak_rss_mib": tidemark_bench::peak_rss_mib(),
         })
     );
