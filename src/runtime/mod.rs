@@ -1,14 +1,16 @@
 //! The runtime: sources, sinks, dead letters, clocks, triggers and the one
 //! trigger loop that runs a [`Query`].
 
+mod builder;
 mod markers;
 mod query;
+mod task;
 pub mod testing;
 
+pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
-pub use query::{
-    checkpoint_batch_id, default_query_id, JoinInput, Query, QueryBuilder, RunSummary, StopHandle,
-};
+pub use query::{default_query_id, Query, RunSummary, StopHandle};
+pub use task::checkpoint_batch_id;
 
 use crate::error::{Error, Result};
 use crate::record::Record;

@@ -1,0 +1,874 @@
+//! Building a query: its steps, inputs, watermarks and checks.
+
+use super::query::{default_query_id, Query, StopHandle};
+use super::{Clock, DeadLetter, Decoder, Sink, Trigger};
+use crate::error::{Error, Result};
+use crate::operators::{Operator, OutputMode};
+use crate::progress::ProgressListener;
+use crate::row::Row;
+use crate::time::TimestampMicros;
+use crate::watermark::WatermarkPolicy;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builds one operator for one task; every task gets its own instances.
+pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + Sync>;
+
+/// Builds a [`Query`].
+///
+/// ```
+/// use tidemark::prelude::*;
+/// use tidemark::runtime::testing::{CollectSink, VecSource};
+///
+/// let query = Query::builder("demo")
+///     .event_time("event_time")
+///     .watermark("10 minutes").unwrap()
+///     .filter("amount >= 0").unwrap()
+///     .window_aggregate(["id"], WindowSpec::tumbling("5 minutes").unwrap(), vec![
+///         AggregateSpec::count(),
+///     ])
+///     .output_mode(OutputMode::Update)
+///     .trigger(Trigger::AvailableNow)
+///     .build()
+///     .unwrap();
+/// let mut source = VecSource::json_batches(vec![vec![
+///     r#"{"event_time": "2026-01-01T10:01:00Z", "id": "a", "amount": 1}"#,
+/// ]]);
+/// let mut sink = CollectSink::default();
+/// query.run(&mut source, &mut sink).unwrap();
+/// assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
+/// ```
+pub struct QueryBuilder {
+    pub(super) name: String,
+    pub(super) id: Option<String>,
+    pub(super) event_time: Option<Arc<str>>,
+    pub(super) watermark: Option<Duration>,
+    pub(super) policy: WatermarkPolicy,
+    pub(super) idle_timeout: Option<Duration>,
+    pub(super) steps: Vec<OperatorFactory>,
+    /// The second streams of joins.
+    pub(super) side_inputs: Vec<SideInput>,
+    /// Global tables: their shared rows, key columns and feeds.
+    pub(super) global_tables: Vec<GlobalTable>,
+    /// The name of the main stream, in progress reports of joins.
+    pub(super) main_stream: Arc<str>,
+    /// The main stream's declared columns (a right outer join's nulls).
+    pub(super) main_columns: Vec<Arc<str>>,
+    pub(super) stateful_steps: usize,
+    /// Window aggregations (what Spark's output-mode rules call
+    /// aggregations; deduplication is stateful but is not one).
+    pub(super) aggregations: usize,
+    pub(super) rolling_windows: usize,
+    pub(super) session_windows: usize,
+    pub(super) output_mode: OutputMode,
+    pub(super) trigger: Trigger,
+    pub(super) clock: Clock,
+    pub(super) max_records_per_batch: usize,
+    pub(super) decoder: Option<Box<dyn Decoder>>,
+    pub(super) dead_letter: Option<Box<dyn DeadLetter>>,
+    pub(super) late_data: Option<Box<dyn Sink>>,
+    pub(super) state_backend: Option<Box<dyn super::StateBackend>>,
+    pub(super) event_time_extractor: Option<EventTimeExtractor>,
+    pub(super) listeners: Vec<Box<dyn ProgressListener>>,
+    pub(super) watermark_from_markers: bool,
+}
+
+/// Computes a row's event time (microseconds) when no column holds it.
+pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send + Sync>;
+
+/// The second stream of a join: its topics, event-time column, watermark
+/// and the stateless steps its rows go through before the join.
+#[derive(Clone)]
+pub struct JoinInput {
+    pub(super) name: Arc<str>,
+    /// A table (compacted topic) for a stream–table join, not a stream.
+    pub(super) table: bool,
+    pub(super) topics: Vec<String>,
+    pub(super) event_time: Option<Arc<str>>,
+    pub(super) watermark: Option<Duration>,
+    pub(super) steps: Vec<OperatorFactory>,
+    pub(super) columns: Vec<Arc<str>>,
+}
+
+impl JoinInput {
+    /// The stream `name`, read from the topic of that name (for the files
+    /// source: the sub-directory of that name).
+    pub fn new(name: &str) -> Self {
+        JoinInput {
+            name: Arc::from(name),
+            table: false,
+            topics: vec![name.to_string()],
+            event_time: None,
+            watermark: None,
+            steps: Vec::new(),
+            columns: Vec::new(),
+        }
+    }
+
+    /// The table `name` for [`QueryBuilder::join_table`]: a compacted
+    /// topic of that name (latest row per key, tombstones delete). A table
+    /// has no event time and no watermark.
+    pub fn table(name: &str) -> Self {
+        JoinInput {
+            table: true,
+            ..JoinInput::new(name)
+        }
+    }
+
+    /// Reads the stream from these topics instead (co-partitioned with the
+    /// main stream's).
+    pub fn topics<S: AsRef<str>>(mut self, topics: &[S]) -> Self {
+        self.topics = topics.iter().map(|t| t.as_ref().to_string()).collect();
+        self
+    }
+
+    /// The stream's event-time column.
+    pub fn event_time(mut self, column: &str) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self
+    }
+
+    /// The stream's own watermark delay, as a Spark duration string.
+    pub fn watermark(mut self, delay: &str) -> Result<Self> {
+        let d = crate::duration::parse_duration(delay)
+            .map_err(|e| Error::config("join.watermark", e.to_string()))?;
+        self.watermark = Some(d);
+        Ok(self)
+    }
+
+    /// The stream's columns, when known: a left outer row writes them as
+    /// nulls (otherwise the columns of the rows seen so far are).
+    pub fn columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self
+    }
+
+    /// Keeps the stream's rows for which `condition` is true.
+    pub fn filter(mut self, condition: &str) -> Result<Self> {
+        crate::operators::Filter::new(condition)?;
+        let condition = condition.to_string();
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::Filter::new(&condition).expect("validated"))
+        }));
+        Ok(self)
+    }
+
+    /// Keeps `(column, output name)` pairs of the stream's rows.
+    pub fn select<S: AsRef<str>>(mut self, columns: &[(S, S)]) -> Self {
+        let cols: Vec<(String, String)> = columns
+            .iter()
+            .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
+            .collect();
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::Select::new(cols.clone()))
+        }));
+        self
+    }
+
+    /// Adds a computed column to the stream's rows.
+    pub fn with_column(mut self, name: &str, expression: &str) -> Result<Self> {
+        crate::operators::WithColumn::new(name, expression)?;
+        let (n, e) = (name.to_string(), expression.to_string());
+        self.steps.push(Arc::new(move |_| {
+            Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))
+        }));
+        Ok(self)
+    }
+}
+
+/// The settings of a join of the stream with `table` on `on`.
+fn table_join_spec(
+    table: &JoinInput,
+    keep_unmatched: bool,
+    on: &[(&str, &str)],
+) -> crate::operators::TableJoinSpec {
+    crate::operators::TableJoinSpec {
+        keep_unmatched,
+        stream_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
+        table_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
+        table_name: table.name.clone(),
+        table_columns: table.columns.clone(),
+    }
+}
+
+/// A global table of the query.
+pub(super) struct GlobalTable {
+    pub(super) name: Arc<str>,
+    pub(super) keys: Vec<Arc<str>>,
+    pub(super) rows: crate::operators::SharedTable,
+    pub(super) feed: Option<Box<dyn super::TableFeed>>,
+}
+
+impl GlobalTable {
+    /// Reads what the feed has and applies it: an upsert per record, a
+    /// delete per tombstone (by record key). Bad records go to `dead_letter`.
+    pub(super) fn catch_up(
+        &mut self,
+        decoder: &mut dyn Decoder,
+        dead_letter: &mut dyn DeadLetter,
+    ) -> Result<u64> {
+        let Some(feed) = self.feed.as_mut() else {
+            return Err(Error::config(
+                "table_join.global",
+                format!("the global table `{}` has no feed", self.name),
+            ));
+        };
+        let records = feed.catch_up()?;
+        let mut bad = 0;
+        let mut rows = self.rows.write().unwrap_or_else(|p| p.into_inner());
+        for record in &records {
+            let applied = match (&record.value, &record.key) {
+                (None, Some(key)) => match std::str::from_utf8(key) {
+                    Ok(key) => {
+                        rows.remove(key);
+                        Ok(())
+                    }
+                    Err(_) => Err("a tombstone whose key is not UTF-8 text".to_string()),
+                },
+                (None, None) => Err("a tombstone without a key deletes nothing".to_string()),
+                (Some(_), _) => match decoder.decode(record) {
+                    Ok(row) => match crate::operators::table_record_key(&row, &self.keys) {
+                        Some(key) => {
+                            rows.insert(key, row);
+                            Ok(())
+                        }
+                        None => Err(format!("the key columns {:?} are missing", self.keys)),
+                    },
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            if let Err(reason) = applied {
+                bad += 1;
+                let error = Error::BadRecord {
+                    position: record.position.clone(),
+                    field: "<table>".into(),
+                    reason,
+                };
+                dead_letter.send(record, &error)?;
+            }
+        }
+        Ok(bad)
+    }
+}
+
+/// A join's second stream within the query.
+pub(super) struct SideInput {
+    /// The input index its records are routed by.
+    pub(super) input: usize,
+    /// The index of its join in the steps.
+    pub(super) join_at: usize,
+    pub(super) stream: JoinInput,
+}
+
+impl Query {
+    /// Starts building a query named `name`.
+    pub fn builder(name: &str) -> QueryBuilder {
+        QueryBuilder {
+            name: name.to_string(),
+            id: None,
+            event_time: None,
+            watermark: None,
+            policy: WatermarkPolicy::Min,
+            idle_timeout: None,
+            steps: Vec::new(),
+            side_inputs: Vec::new(),
+            global_tables: Vec::new(),
+            main_stream: Arc::from("main"),
+            main_columns: Vec::new(),
+            stateful_steps: 0,
+            aggregations: 0,
+            rolling_windows: 0,
+            session_windows: 0,
+            output_mode: OutputMode::Append,
+            trigger: Trigger::default(),
+            clock: Clock::System,
+            max_records_per_batch: 100_000,
+            decoder: None,
+            dead_letter: None,
+            late_data: None,
+            state_backend: None,
+            event_time_extractor: None,
+            listeners: Vec::new(),
+            watermark_from_markers: false,
+        }
+    }
+}
+
+impl QueryBuilder {
+    /// A stable id (default: derived from the name), Spark's `id`.
+    pub fn id(mut self, id: &str) -> Self {
+        self.id = Some(id.to_string());
+        self
+    }
+
+    /// The event-time column (a timestamp; RFC 3339 or epoch ms on input).
+    pub fn event_time(mut self, column: &str) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self
+    }
+
+    /// The event time computed by `extractor` (microseconds since the
+    /// epoch) and stored in `column`, which then serves as the event-time
+    /// column. A row for which it returns `None` is a bad record.
+    pub fn event_time_from(
+        mut self,
+        column: &str,
+        extractor: impl Fn(&Row) -> Option<TimestampMicros> + Send + Sync + 'static,
+    ) -> Self {
+        self.event_time = Some(Arc::from(column));
+        self.event_time_extractor = Some(Arc::new(extractor));
+        self
+    }
+
+    /// Rows dropped as late by every window they belong to go to this sink
+    /// (Flink's late-data side output), written and committed with each
+    /// batch.
+    pub fn late_data(mut self, sink: impl Sink + 'static) -> Self {
+        self.late_data = Some(Box::new(sink));
+        self
+    }
+
+    /// Keeps stateful operators' state in stores from `backend` (RocksDB
+    /// with Kafka changelogs in production), checkpointed after every batch
+    /// and restored when a task starts. Without one, state lives in memory.
+    pub fn state_backend(mut self, backend: impl super::StateBackend + 'static) -> Self {
+        self.state_backend = Some(Box::new(backend));
+        self
+    }
+
+    /// The watermark delay, as a Spark duration string.
+    pub fn watermark(mut self, delay: &str) -> Result<Self> {
+        let d = crate::duration::parse_duration(delay)
+            .map_err(|e| Error::config("watermark", e.to_string()))?;
+        self.watermark = Some(d);
+        Ok(self)
+    }
+
+    /// Takes the watermark from [`super::WatermarkMarker`] records instead of
+    /// from rows: the reading side of a repartition topic, whose rows come
+    /// from many input partitions interleaved.
+    pub fn watermark_from_markers(mut self) -> Self {
+        self.watermark_from_markers = true;
+        self
+    }
+
+    /// How inputs' watermarks combine (`min` default, `max`).
+    pub fn watermark_policy(mut self, policy: WatermarkPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After this long without records, an input stops holding the
+    /// watermark back.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// Appends a step built by `factory` once per task.
+    pub fn step(mut self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
+        self.steps.push(Arc::new(move |_| factory()));
+        self
+    }
+
+    /// Keeps rows for which `condition` is true.
+    pub fn filter(self, condition: &str) -> Result<Self> {
+        crate::operators::Filter::new(condition)?;
+        let condition = condition.to_string();
+        Ok(self
+            .step(move || Box::new(crate::operators::Filter::new(&condition).expect("validated"))))
+    }
+
+    /// Keeps `(column, output name)` pairs, in order.
+    pub fn select<S: AsRef<str>>(self, columns: &[(S, S)]) -> Self {
+        let cols: Vec<(String, String)> = columns
+            .iter()
+            .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
+            .collect();
+        self.step(move || Box::new(crate::operators::Select::new(cols.clone())))
+    }
+
+    /// Adds a computed column.
+    pub fn with_column(self, name: &str, expression: &str) -> Result<Self> {
+        crate::operators::WithColumn::new(name, expression)?;
+        let (n, e) = (name.to_string(), expression.to_string());
+        Ok(self
+            .step(move || Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))))
+    }
+
+    /// A typed filter over the user's serde type; rows that do not
+    /// deserialize go to the dead-letter output.
+    pub fn filter_typed<T>(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Self
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize + 'static,
+    {
+        self.flat_map_typed::<T, T, Option<T>>(move |t| if f(&t) { Some(t) } else { None })
+    }
+
+    /// A typed map from `In` to `Out`.
+    pub fn map_typed<In, Out>(self, f: impl Fn(In) -> Out + Send + Sync + 'static) -> Self
+    where
+        In: serde::de::DeserializeOwned + 'static,
+        Out: serde::Serialize + 'static,
+    {
+        self.flat_map_typed::<In, Out, Option<Out>>(move |i| Some(f(i)))
+    }
+
+    /// A typed flat_map: each `In` gives zero or more `Out`.
+    pub fn flat_map_typed<In, Out, I>(self, f: impl Fn(In) -> I + Send + Sync + 'static) -> Self
+    where
+        In: serde::de::DeserializeOwned + 'static,
+        Out: serde::Serialize + 'static,
+        I: IntoIterator<Item = Out> + 'static,
+    {
+        let f: Arc<dyn Fn(In) -> I + Send + Sync> = Arc::new(f);
+        let name = format!(
+            "FlatMap [{} -> {}]",
+            std::any::type_name::<In>(),
+            std::any::type_name::<Out>()
+        );
+        self.step(move || {
+            Box::new(crate::operators::FlatMapTyped::build::<In, Out, I>(
+                &name,
+                f.clone(),
+            ))
+        })
+    }
+
+    /// Groups by `keys` and a window over the event-time column (or
+    /// processing time when no event time is set) and folds `aggregates`.
+    pub fn window_aggregate<K: AsRef<str>>(
+        mut self,
+        keys: impl IntoIterator<Item = K>,
+        window: crate::window::WindowSpec,
+        aggregates: Vec<crate::operators::AggregateSpec>,
+    ) -> Self {
+        let keys: Vec<Arc<str>> = keys.into_iter().map(|k| Arc::from(k.as_ref())).collect();
+        let time = match &self.event_time {
+            Some(c) => crate::operators::TimeColumn::EventTime(c.clone()),
+            None => crate::operators::TimeColumn::ProcessingTime,
+        };
+        self.stateful_steps += 1;
+        self.aggregations += 1;
+        if window.is_session() {
+            self.session_windows += 1;
+        }
+        self.steps.push(Arc::new(move |mode| {
+            Box::new(crate::operators::WindowAggregate::new(
+                keys.clone(),
+                time.clone(),
+                window.clone(),
+                aggregates.clone(),
+                mode,
+            ))
+        }));
+        self
+    }
+
+    /// A rolling window (Databricks' `rollingWindow`) grouped by
+    /// `partition_by` over the timestamp column `order_by` (default: the
+    /// event-time column). Update output mode only.
+    pub fn rolling_window<K: AsRef<str>>(
+        mut self,
+        partition_by: &[K],
+        order_by: Option<&str>,
+        frontier: crate::operators::FrontierSpec,
+        measures: Vec<crate::operators::RollingMeasure>,
+    ) -> Result<Self> {
+        let order_by: Arc<str> = match (order_by, &self.event_time) {
+            (Some(c), _) => Arc::from(c),
+            (None, Some(c)) => c.clone(),
+            (None, None) => {
+                return Err(Error::config(
+                    "rolling_window.order_by",
+                    "a rolling window needs a timestamp column: set `order_by` or `event_time`",
+                ))
+            }
+        };
+        if frontier.basis == crate::operators::FrontierBasis::EventTime && self.watermark.is_none()
+        {
+            return Err(Error::config(
+                "rolling_window.frontier.basis",
+                "an event-time frontier follows the watermark: set `watermark`",
+            ));
+        }
+        let keys: Vec<Arc<str>> = partition_by.iter().map(|k| Arc::from(k.as_ref())).collect();
+        // Checked once here so that the step factory cannot fail.
+        crate::operators::RollingWindow::new(&keys, &order_by, frontier.clone(), measures.clone())?;
+        self.stateful_steps += 1;
+        self.rolling_windows += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::RollingWindow::new(
+                    &keys,
+                    &order_by,
+                    frontier.clone(),
+                    measures.clone(),
+                )
+                .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Spark's `dropDuplicates(keys)`: the first row of each key passes.
+    /// With the event-time column among the keys and a watermark, a key's
+    /// state is evicted once the watermark passes its event time; otherwise
+    /// it is kept for ever (a warning says so).
+    pub fn drop_duplicates<K: AsRef<str>>(self, keys: &[K]) -> Result<Self> {
+        let keys = keys.iter().map(|k| Arc::from(k.as_ref())).collect();
+        self.deduplicate(crate::operators::DedupSpec::Keys(keys))
+    }
+
+    /// Spark's `distinct()`: every column is the key.
+    pub fn distinct(self) -> Result<Self> {
+        self.deduplicate(crate::operators::DedupSpec::Distinct)
+    }
+
+    /// Spark's `dropDuplicatesWithinWatermark(keys)`: the first row of each
+    /// key passes, later ones are dropped even when other columns (the
+    /// event time) differ, until the watermark reaches the first one's
+    /// event time plus the delay. Needs a watermark.
+    pub fn drop_duplicates_within_watermark<K: AsRef<str>>(self, keys: &[K]) -> Result<Self> {
+        let Some(delay) = self.watermark else {
+            return Err(Error::config(
+                "dedup.within_watermark",
+                "dropDuplicatesWithinWatermark needs a watermark: set `watermark` (and `event_time`)",
+            ));
+        };
+        let keys = keys.iter().map(|k| Arc::from(k.as_ref())).collect();
+        self.deduplicate(crate::operators::DedupSpec::WithinWatermark {
+            keys,
+            delay_micros: delay.as_micros() as i64,
+        })
+    }
+
+    fn deduplicate(mut self, spec: crate::operators::DedupSpec) -> Result<Self> {
+        let event_time = self.event_time.clone().filter(|_| self.watermark.is_some());
+        let probe = crate::operators::Deduplicate::new(spec.clone(), event_time.clone())?;
+        if !probe.evicts() {
+            tracing::warn!(
+                step = %crate::operators::Operator::describe(&probe),
+                "deduplication without the event-time column in its key (or without a watermark) keeps every key for ever: its state grows without bound"
+            );
+        }
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::Deduplicate::new(spec.clone(), event_time.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Names the main stream (the query's own input) in progress reports
+    /// of a join's per-stream watermarks (default `main`).
+    pub fn main_stream(mut self, name: &str) -> Self {
+        self.main_stream = Arc::from(name);
+        self
+    }
+
+    /// The main stream's columns, when declared: a right outer join writes
+    /// them as nulls in an unmatched right row (otherwise the columns of
+    /// the rows seen so far).
+    pub fn main_columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.main_columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self
+    }
+
+    /// Joins the rows so far (the left side) with a second stream (the
+    /// right side), Spark's stream-stream join: `on` pairs left and right
+    /// key columns, `time` bounds how far apart matching rows' event times
+    /// are, which is what lets the watermarks evict state. Append output
+    /// mode only. The second stream's records are those of `right`'s
+    /// topics; each stream keeps its own watermark and the query combines
+    /// them by the policy ([`QueryBuilder::watermark_policy`]).
+    ///
+    /// ```
+    /// use tidemark::prelude::*;
+    /// use tidemark::operators::{JoinTimeCondition, JoinType};
+    /// use tidemark::runtime::JoinInput;
+    ///
+    /// let query = Query::builder("ad-clicks")
+    ///     .event_time("impressionTime")
+    ///     .watermark("2 hours").unwrap()
+    ///     .join(
+    ///         JoinInput::new("clicks").event_time("clickTime").watermark("3 hours").unwrap(),
+    ///         JoinType::LeftOuter,
+    ///         &[("adId", "adId")],
+    ///         JoinTimeCondition::between("0 seconds", "1 hour").unwrap(),
+    ///     )
+    ///     .unwrap()
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(query.describe()[0].contains("LeftOuter"));
+    /// ```
+    pub fn join(
+        mut self,
+        right: JoinInput,
+        join_type: crate::operators::JoinType,
+        on: &[(&str, &str)],
+        time: crate::operators::JoinTimeCondition,
+    ) -> Result<Self> {
+        let Some(left_time) = self.event_time.clone() else {
+            return Err(Error::config(
+                "event_time",
+                "a stream-stream join compares event times: set the main stream's `event_time`",
+            ));
+        };
+        let Some(right_time) = right.event_time.clone() else {
+            return Err(Error::config(
+                "join.event_time",
+                format!(
+                    "set the event-time column of the joined stream `{}`",
+                    right.name
+                ),
+            ));
+        };
+        if right.watermark.is_some() && self.watermark.is_none() {
+            return Err(Error::config(
+                "watermark",
+                "the joined stream has a watermark but the main stream has none: set `watermark`",
+            ));
+        }
+        let needs_watermarks = join_type != crate::operators::JoinType::Inner;
+        if needs_watermarks && (self.watermark.is_none() || right.watermark.is_none()) {
+            return Err(Error::config(
+                "join.watermark",
+                "outer and semi joins need a watermark on both streams (as in Spark): set `watermark` and the join's `watermark`",
+            ));
+        }
+        let spec = crate::operators::JoinSpec {
+            join_type,
+            left_keys: on.iter().map(|(l, _)| Arc::from(*l)).collect(),
+            right_keys: on.iter().map(|(_, r)| Arc::from(*r)).collect(),
+            left_time,
+            right_time,
+            time,
+            right_name: right.name.clone(),
+            right_columns: right.columns.clone(),
+            left_columns: self.main_columns.clone(),
+        };
+        // Checked once here so that the step factory cannot fail.
+        let probe = crate::operators::StreamJoin::new(spec.clone())?;
+        if time == crate::operators::JoinTimeCondition::None || self.watermark.is_none() {
+            tracing::warn!(
+                step = %crate::operators::Operator::describe(&probe),
+                "a join without a time condition and watermarks keeps every row of both streams for ever: its state grows without bound"
+            );
+        }
+        let input = self.side_inputs.len() + 1;
+        self.side_inputs.push(SideInput {
+            input,
+            join_at: self.steps.len(),
+            stream: right,
+        });
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::StreamJoin::new(spec.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Kafka Streams' stream–table join (`KStream#join(KTable)`, or
+    /// `leftJoin` with `keep_unmatched`): each row looks up the latest row
+    /// of `table` (a [`JoinInput::table`], co-partitioned, keyed by the
+    /// `on` columns) and gains its columns. The table's updates within a
+    /// batch are applied before the batch's rows look it up; updates emit
+    /// nothing. The table is operator state: checkpointed, restored, and
+    /// in the changelog like any other.
+    pub fn join_table(
+        mut self,
+        table: JoinInput,
+        keep_unmatched: bool,
+        on: &[(&str, &str)],
+    ) -> Result<Self> {
+        if !table.table {
+            return Err(Error::config(
+                "table_join",
+                format!(
+                    "`{}` is a stream: build it with JoinInput::table",
+                    table.name
+                ),
+            ));
+        }
+        let spec = table_join_spec(&table, keep_unmatched, on);
+        crate::operators::TableJoin::new(spec.clone())?;
+        let input = self.side_inputs.len() + 1;
+        self.side_inputs.push(SideInput {
+            input,
+            join_at: self.steps.len(),
+            stream: table,
+        });
+        self.stateful_steps += 1;
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::TableJoin::new(spec.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Kafka Streams' `KStream#join(GlobalKTable)` (`leftJoin` with
+    /// `keep_unmatched`): like [`QueryBuilder::join_table`], but every task
+    /// looks rows up in one table holding every partition of its topic, so
+    /// the stream need not be co-partitioned with it nor keyed by `on`. The
+    /// table is read whole before the first batch and caught up between
+    /// batches from `feed` (see [`QueryBuilder::table_feed`]); it lives in
+    /// memory and is read again from its topic at each start.
+    pub fn join_global_table(
+        mut self,
+        table: JoinInput,
+        keep_unmatched: bool,
+        on: &[(&str, &str)],
+    ) -> Result<Self> {
+        let spec = table_join_spec(&table, keep_unmatched, on);
+        let rows: crate::operators::SharedTable = Default::default();
+        crate::operators::TableJoin::global(spec.clone(), rows.clone())?;
+        self.global_tables.push(GlobalTable {
+            name: table.name.clone(),
+            keys: spec.table_keys.clone(),
+            rows: rows.clone(),
+            feed: None,
+        });
+        self.steps.push(Arc::new(move |_| {
+            Box::new(
+                crate::operators::TableJoin::global(spec.clone(), rows.clone())
+                    .expect("checked when the step was added"),
+            )
+        }));
+        Ok(self)
+    }
+
+    /// Where the global table `name` reads its topic from.
+    pub fn table_feed(mut self, name: &str, feed: impl super::TableFeed + 'static) -> Self {
+        if let Some(t) = self.global_tables.iter_mut().find(|t| &*t.name == name) {
+            t.feed = Some(Box::new(feed));
+        }
+        self
+    }
+
+    /// The names of the global tables, which need a [`QueryBuilder::table_feed`].
+    pub fn global_table_names(&self) -> Vec<String> {
+        self.global_tables
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect()
+    }
+
+    /// Spark's output mode (default append).
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = mode;
+        self
+    }
+
+    /// When batches run.
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// The processing-time clock (virtual for deterministic replays).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Caps the records of one batch (Spark's `maxOffsetsPerTrigger`).
+    pub fn max_records_per_batch(mut self, max: usize) -> Self {
+        self.max_records_per_batch = max.max(1);
+        self
+    }
+
+    /// How records become rows (default: JSON objects, types inferred).
+    pub fn decoder(mut self, decoder: impl Decoder + 'static) -> Self {
+        self.decoder = Some(Box::new(decoder));
+        self
+    }
+
+    /// Where records that fail go (default: logged and counted).
+    pub fn dead_letter(mut self, dead_letter: impl DeadLetter + 'static) -> Self {
+        self.dead_letter = Some(Box::new(dead_letter));
+        self
+    }
+
+    /// Receives each batch's [`QueryProgress`].
+    pub fn on_progress(mut self, listener: impl ProgressListener + 'static) -> Self {
+        self.listeners.push(Box::new(listener));
+        self
+    }
+
+    /// Checks the query as Spark's analyzer would and builds it.
+    pub fn build(self) -> Result<Query> {
+        if self.rolling_windows > 0 && self.output_mode != OutputMode::Update {
+            return Err(Error::config(
+                "output_mode",
+                "rolling windows emit each key's current values as they change: only update output mode is supported (as in Databricks); set `output_mode: update`",
+            ));
+        }
+        if matches!(self.trigger, Trigger::RealTime { .. })
+            && self.output_mode != OutputMode::Update
+        {
+            return Err(Error::config(
+                "output_mode",
+                "the real-time trigger supports update output mode only (as in Databricks); set `output_mode: update`",
+            ));
+        }
+        if self.aggregations == 0 && self.output_mode == OutputMode::Complete {
+            return Err(Error::config(
+                "output_mode",
+                "complete mode needs an aggregation (as in Spark); use append or update",
+            ));
+        }
+        if self.aggregations > 0
+            && self.output_mode == OutputMode::Append
+            && self.watermark.is_none()
+        {
+            return Err(Error::config(
+                "output_mode",
+                "append mode with an aggregation needs a watermark (as in Spark): set `watermark`, or use update or complete",
+            ));
+        }
+        if self.session_windows > 0 && self.output_mode == OutputMode::Update {
+            return Err(Error::config(
+                "output_mode",
+                "update output mode is not supported for session windows (as in Spark); use append or complete",
+            ));
+        }
+        if self.side_inputs.iter().any(|s| !s.stream.table)
+            && self.output_mode != OutputMode::Append
+        {
+            return Err(Error::config(
+                "output_mode",
+                "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
+            ));
+        }
+        if let Some(t) = self.global_tables.iter().find(|t| t.feed.is_none()) {
+            return Err(Error::config(
+                "table_join.global",
+                format!("the global table `{}` has no feed to read it from", t.name),
+            ));
+        }
+        if self.watermark.is_some() && self.event_time.is_none() {
+            return Err(Error::config(
+                "watermark",
+                "a watermark needs an `event_time` column",
+            ));
+        }
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| default_query_id(&self.name));
+        Ok(Query {
+            id,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            builder: self,
+            stop: StopHandle::default(),
+        })
+    }
+}

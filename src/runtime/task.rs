@@ -1,0 +1,234 @@
+//! Tasks: the operator chain of one partition, its side chains and
+//! watermark, and the restore of its state.
+
+use crate::error::{Error, Result};
+use crate::operators::{BatchContext, Operator};
+use crate::row::Row;
+use crate::time::TimestampMicros;
+use crate::watermark::WatermarkTracker;
+use std::time::Duration;
+
+/// One task: the operator chain and watermark of one partition (or group of
+/// co-partitioned partitions).
+pub(super) struct Task {
+    pub(super) operators: Vec<Box<dyn Operator>>,
+    /// The steps of each join's second stream before the join.
+    pub(super) side_chains: Vec<SideChain>,
+    pub(super) watermark: Option<WatermarkTracker>,
+}
+
+/// The second stream of a join, in a task: its own steps, then the join.
+pub(super) struct SideChain {
+    /// The input index its records are routed by (1, 2, ...).
+    pub(super) input: usize,
+    /// Where in the main chain its join is.
+    pub(super) join_at: usize,
+    pub(super) operators: Vec<Box<dyn Operator>>,
+}
+
+impl Task {
+    /// Pushes `rows` into the chain at operator `from`; `contexts` holds
+    /// each operator's view of the batch.
+    pub(super) fn push(
+        &mut self,
+        from: usize,
+        rows: Vec<Row>,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let mut current = rows;
+        for (op, ctx) in self.operators[from..].iter_mut().zip(&contexts[from..]) {
+            let mut next = Vec::with_capacity(current.len());
+            for row in current {
+                op.on_row(row, ctx, &mut next)?;
+            }
+            current = next;
+        }
+        out.extend(current);
+        Ok(())
+    }
+
+    /// Pushes one row of input `input` (a join's second stream) through
+    /// its steps and into its join.
+    pub(super) fn push_input(
+        &mut self,
+        input: usize,
+        row: Row,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let Some(chain) = self.side_chains.iter_mut().find(|c| c.input == input) else {
+            return Err(Error::Source(format!("no join takes input {input}")));
+        };
+        let join_at = chain.join_at;
+        let ctx = &contexts[join_at];
+        let mut current = vec![row];
+        for op in chain.operators.iter_mut() {
+            let mut next = Vec::with_capacity(current.len());
+            for row in current {
+                op.on_row(row, ctx, &mut next)?;
+            }
+            current = next;
+        }
+        let mut joined = Vec::new();
+        for row in current {
+            self.operators[join_at].on_input_row(input, row, ctx, &mut joined)?;
+        }
+        if !joined.is_empty() {
+            self.push(join_at + 1, joined, contexts, out)?;
+        }
+        Ok(())
+    }
+
+    /// Hands a tombstone of input `input` to its join.
+    pub(super) fn push_tombstone(&mut self, input: usize, key: &[u8]) -> Result<()> {
+        let Some(chain) = self.side_chains.iter().find(|c| c.input == input) else {
+            return Err(Error::Source(format!("no join takes input {input}")));
+        };
+        self.operators[chain.join_at].on_input_tombstone(input, key)
+    }
+
+    pub(super) fn finish_batch(
+        &mut self,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        for i in 0..self.operators.len() {
+            let mut emitted = Vec::new();
+            self.operators[i].on_batch_end(&contexts[i], &mut emitted)?;
+            if !emitted.is_empty() {
+                self.push(i + 1, emitted, contexts, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each operator's view of the batch: the first sees the query's
+    /// watermarks, each later one the watermark its predecessor passes on
+    /// (Spark 3.5's propagation: after a join, rows may be older than the
+    /// input watermark, and the next stateful operator must wait for them).
+    pub(super) fn contexts(
+        &self,
+        batch_id: u64,
+        processing_time: TimestampMicros,
+        collect_late_rows: bool,
+        real_time: bool,
+    ) -> Vec<BatchContext> {
+        let (late_threshold, watermark) = match &self.watermark {
+            Some(w) => (w.late_threshold(), w.in_effect()),
+            None => (0, 0),
+        };
+        let mut ctx = BatchContext {
+            batch_id,
+            processing_time,
+            late_threshold,
+            watermark,
+            collect_late_rows,
+            real_time,
+        };
+        let mut out = Vec::with_capacity(self.operators.len() + 1);
+        for op in &self.operators {
+            out.push(ctx);
+            // 0 is "no watermark yet" and stays so.
+            if ctx.watermark > 0 {
+                ctx.watermark = op.output_watermark(ctx.watermark).max(0);
+            }
+            if ctx.late_threshold > 0 {
+                ctx.late_threshold = op.output_watermark(ctx.late_threshold).max(0);
+            }
+        }
+        out.push(ctx);
+        out
+    }
+}
+
+/// A task's operators before their stores are restored.
+pub(super) struct PendingTask {
+    pub(super) operators: Vec<Box<dyn Operator>>,
+    /// Operator index and its store, restored when run.
+    pub(super) stores: Vec<(usize, super::PendingStore)>,
+    pub(super) cache_bytes: Option<usize>,
+}
+
+impl PendingTask {
+    /// Restores every store and hands it to its operator.
+    pub(super) fn restore(mut self) -> Result<Vec<Box<dyn Operator>>> {
+        for (index, pending) in self.stores {
+            let store = pending()?;
+            self.operators[index].open_state(store, self.cache_bytes)?;
+        }
+        Ok(self.operators)
+    }
+}
+
+/// A task restoring its stores on a thread of its own.
+pub(super) struct RestoringTask {
+    pub(super) done: std::sync::mpsc::Receiver<Result<Vec<Box<dyn Operator>>>>,
+    /// Whether the source holds the partition back meanwhile.
+    pub(super) held: bool,
+}
+
+impl RestoringTask {
+    /// Starts restoring `pending` on a new thread.
+    pub(super) fn start(partition: i32, pending: PendingTask) -> Result<Self> {
+        let (sender, done) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("tidemark-restore-{partition}"))
+            .spawn(move || {
+                // The receiver is gone only when the query already ended.
+                let _ = sender.send(pending.restore());
+            })
+            .map_err(|e| Error::io("starting a restore thread", e))?;
+        Ok(RestoringTask { done, held: false })
+    }
+
+    /// Waits for the restore to end.
+    pub(super) fn wait(self) -> Result<Vec<Box<dyn Operator>>> {
+        self.done
+            .recv()
+            .unwrap_or_else(|_| Err(restore_thread_died()))
+    }
+}
+
+pub(super) fn restore_thread_died() -> Error {
+    Error::Source("a restore thread ended without a result".into())
+}
+
+/// How long a new task's restore may take before its partition is held
+/// back and the batch goes on without it: restores this short cost no
+/// re-fetch.
+pub(super) const RESTORE_GRACE: Duration = Duration::from_millis(100);
+
+/// What a task checkpoints with its source offsets: the batch that
+/// committed them and the watermark.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct TaskCheckpoint {
+    #[serde(rename = "batchId")]
+    pub(super) batch_id: u64,
+    pub(super) watermark: WatermarkTracker,
+}
+
+/// The batch id a task checkpoint was committed by (`None` for a
+/// checkpoint from before batch ids were recorded).
+pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
+    serde_json::from_str::<TaskCheckpoint>(checkpoint)
+        .ok()
+        .map(|c| c.batch_id)
+}
+
+/// Restores a task's watermark from the checkpoint its source kept.
+pub(super) fn restore_watermark(task: &mut Task, partition: i32, checkpoint: &str) {
+    let Some(w) = task.watermark.as_mut() else {
+        return;
+    };
+    let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint)
+        .map(|c| c.watermark)
+        .or_else(|_| serde_json::from_str::<WatermarkTracker>(checkpoint));
+    match saved {
+        Ok(saved) => {
+            w.restore(&saved);
+            tracing::info!(partition, watermark = w.in_effect(), "watermark restored");
+        }
+        Err(e) => tracing::warn!(partition, error = %e, "unreadable checkpoint ignored"),
+    }
+}
