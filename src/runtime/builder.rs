@@ -797,7 +797,7 @@ impl QueryBuilder {
         self
     }
 
-    /// Receives each batch's [`QueryProgress`].
+    /// Receives each batch's [`QueryProgress`](crate::progress::QueryProgress).
     pub fn on_progress(mut self, listener: impl ProgressListener + 'static) -> Self {
         self.listeners.push(Box::new(listener));
         self
