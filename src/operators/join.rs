@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidemark_state::StateStore;
 
@@ -194,9 +194,11 @@ struct Buffered {
 
 #[derive(Default)]
 struct SideState {
-    rows: HashMap<Vec<u8>, Vec<Buffered>>,
+    /// Buffered rows by key, in arrival order: evictions mostly take the
+    /// oldest, at the front. The key is shared with the eviction index.
+    rows: HashMap<Arc<[u8]>, VecDeque<Buffered>>,
     /// (eviction time, key, id).
-    evictions: BTreeSet<(TimestampMicros, Vec<u8>, u64)>,
+    evictions: BTreeSet<(TimestampMicros, Arc<[u8]>, u64)>,
     len: usize,
     /// Approximate bytes of the buffered rows.
     bytes: usize,
@@ -464,7 +466,7 @@ impl StreamJoin {
         let semi = self.spec.join_type == JoinType::LeftSemi;
         let mut matched = false;
         let mut changed_other = Vec::new();
-        if let Some(candidates) = self.state[side.other() as usize].rows.get(&key) {
+        if let Some(candidates) = self.state[side.other() as usize].rows.get(key.as_slice()) {
             for (index, other) in candidates.iter().enumerate() {
                 let (l, r) = match side {
                     Side::Left => (time, other.time),
@@ -505,7 +507,7 @@ impl StreamJoin {
             let other_side = side.other();
             let candidates = self.state[other_side as usize]
                 .rows
-                .get_mut(&key)
+                .get_mut(key.as_slice())
                 .expect("candidates exist");
             for index in changed_other {
                 let b = &mut candidates[index];
@@ -541,22 +543,27 @@ impl StreamJoin {
             self.changed
                 .insert((side, buffered.id), Some((key.clone(), buffered.clone())));
         }
-        self.insert(side, key.clone(), buffered);
+        self.insert(side, &key, buffered);
         self.rows_updated += 1;
         self.key_buffer = key;
         Ok(())
     }
 
-    fn insert(&mut self, side: Side, key: Vec<u8>, buffered: Buffered) {
+    fn insert(&mut self, side: Side, key: &[u8], buffered: Buffered) {
         let state = &mut self.state[side as usize];
+        // One allocation per distinct key, shared by its rows' entries.
+        let shared: Arc<[u8]> = match state.rows.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
         if buffered.evict_at != FOREVER {
             state
                 .evictions
-                .insert((buffered.evict_at, key.clone(), buffered.id));
+                .insert((buffered.evict_at, shared.clone(), buffered.id));
         }
         state.len += 1;
-        state.bytes += row_bytes(&buffered.row) + key.len() + 48;
-        state.rows.entry(key).or_default().push(buffered);
+        state.bytes += row_bytes(&buffered.row) + 64;
+        state.rows.entry(shared).or_default().push_back(buffered);
     }
 
     /// Evicts what the watermark guarantees will never match; outer sides
@@ -575,17 +582,22 @@ impl StreamJoin {
             let Some(rows) = state.rows.get_mut(&key) else {
                 continue;
             };
-            let Some(pos) = rows.iter().position(|b| b.id == id) else {
+            let removed = if rows.front().is_some_and(|b| b.id == id) {
+                rows.pop_front()
+            } else {
+                // Out of order (a late row, or a later bound): search.
+                rows.iter()
+                    .position(|b| b.id == id)
+                    .and_then(|pos| rows.remove(pos))
+            };
+            let Some(removed) = removed else {
                 continue;
             };
-            let removed = rows.swap_remove(pos);
             if rows.is_empty() {
                 state.rows.remove(&key);
             }
             state.len -= 1;
-            state.bytes = state
-                .bytes
-                .saturating_sub(row_bytes(&removed.row) + key.len() + 48);
+            state.bytes = state.bytes.saturating_sub(row_bytes(&removed.row) + 64);
             if self.store.is_some() {
                 self.changed.insert((side, id), None);
             }
@@ -773,7 +785,7 @@ impl Operator for StreamJoin {
             let (join_key, buffered) = Self::decode_buffered(id, &value)?;
             self.next_id = self.next_id.max(id + 1);
             self.remember_columns(side, &buffered.row.clone());
-            self.insert(side, join_key, buffered);
+            self.insert(side, &join_key, buffered);
         }
         self.store = Some(store);
         Ok(())
