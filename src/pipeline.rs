@@ -1602,6 +1602,56 @@ trigger: available_now
 sink: {kind: jsonl, path: out.jsonl}
 "#;
 
+    const JOIN: &str = r#"name: ad-clicks
+source: {kind: files, path: batches/, topic: impressions}
+event_time: impressionTime
+watermark: 1 hour
+steps:
+  - join:
+      topic: clicks
+      type: left_outer
+      on: [{left: impressionAdId, right: clickAdId}]
+      event_time: clickTime
+      watermark: 2 hours
+      between: ["0 seconds", "1 hour"]
+sink: {kind: jsonl, path: out.jsonl}
+"#;
+
+    #[test]
+    fn a_join_step_reads_and_its_mistakes_name_the_line_and_the_choices() {
+        let file = PipelineFile::parse(JOIN).unwrap();
+        assert_eq!(file.input_topics(), vec!["impressions", "clicks"]);
+        let described = file.query_builder().unwrap().build().unwrap().describe();
+        assert!(described[0].contains("LeftOuter"), "{described:?}");
+
+        let e = PipelineFile::parse(&JOIN.replace("type: left_outer", "type: cross")).unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(
+            e.message.contains("left_outer") && e.message.contains("left_semi"),
+            "{e}"
+        );
+
+        let e = PipelineFile::parse(&JOIN.replace(
+            r#"between: ["0 seconds", "1 hour"]"#,
+            r#"between: ["0 seconds", "1 hour"]
+      window: 10 minutes"#,
+        ))
+        .unwrap()
+        .query_builder()
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("`between` or `window`, not both"), "{e}");
+
+        let e = PipelineFile::parse(&JOIN.replace("      watermark: 2 hours\n", ""))
+            .unwrap()
+            .query_builder()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("both streams"), "{e}");
+    }
+
     #[test]
     fn reads_the_documented_example() {
         let file = PipelineFile::parse(GOOD).unwrap();

@@ -872,3 +872,87 @@ impl QueryBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::{JoinTimeCondition, JoinType};
+
+    fn impressions() -> QueryBuilder {
+        Query::builder("q")
+            .event_time("it")
+            .watermark("1 hour")
+            .unwrap()
+    }
+
+    fn clicks() -> JoinInput {
+        JoinInput::new("clicks").event_time("ct")
+    }
+
+    fn hour() -> JoinTimeCondition {
+        JoinTimeCondition::between("0 seconds", "1 hour").unwrap()
+    }
+
+    fn refusal(result: Result<QueryBuilder>) -> String {
+        match result.and_then(QueryBuilder::build) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn joins_that_spark_refuses_are_refused_with_the_key_and_the_reason() {
+        let e = refusal(impressions().join(clicks(), JoinType::LeftOuter, &[("a", "a")], hour()));
+        assert!(
+            e.contains("join.watermark") && e.contains("both streams"),
+            "{e}"
+        );
+        let e = refusal(
+            impressions()
+                .join(
+                    clicks().watermark("2 hours").unwrap(),
+                    JoinType::FullOuter,
+                    &[("a", "a")],
+                    JoinTimeCondition::None,
+                )
+                .map(|b| b.output_mode(OutputMode::Append)),
+        );
+        assert!(
+            e.contains("join.between") && e.contains("time condition"),
+            "{e}"
+        );
+        let e = refusal(
+            impressions()
+                .join(clicks(), JoinType::Inner, &[("a", "a")], hour())
+                .map(|b| b.output_mode(OutputMode::Update)),
+        );
+        assert!(
+            e.contains("output_mode") && e.contains("append output mode only"),
+            "{e}"
+        );
+        let e = refusal(Query::builder("q").join(clicks(), JoinType::Inner, &[("a", "a")], hour()));
+        assert!(e.contains("event_time"), "{e}");
+        let e = refusal(impressions().join(
+            clicks(),
+            JoinType::Inner,
+            &[("a", "a")],
+            JoinTimeCondition::between("1 hour", "0 seconds").unwrap(),
+        ));
+        assert!(e.contains("lower bound is after the upper bound"), "{e}");
+        let e = refusal(impressions().join(
+            JoinInput::new("clicks"),
+            JoinType::Inner,
+            &[("a", "a")],
+            hour(),
+        ));
+        assert!(e.contains("join.event_time"), "{e}");
+        let e = refusal(impressions().join_global_table(
+            JoinInput::table("customers"),
+            true,
+            &[("c", "id")],
+        ));
+        assert!(e.contains("has no feed"), "{e}");
+        let e = refusal(impressions().join_table(clicks(), false, &[("c", "id")]));
+        assert!(e.contains("JoinInput::table"), "{e}");
+    }
+}
