@@ -250,3 +250,17 @@ fn the_join_example_runs_and_describes_both_streams() {
     let progress = String::from_utf8_lossy(&out.stderr);
     assert!(progress.contains(r#""streamWatermarks""#), "{progress}");
 }
+
+#[test]
+fn a_global_table_pipeline_describes_without_a_broker() {
+    let file = Path::new(EXAMPLE)
+        .join("../../../tests/conformance/global-table-join-orders-customers/pipeline.yaml");
+    let described = tidemark(&["describe", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&described.stdout);
+    assert!(
+        described.status.success(),
+        "{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
+    assert!(text.contains("StreamTableJoin Inner"), "{text}");
+}

@@ -848,12 +848,6 @@ impl QueryBuilder {
                 "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
             ));
         }
-        if let Some(t) = self.global_tables.iter().find(|t| t.feed.is_none()) {
-            return Err(Error::config(
-                "table_join.global",
-                format!("the global table `{}` has no feed to read it from", t.name),
-            ));
-        }
         if self.watermark.is_some() && self.event_time.is_none() {
             return Err(Error::config(
                 "watermark",
@@ -946,13 +940,23 @@ mod tests {
             hour(),
         ));
         assert!(e.contains("join.event_time"), "{e}");
-        let e = refusal(impressions().join_global_table(
-            JoinInput::table("customers"),
-            true,
-            &[("c", "id")],
-        ));
-        assert!(e.contains("has no feed"), "{e}");
         let e = refusal(impressions().join_table(clicks(), false, &[("c", "id")]));
         assert!(e.contains("JoinInput::table"), "{e}");
+        // A global table builds (describe needs no broker) but does not run
+        // without its feed.
+        let query = impressions()
+            .join_global_table(JoinInput::table("customers"), true, &[("c", "id")])
+            .and_then(QueryBuilder::build)
+            .unwrap();
+        let mut source = crate::runtime::testing::VecSource::json_batches(vec![vec!["{}"]]);
+        let e = query
+            .run(
+                &mut source,
+                &mut crate::runtime::testing::CollectSink::default(),
+            )
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("has no feed"), "{e}");
     }
 }

@@ -295,6 +295,13 @@ impl Query {
             .dead_letter
             .take()
             .unwrap_or_else(|| Box::new(super::LogDeadLetter::default()));
+        // Checked here, not at build: `describe` builds without connecting.
+        if let Some(t) = self.builder.global_tables.iter().find(|t| t.feed.is_none()) {
+            return Err(Error::config(
+                "table_join.global",
+                format!("the global table `{}` has no feed to read it from", t.name),
+            ));
+        }
         let mut listeners = std::mem::take(&mut self.builder.listeners);
         let mut late_data = self.builder.late_data.take();
         let mut state_backend = self.builder.state_backend.take();
