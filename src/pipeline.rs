@@ -85,6 +85,10 @@ pub struct PipelineFile {
     /// markers (not settable in a file).
     #[serde(skip)]
     pub watermark_from_markers: bool,
+    /// Set on the reading stage of a repartitioned join: the main stream's
+    /// name in progress reports (its topics before the repartition).
+    #[serde(skip)]
+    pub main_stream_name: Option<String>,
 }
 
 /// A pipeline split at a grouping that is not on the record key: the
@@ -99,6 +103,8 @@ pub struct RepartitionStages {
     pub keys: Vec<String>,
     /// Input → steps before the grouping → the repartition topic.
     pub writer: PipelineFile,
+    /// A repartitioned join: the second stream's writer and its topic.
+    pub side_writer: Option<(String, PipelineFile)>,
     /// The repartition topic → the grouping and later steps → the sink.
     pub reader: PipelineFile,
 }
@@ -366,6 +372,11 @@ pub struct JoinYaml {
     /// before the join.
     #[serde(default)]
     pub steps: Vec<StepSpec>,
+    /// The columns the second stream's record key is made of. When this or
+    /// `source.keyed_by` is set and differs from its side of `on`, both
+    /// streams go through repartition topics keyed by the join key.
+    #[serde(default)]
+    pub keyed_by: Option<Vec<String>>,
 }
 
 /// `table_join: {topic, type, on, schema}`.
@@ -1182,6 +1193,9 @@ impl PipelineFile {
     /// on the Kafka record key (`source.keyed_by`); `None` when it runs as
     /// one stage.
     pub fn repartition_stages(&self) -> Option<RepartitionStages> {
+        if self.source.kind == SourceKind::Kafka && self.join_keys_differ() {
+            return self.join_repartition_stages();
+        }
         if self.source.kind != SourceKind::Kafka || !self.joined_inputs().is_empty() {
             // A join reads co-partitioned topics where they are; its
             // checks live in `check_join_partitioning`.
@@ -1204,32 +1218,63 @@ impl PipelineFile {
             return None;
         }
         let topic = format!("{}-op{at}-repartition", self.name);
-        let group = self
-            .source
+        let writer = self.repartition_writer(
+            "repartition-writer",
+            self.source.group.clone(),
+            self.steps[..at].to_vec(),
+            &topic,
+            &keys,
+        );
+        let reader = self.repartition_reader(&topic, &keys, self.steps[at..].to_vec());
+        Some(RepartitionStages {
+            topic,
+            keys,
+            writer,
+            side_writer: None,
+            reader,
+        })
+    }
+
+    fn group(&self) -> String {
+        self.source
             .group
             .clone()
-            .unwrap_or_else(|| self.name.clone());
-        let dead_letter = self.dead_letter.clone().or_else(|| {
+            .unwrap_or_else(|| self.name.clone())
+    }
+
+    fn internal_dead_letter(&self) -> Option<DeadLetterSpec> {
+        self.dead_letter.clone().or_else(|| {
             Some(DeadLetterSpec {
                 kind: DeadLetterKind::Kafka,
                 topic: Some(format!("{}-dlq", self.name)),
                 path: None,
             })
-        });
+        })
+    }
 
+    /// The writing stage of a repartition: this file's source (as `group`)
+    /// → `steps` → `topic`, keyed by `keys`, with watermark markers.
+    fn repartition_writer(
+        &self,
+        role: &str,
+        group: Option<String>,
+        steps: Vec<StepSpec>,
+        topic: &str,
+        keys: &[String],
+    ) -> PipelineFile {
         let mut writer = self.clone();
-        writer.name = format!("{}-repartition-writer", self.name);
-        writer.source.group = Some(group.clone());
-        writer.steps = self.steps[..at].to_vec();
+        writer.name = format!("{}-{role}", self.name);
+        writer.source.group = Some(group.unwrap_or_else(|| self.group()));
+        writer.steps = steps;
         writer.watermark = None;
         writer.output_mode = OutputMode::Append;
         writer.sink = SinkSpec {
             kind: SinkKind::Kafka,
             path: None,
-            topic: Some(topic.clone()),
+            topic: Some(topic.to_string()),
             bootstrap: self.source.bootstrap.clone(),
             format: Format::Json,
-            key: keys.clone(),
+            key: keys.to_vec(),
             avro_schema: None,
             avro_schema_id: None,
             properties: BTreeMap::new(),
@@ -1243,34 +1288,127 @@ impl PipelineFile {
             compact_min_files: None,
             repartition_markers: true,
         };
-        writer.dead_letter = dead_letter.clone();
+        writer.dead_letter = self.internal_dead_letter();
         writer.late_data = None;
         writer.state = None;
         writer.state_dir = None;
         writer.metrics = None;
+        writer
+    }
 
+    /// The reading stage of a repartition: `topic` (keyed by `keys`) →
+    /// `steps` → this file's sink, its watermark from the markers.
+    fn repartition_reader(
+        &self,
+        topic: &str,
+        keys: &[String],
+        steps: Vec<StepSpec>,
+    ) -> PipelineFile {
         let mut reader = self.clone();
         reader.source = SourceSpec {
             kind: SourceKind::Kafka,
             path: None,
             bootstrap: self.source.bootstrap.clone(),
-            topic: Some(TopicList(vec![topic.clone()])),
-            group: Some(format!("{group}-repartition")),
+            topic: Some(TopicList(vec![topic.to_string()])),
+            group: Some(format!("{}-repartition", self.group())),
             starting_offsets: Some(StartingOffsets::Earliest),
             format: Format::Json,
             schema: SchemaSpec::default(),
             schema_registry: None,
             avro_schemas: BTreeMap::new(),
             properties: self.source.properties.clone(),
-            keyed_by: Some(keys.clone()),
+            keyed_by: Some(keys.to_vec()),
         };
-        reader.steps = self.steps[at..].to_vec();
-        reader.dead_letter = dead_letter;
+        reader.steps = steps;
+        reader.dead_letter = self.internal_dead_letter();
         reader.watermark_from_markers = true;
+        reader
+    }
+
+    /// Whether the stream join's inputs declare record keys other than the
+    /// join keys (`source.keyed_by`, the join's `keyed_by`): they must be
+    /// repartitioned.
+    pub fn join_keys_differ(&self) -> bool {
+        let Some(join) = self.join() else {
+            return false;
+        };
+        let sorted = |mut k: Vec<String>| {
+            k.sort();
+            k
+        };
+        let left = sorted(join.on.iter().map(|k| k.left.clone()).collect());
+        let right = sorted(join.on.iter().map(|k| k.right.clone()).collect());
+        self.source
+            .keyed_by
+            .clone()
+            .is_some_and(|k| sorted(k) != left)
+            || join.keyed_by.clone().is_some_and(|k| sorted(k) != right)
+    }
+
+    /// The stages of a stream join whose inputs are not co-partitioned by
+    /// the join key (Kafka Streams repartitions both sides of such a join):
+    /// each stream is written, after its own steps, to a repartition topic
+    /// keyed by its join columns (`<name>-left-repartition`,
+    /// `<name>-right-repartition`, created with as many partitions as the
+    /// widest input), and the reader joins the two. `None` without a
+    /// stream join, or with a stateful step before it.
+    pub fn join_repartition_stages(&self) -> Option<RepartitionStages> {
+        let at = self
+            .steps
+            .iter()
+            .position(|s| matches!(s, StepSpec::Join(_)))?;
+        let join = self.join()?;
+        if self.source.kind != SourceKind::Kafka
+            || self.steps[..at].iter().any(|s| {
+                !matches!(
+                    s,
+                    StepSpec::Filter(_) | StepSpec::Select(_) | StepSpec::WithColumn(_)
+                )
+            })
+        {
+            return None;
+        }
+        let left_keys: Vec<String> = join.on.iter().map(|k| k.left.clone()).collect();
+        let right_keys: Vec<String> = join.on.iter().map(|k| k.right.clone()).collect();
+        let left_topic = format!("{}-left-repartition", self.name);
+        let right_topic = format!("{}-right-repartition", self.name);
+        let writer = self.repartition_writer(
+            "left-repartition-writer",
+            None,
+            self.steps[..at].to_vec(),
+            &left_topic,
+            &left_keys,
+        );
+        let mut side = self.clone();
+        side.source.topic = Some(join.topic.clone());
+        side.source.schema = join.schema.clone();
+        side.source.keyed_by = join.keyed_by.clone();
+        side.event_time = Some(join.event_time.clone());
+        let side_writer = side.repartition_writer(
+            "right-repartition-writer",
+            Some(format!("{}-right", self.group())),
+            join.steps.clone(),
+            &right_topic,
+            &right_keys,
+        );
+        let mut steps = self.steps[at..].to_vec();
+        if let StepSpec::Join(j) = &mut steps[0] {
+            let mut j = j.as_ref().clone();
+            j.name = Some(j.stream_name());
+            j.topic = TopicList(vec![right_topic.clone()]);
+            j.keyed_by = Some(right_keys.clone());
+            j.steps = Vec::new();
+            steps[0] = StepSpec::Join(Box::new(j));
+        }
+        let mut reader = self.repartition_reader(&left_topic, &left_keys, steps);
+        reader.source.schema = self.source.schema.clone();
+        // The main stream keeps its name in progress reports.
+        reader.main_stream_name = self.source.topic.as_ref().map(|t| t.0.join(","));
         Some(RepartitionStages {
-            topic,
-            keys,
+            topic: left_topic,
+            keys: left_keys,
             writer,
+            side_writer: Some((right_topic, side_writer)),
             reader,
         })
     }
@@ -1424,9 +1562,10 @@ impl PipelineFile {
         }
         if !self.joined_inputs().is_empty() {
             self.check_join_partitioning()?;
-            let main = match &self.source.topic {
-                Some(t) => t.0.join(","),
-                None => "main".to_string(),
+            let main = match (&self.main_stream_name, &self.source.topic) {
+                (Some(name), _) => name.clone(),
+                (None, Some(t)) => t.0.join(","),
+                (None, None) => "main".to_string(),
             };
             b = b
                 .main_stream(&main)
@@ -1650,6 +1789,45 @@ sink: {kind: jsonl, path: out.jsonl}
             .unwrap()
             .to_string();
         assert!(e.contains("both streams"), "{e}");
+    }
+
+    #[test]
+    fn a_join_keyed_otherwise_splits_into_two_writers_and_a_reader() {
+        let text = JOIN
+            .replace(
+                "source: {kind: files, path: batches/, topic: impressions}",
+                "source: {kind: kafka, topic: impressions, keyed_by: [impressionId], group: g}",
+            )
+            .replace(
+                "      watermark: 2 hours\n",
+                "      watermark: 2 hours\n      keyed_by: [clickId]\n",
+            );
+        let file = PipelineFile::parse(&text).unwrap();
+        assert!(file.join_keys_differ());
+        let stages = file.repartition_stages().unwrap();
+        assert_eq!(stages.topic, "ad-clicks-left-repartition");
+        assert_eq!(stages.writer.sink.key, vec!["impressionAdId".to_string()]);
+        assert_eq!(stages.writer.source.group.as_deref(), Some("g"));
+        let (side_topic, side) = stages.side_writer.as_ref().unwrap();
+        assert_eq!(side_topic, "ad-clicks-right-repartition");
+        assert_eq!(side.source.topic, Some(TopicList(vec!["clicks".into()])));
+        assert_eq!(side.source.group.as_deref(), Some("g-right"));
+        assert_eq!(side.event_time.as_deref(), Some("clickTime"));
+        assert_eq!(side.sink.key, vec!["clickAdId".to_string()]);
+        assert!(side.steps.is_empty());
+        let reader = &stages.reader;
+        assert!(reader.watermark_from_markers);
+        assert_eq!(
+            reader.input_topics(),
+            vec![stages.topic.clone(), side_topic.clone()]
+        );
+        assert_eq!(reader.main_stream_name.as_deref(), Some("impressions"));
+        assert!(
+            reader.repartition_stages().is_none(),
+            "the reader is co-partitioned"
+        );
+        let described = reader.query_builder().unwrap().build().unwrap().describe();
+        assert!(described[0].contains("clicks."), "{described:?}");
     }
 
     #[test]

@@ -182,6 +182,24 @@ impl WatermarkTracker {
         }
     }
 
+    /// Like [`WatermarkTracker::register`], for an input of stream
+    /// `stream` with its own delay (a repartitioned join's origins).
+    pub fn register_stream(
+        &mut self,
+        input: &str,
+        stream: Option<&str>,
+        delay_micros: Option<i64>,
+        processing_time: TimestampMicros,
+    ) {
+        self.register(input, processing_time);
+        if let Some(p) = self.inputs.get_mut(input) {
+            p.delay_micros = delay_micros.or(p.delay_micros);
+            if p.stream.is_none() {
+                p.stream = stream.map(str::to_string);
+            }
+        }
+    }
+
     /// The watermark in effect in this batch: emission and eviction use it.
     pub fn in_effect(&self) -> TimestampMicros {
         self.in_effect

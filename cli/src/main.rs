@@ -117,6 +117,13 @@ fn describe(file: &PipelineFile) -> anyhow::Result<Vec<String>> {
                 stages.keys.join(", "),
                 stages.topic
             ));
+            if let Some((topic, side)) = &stages.side_writer {
+                lines.extend(side.query_builder()?.build()?.describe());
+                lines.push(format!(
+                    "Repartition [keys: {}] through `{topic}`",
+                    side.sink.key.join(", ")
+                ));
+            }
             lines.extend(stages.reader.query_builder()?.build()?.describe());
         }
         None => lines.extend(query.describe()),
@@ -190,7 +197,16 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         eprintln!("\nstopping after the current batch…");
         on_ctrl_c.stop();
     });
-    let Some(stages) = file.repartition_stages() else {
+    // Joined topics that are not co-partitioned are repartitioned, as
+    // Kafka Streams does, rather than refused.
+    let stages = match file.repartition_stages() {
+        Some(stages) => Some(stages),
+        None if tidemark_connectors::join_needs_repartition(&file)? => {
+            file.join_repartition_stages()
+        }
+        None => None,
+    };
+    let Some(stages) = stages else {
         let summary = run_stage(&file, base, progress, true, &stop)?;
         print_summary(&summary);
         return Ok(());
@@ -199,27 +215,37 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     // by the repartition topic, as Kafka Streams' sub-topologies.
     tidemark_connectors::ensure_repartition_topic(&file, &stages)?;
     let summary = if file.trigger.0 == tidemark::runtime::Trigger::AvailableNow {
-        // The reader's end offsets must include everything the writer
-        // wrote: run the writer to the end first.
+        // The reader's end offsets must include everything the writers
+        // wrote: run the writers to the end first.
         run_stage(&stages.writer, base, progress, false, &stop)?;
+        if let Some((_, side)) = &stages.side_writer {
+            run_stage(side, base, progress, false, &stop)?;
+        }
         run_stage(&stages.reader, base, progress, true, &stop)?
     } else {
         std::thread::scope(|scope| {
-            let writer = scope.spawn(|| {
-                let result = run_stage(&stages.writer, base, progress, false, &stop);
-                if result.is_err() {
-                    stop.stop();
-                }
-                result
-            });
+            let writers: Vec<_> = std::iter::once(&stages.writer)
+                .chain(stages.side_writer.as_ref().map(|(_, w)| w))
+                .map(|writer| {
+                    let stop = &stop;
+                    scope.spawn(move || {
+                        let result = run_stage(writer, base, progress, false, stop);
+                        if result.is_err() {
+                            stop.stop();
+                        }
+                        result
+                    })
+                })
+                .collect();
             let reader = run_stage(&stages.reader, base, progress, true, &stop);
             if reader.is_err() {
                 stop.stop();
             }
-            let writer = writer
-                .join()
-                .map_err(|_| anyhow::anyhow!("the repartition writer panicked"))?;
-            writer?;
+            for writer in writers {
+                writer
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a repartition writer panicked"))??;
+            }
             reader
         })?
     };

@@ -348,11 +348,36 @@ pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages)
         .unwrap_or_else(default_bootstrap);
     let mut partitions = 1;
     if !stages.keys.is_empty() {
-        for topic in file.source.topic.iter().flat_map(|t| t.0.iter()) {
-            partitions = partitions.max(crate::state_backend::partition_count(&bootstrap, topic)?);
+        // A repartitioned join's two topics get the same count: the widest
+        // input's, so that the reader's tasks join partition n of each.
+        for topic in file.input_topics() {
+            partitions = partitions.max(crate::state_backend::partition_count(&bootstrap, &topic)?);
         }
     }
-    crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)
+    crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)?;
+    if let Some((side_topic, _)) = &stages.side_writer {
+        crate::kafka::ensure_topic(&bootstrap, side_topic, partitions)?;
+    }
+    Ok(())
+}
+
+/// Whether `file`'s stream join reads Kafka topics that are not
+/// co-partitioned (different partition counts): it then runs repartitioned
+/// ([`PipelineFile::join_repartition_stages`]) rather than being refused.
+pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
+    if file.source.kind != SourceKind::Kafka || file.join().is_none() {
+        return Ok(false);
+    }
+    let bootstrap = file
+        .source
+        .bootstrap
+        .clone()
+        .unwrap_or_else(default_bootstrap);
+    let mut counts = std::collections::BTreeSet::new();
+    for topic in file.input_topics() {
+        counts.insert(crate::state_backend::partition_count(&bootstrap, &topic)?);
+    }
+    Ok(counts.len() > 1)
 }
 
 /// The sink's producer settings; in real-time mode records wait at most

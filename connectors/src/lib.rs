@@ -10,5 +10,5 @@ pub mod kafka;
 mod standby;
 pub mod state_backend;
 
-pub use from_pipeline::{connect, ensure_repartition_topic, Connected};
+pub use from_pipeline::{connect, ensure_repartition_topic, join_needs_repartition, Connected};
 pub use state_backend::split_memory_budget;

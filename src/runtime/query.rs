@@ -576,11 +576,30 @@ impl Query {
                         markers += 1;
                         match marker {
                             Ok(m) => {
+                                // A repartitioned join's streams arrive
+                                // on their own topics: each origin counts
+                                // for its stream, with its delay.
+                                let (_, stream, delay) = self.input_time(if joins {
+                                    self.input_of(&record.position.topic)
+                                } else {
+                                    0
+                                });
                                 if let Some(w) = task.watermark.as_mut() {
                                     for origin in &m.origins {
-                                        w.register(origin, processing_time);
+                                        w.register_stream(
+                                            origin,
+                                            stream.as_deref(),
+                                            delay,
+                                            processing_time,
+                                        );
                                     }
-                                    w.observe(&m.origin, m.max_event_time, processing_time);
+                                    w.observe_stream(
+                                        &m.origin,
+                                        stream.as_deref(),
+                                        delay,
+                                        m.max_event_time,
+                                        processing_time,
+                                    );
                                 }
                             }
                             Err(error) => {

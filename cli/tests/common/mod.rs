@@ -190,3 +190,19 @@ pub fn run_and_kill(file: &std::path::Path, batches: usize) {
     child.wait().unwrap();
     assert!(seen >= batches, "only {seen} batches before the deadline");
 }
+
+/// `tidemark describe FILE`: the operator graph, one line per step.
+#[allow(dead_code)]
+pub fn tidemark_describe(file: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["describe", file.to_str().unwrap()])
+        .env("KAFKA_BOOTSTRAP", tidemark_integration_tests::bootstrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
