@@ -618,10 +618,14 @@ impl Query {
                 } else {
                     0
                 };
+                // The main stream's column by reference: no per-record
+                // reference counting outside joins.
+                let side_event_time;
                 let event_time = if input == 0 {
-                    event_time.clone()
+                    &event_time
                 } else {
-                    self.input_time(input).0
+                    side_event_time = self.input_time(input).0;
+                    &side_event_time
                 };
                 if record.value.is_none() && input > 0 && self.is_table_input(input) {
                     let result = match record.key.as_deref() {
@@ -639,7 +643,7 @@ impl Query {
                     continue;
                 }
                 let result = decoder.decode(record).and_then(|mut row| {
-                    if let Some(column) = &event_time {
+                    if let Some(column) = event_time {
                         if let Some(extract) = &extractor {
                             if let Some(t) = extract(&row) {
                                 row.set(column.clone(), Value::Timestamp(t));
