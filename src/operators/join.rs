@@ -422,6 +422,15 @@ impl StreamJoin {
         out
     }
 
+    /// The output of an unmatched row of `side`: the row with nulls for
+    /// the other side (outer joins).
+    fn unmatched(&self, side: Side, row: &Row) -> Row {
+        match side {
+            Side::Left => self.joined(Some(row), None),
+            Side::Right => self.joined(None, Some(row)),
+        }
+    }
+
     fn on_side_row(
         &mut self,
         side: Side,
@@ -449,16 +458,15 @@ impl StreamJoin {
             }
             return Ok(());
         }
-        self.remember_columns(side, &row);
+        if self.spec.join_type.keeps_unmatched(side.other()) {
+            // Only the null rows of the other side's outer join need them.
+            self.remember_columns(side, &row);
+        }
         let keeps_unmatched = self.spec.join_type.keeps_unmatched(side);
         if !self.encode_key(side, &row, time) {
             // A null key never matches: an outer side emits it at once.
             if keeps_unmatched {
-                let joined = match side {
-                    Side::Left => self.joined(Some(&row), None),
-                    Side::Right => self.joined(None, Some(&row)),
-                };
-                out.push(joined);
+                out.push(self.unmatched(side, &row));
             }
             return Ok(());
         }
@@ -522,11 +530,7 @@ impl StreamJoin {
         if evict_at <= ctx.watermark && ctx.watermark > 0 {
             // Already past its state watermark: no future row can match it.
             if !matched && keeps_unmatched {
-                let joined = match side {
-                    Side::Left => self.joined(Some(&row), None),
-                    Side::Right => self.joined(None, Some(&row)),
-                };
-                out.push(joined);
+                out.push(self.unmatched(side, &row));
             }
             self.key_buffer = key;
             return Ok(());
@@ -603,11 +607,7 @@ impl StreamJoin {
             }
             self.rows_removed += 1;
             if keeps_unmatched && !removed.matched {
-                let joined = match side {
-                    Side::Left => self.joined(Some(&removed.row), None),
-                    Side::Right => self.joined(None, Some(&removed.row)),
-                };
-                out.push(joined);
+                out.push(self.unmatched(side, &removed.row));
             }
         }
     }
@@ -784,7 +784,7 @@ impl Operator for StreamJoin {
             };
             let (join_key, buffered) = Self::decode_buffered(id, &value)?;
             self.next_id = self.next_id.max(id + 1);
-            self.remember_columns(side, &buffered.row.clone());
+            self.remember_columns(side, &buffered.row);
             self.insert(side, &join_key, buffered);
         }
         self.store = Some(store);
