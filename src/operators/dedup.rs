@@ -232,17 +232,12 @@ impl Operator for Deduplicate {
 
     fn checkpoint(&mut self) -> Result<()> {
         let changed = std::mem::take(&mut self.changed);
-        let Some(store) = self.store.as_mut() else {
-            return Ok(());
-        };
-        for (key, value) in changed {
-            match value {
-                Some(t) => store.put(&key, &t.to_le_bytes())?,
-                None => store.delete(&key)?,
-            }
+        match self.store.as_mut() {
+            Some(store) => super::state_codec::write_changes(store.as_mut(), changed, |t| {
+                t.to_le_bytes().to_vec()
+            }),
+            None => Ok(()),
         }
-        store.flush()?;
-        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {

@@ -215,7 +215,6 @@ pub struct StreamJoin {
     left_columns_seen: Vec<Arc<str>>,
     right_columns_seen: Vec<Arc<str>>,
     key_buffer: Vec<u8>,
-    value_buffer: Vec<u8>,
     dropped_by_watermark: u64,
     late_rows: Vec<Row>,
     rows_updated: u64,
@@ -266,7 +265,6 @@ impl StreamJoin {
             changed: BTreeMap::new(),
             store: None,
             key_buffer: Vec::new(),
-            value_buffer: Vec::new(),
             dropped_by_watermark: 0,
             late_rows: Vec::new(),
             rows_updated: 0,
@@ -612,19 +610,6 @@ impl StreamJoin {
         }
     }
 
-    fn encode_buffered(&mut self, key: &[u8], b: &Buffered) -> Vec<u8> {
-        let out = &mut self.value_buffer;
-        out.clear();
-        out.push(STATE_VERSION);
-        out.extend(b.time.to_le_bytes());
-        out.extend(b.evict_at.to_le_bytes());
-        out.push(b.matched as u8);
-        out.extend((key.len() as u32).to_le_bytes());
-        out.extend(key);
-        put_row(&b.row, out);
-        out.clone()
-    }
-
     fn decode_buffered(id: u64, bytes: &[u8]) -> Result<KeyedRow> {
         let mut r = Reader(bytes);
         if r.u8()? != STATE_VERSION {
@@ -679,6 +664,18 @@ pub(crate) fn add_other_side(
             out.set(name.clone(), value);
         }
     }
+}
+
+/// A buffered row in the store: times, matched flag, join key, row.
+fn encode_buffered(key: &[u8], b: &Buffered) -> Vec<u8> {
+    let mut out = vec![STATE_VERSION];
+    out.extend(b.time.to_le_bytes());
+    out.extend(b.evict_at.to_le_bytes());
+    out.push(b.matched as u8);
+    out.extend((key.len() as u32).to_le_bytes());
+    out.extend(key);
+    put_row(&b.row, &mut out);
+    out
 }
 
 fn window_start(time: TimestampMicros, size: i64) -> TimestampMicros {
@@ -793,21 +790,15 @@ impl Operator for StreamJoin {
 
     fn checkpoint(&mut self) -> Result<()> {
         let changed = std::mem::take(&mut self.changed);
-        if self.store.is_none() {
+        let Some(store) = self.store.as_mut() else {
             return Ok(());
-        }
-        for ((side, id), value) in changed {
-            let key = store_key(side, id);
-            match value {
-                Some((join_key, b)) => {
-                    let bytes = self.encode_buffered(&join_key, &b);
-                    self.store.as_mut().expect("checked").put(&key, &bytes)?;
-                }
-                None => self.store.as_mut().expect("checked").delete(&key)?,
-            }
-        }
-        self.store.as_mut().expect("checked").flush()?;
-        Ok(())
+        };
+        let changes = changed
+            .into_iter()
+            .map(|((side, id), value)| (store_key(side, id), value));
+        super::state_codec::write_changes(store.as_mut(), changes, |(join_key, b)| {
+            encode_buffered(join_key, b)
+        })
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {

@@ -87,6 +87,24 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Writes an operator's changes since its last checkpoint to `store`
+/// (`None`: the key was removed), encoding each value with `encode`, then
+/// flushes the store.
+pub(crate) fn write_changes<K: AsRef<[u8]>, V>(
+    store: &mut dyn tidemark_state::StateStore,
+    changes: impl IntoIterator<Item = (K, Option<V>)>,
+    mut encode: impl FnMut(&V) -> Vec<u8>,
+) -> Result<()> {
+    for (key, value) in changes {
+        match value {
+            Some(v) => store.put(key.as_ref(), &encode(&v))?,
+            None => store.delete(key.as_ref())?,
+        }
+    }
+    store.flush()?;
+    Ok(())
+}
+
 /// Appends a whole row: column count, then each name and value.
 pub(crate) fn put_row(row: &crate::row::Row, out: &mut Vec<u8>) {
     out.extend((row.len() as u16).to_le_bytes());

@@ -262,17 +262,10 @@ impl Operator for TableJoin {
 
     fn checkpoint(&mut self) -> Result<()> {
         let changed = std::mem::take(&mut self.changed);
-        let Some(store) = self.store.as_mut() else {
-            return Ok(());
-        };
-        for (key, row) in changed {
-            match row {
-                Some(row) => store.put(key.as_bytes(), &encode_row(&row))?,
-                None => store.delete(key.as_bytes())?,
-            }
+        match self.store.as_mut() {
+            Some(store) => super::state_codec::write_changes(store.as_mut(), changed, encode_row),
+            None => Ok(()),
         }
-        store.flush()?;
-        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
