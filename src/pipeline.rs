@@ -336,7 +336,7 @@ pub enum StepSpec {
 const STEP_NAMES: &str =
     "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join";
 
-/// `join: {topic, type, on, event_time, watermark, between | window, ...}`.
+/// `join: {topic, type, on, event_time, watermark, between | bounds | window, ...}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinYaml {
@@ -362,6 +362,11 @@ pub struct JoinYaml {
     /// AND left.event_time + upper`, inclusive.
     #[serde(default)]
     pub between: Option<[String; 2]>,
+    /// Instead of `between`, ends that may be strict: `[">= 0 seconds",
+    /// "< 1 hour"]` is `right.event_time >= left.event_time AND
+    /// right.event_time < left.event_time + 1 hour`.
+    #[serde(default)]
+    pub bounds: Option<[String; 2]>,
     /// Instead of `between`: both rows in the same tumbling window.
     #[serde(default)]
     pub window: Option<DurationSpec>,
@@ -377,6 +382,25 @@ pub struct JoinYaml {
     /// streams go through repartition topics keyed by the join key.
     #[serde(default)]
     pub keyed_by: Option<Vec<String>>,
+}
+
+impl JoinYaml {
+    /// The time condition from `between`, `bounds` or `window` (at most one).
+    fn time_condition(&self) -> Result<crate::operators::JoinTimeCondition> {
+        use crate::operators::JoinTimeCondition;
+        match (&self.between, &self.bounds, self.window) {
+            (Some([lower, upper]), None, None) => JoinTimeCondition::between(lower, upper),
+            (None, Some([lower, upper]), None) => JoinTimeCondition::bounds(lower, upper),
+            (None, None, Some(w)) => Ok(JoinTimeCondition::Window {
+                size_micros: w.0.as_micros() as i64,
+            }),
+            (None, None, None) => Ok(JoinTimeCondition::None),
+            _ => Err(Error::config(
+                "join.between",
+                "set one of `between`, `bounds` or `window`, not several",
+            )),
+        }
+    }
 }
 
 /// `table_join: {topic, type, on, schema}`.
@@ -1621,21 +1645,7 @@ impl PipelineFile {
                             }
                         };
                     }
-                    let time = match (&j.between, j.window) {
-                        (Some(_), Some(_)) => {
-                            return Err(Error::config(
-                                "join.between",
-                                "set `between` or `window`, not both",
-                            ))
-                        }
-                        (Some([lower, upper]), None) => {
-                            crate::operators::JoinTimeCondition::between(lower, upper)?
-                        }
-                        (None, Some(w)) => crate::operators::JoinTimeCondition::Window {
-                            size_micros: w.0.as_micros() as i64,
-                        },
-                        (None, None) => crate::operators::JoinTimeCondition::None,
-                    };
+                    let time = j.time_condition()?;
                     let on: Vec<(&str, &str)> =
                         j.on.iter()
                             .map(|k| (k.left.as_str(), k.right.as_str()))
@@ -1780,7 +1790,32 @@ sink: {kind: jsonl, path: out.jsonl}
         .err()
         .unwrap()
         .to_string();
-        assert!(e.contains("`between` or `window`, not both"), "{e}");
+        assert!(e.contains("one of `between`, `bounds` or `window`"), "{e}");
+
+        let strict = PipelineFile::parse(&JOIN.replace(
+            r#"between: ["0 seconds", "1 hour"]"#,
+            r#"bounds: ["> 0 seconds", "< 1 hour"]"#,
+        ))
+        .unwrap();
+        let described = strict.query_builder().unwrap().build().unwrap().describe();
+        assert!(
+            described[0]
+                .contains("clickTime > impressionTime + 0s AND clickTime < impressionTime + 3600s"),
+            "{described:?}"
+        );
+        let e = PipelineFile::parse(&JOIN.replace(
+            r#"between: ["0 seconds", "1 hour"]"#,
+            r#"bounds: ["0 seconds", "< 1 hour"]"#,
+        ))
+        .unwrap()
+        .query_builder()
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("join.bounds") && e.contains("`>` or `>=`"),
+            "{e}"
+        );
 
         let e = PipelineFile::parse(&JOIN.replace("      watermark: 2 hours\n", ""))
             .unwrap()

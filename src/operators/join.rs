@@ -5,20 +5,25 @@
 //! once: by whichever of the two rows came second) and is then buffered
 //! itself. The time condition bounds the state:
 //!
-//! * a **range** `right_time BETWEEN left_time + lower AND left_time + upper`
-//!   (inclusive at both ends): with watermark `W`, no future right row can
-//!   match a left row with `left_time <= W - upper`, nor a future left row a
-//!   right row with `right_time <= W + lower`; those rows are evicted at the
-//!   end of the batch (Spark's state value watermarks, solved from the
-//!   condition as `StreamingJoinHelper` does);
+//! * a **range** `left_time + lower <(=) right_time <(=) left_time + upper`,
+//!   each end strict or inclusive: with watermark `W` (milliseconds), left
+//!   rows with `left_time <= W - upper` and right rows with
+//!   `right_time <= W + lower` are evicted at the end of the batch, one
+//!   millisecond earlier in time (so one batch later) for an inclusive end.
+//!   These are Spark's state value watermarks, computed as
+//!   `StreamingJoinHelper.getStateValueWatermark` does: the sum in
+//!   microseconds, truncated to milliseconds, minus 1 ms for `<=`/`>=`;
 //! * **equal windows**: both rows fall in the same tumbling window, which is
 //!   part of the key; rows are evicted once `window_end <= W`.
 //!
 //! A row whose event time is at or before the late-row watermark (the
-//! previous batch's) is dropped and counted. Outer joins emit a row with
-//! nulls for the other side when an unmatched row is evicted (so in the
-//! batch whose watermark guarantees no future match); a left semi join
-//! emits a left row once, at its first match.
+//! previous batch's) is dropped and counted. Every other row is buffered,
+//! even one already past its state watermark (Spark 4 does the same: a row
+//! of this batch may still match a row that comes after it in the batch),
+//! and the end of the batch evicts it. Outer joins emit a row with nulls
+//! for the other side when an unmatched row is evicted (so in the batch
+//! whose watermark guarantees no future match); a left semi join emits a
+//! left row once, at its first match.
 
 use super::state_codec::{corrupt, put_row, Reader};
 use super::{encode_key_into, BatchContext, Operator};
@@ -82,13 +87,20 @@ impl std::str::FromStr for JoinType {
 /// The event-time condition of a join.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoinTimeCondition {
-    /// `right_time BETWEEN left_time + lower AND left_time + upper`, both
-    /// ends inclusive (microseconds; `lower` may be negative).
+    /// `left_time + lower <= right_time <= left_time + upper`, each end
+    /// inclusive (`<=`) or strict (`<`) (microseconds; `lower` may be
+    /// negative).
     Range {
         /// Lower offset from the left row's time.
         lower_micros: i64,
         /// Upper offset from the left row's time.
         upper_micros: i64,
+        /// `right_time >= left_time + lower` (`true`, SQL `BETWEEN`) or
+        /// `right_time > left_time + lower`.
+        lower_inclusive: bool,
+        /// `right_time <= left_time + upper` (`true`, SQL `BETWEEN`) or
+        /// `right_time < left_time + upper`.
+        upper_inclusive: bool,
     },
     /// Both rows in the same tumbling window of this size (starting at the
     /// epoch), which is added to the output as `window_start`/`window_end`.
@@ -108,12 +120,48 @@ impl JoinTimeCondition {
     /// ```
     /// use tidemark::operators::JoinTimeCondition;
     /// let c = JoinTimeCondition::between("0 seconds", "1 hour").unwrap();
-    /// assert_eq!(c, JoinTimeCondition::Range { lower_micros: 0, upper_micros: 3_600_000_000 });
+    /// assert_eq!(c, JoinTimeCondition::Range {
+    ///     lower_micros: 0,
+    ///     upper_micros: 3_600_000_000,
+    ///     lower_inclusive: true,
+    ///     upper_inclusive: true,
+    /// });
     /// ```
     pub fn between(lower: &str, upper: &str) -> Result<Self> {
         Ok(JoinTimeCondition::Range {
             lower_micros: signed_micros(lower)?,
             upper_micros: signed_micros(upper)?,
+            lower_inclusive: true,
+            upper_inclusive: true,
+        })
+    }
+
+    /// A range whose ends are each strict or inclusive, written as the
+    /// right time's comparison with the left time plus an offset: `lower`
+    /// is `"> <offset>"` or `">= <offset>"`, `upper` is `"< <offset>"` or
+    /// `"<= <offset>"`. Spark's `clickTime > impressionTime AND clickTime <
+    /// impressionTime + interval 1 hour` is `bounds("> 0 seconds", "< 1
+    /// hour")`; the strictness moves when state is evicted by one
+    /// millisecond, as in Spark.
+    ///
+    /// ```
+    /// use tidemark::operators::JoinTimeCondition;
+    /// let c = JoinTimeCondition::bounds("> -10 minutes", "<= 1 hour").unwrap();
+    /// assert_eq!(c, JoinTimeCondition::Range {
+    ///     lower_micros: -600_000_000,
+    ///     upper_micros: 3_600_000_000,
+    ///     lower_inclusive: false,
+    ///     upper_inclusive: true,
+    /// });
+    /// ```
+    pub fn bounds(lower: &str, upper: &str) -> Result<Self> {
+        let (lower_inclusive, lower_offset) = bound(lower, '>')?;
+        let (upper_inclusive, upper_offset) = bound(upper, '<')?;
+        Ok(JoinTimeCondition::Range {
+            lower_micros: signed_micros(lower_offset)?,
+            upper_micros: signed_micros(upper_offset)?,
+            lower_inclusive,
+            upper_inclusive,
         })
     }
 
@@ -122,6 +170,25 @@ impl JoinTimeCondition {
         Ok(JoinTimeCondition::Window {
             size_micros: signed_micros(size)?,
         })
+    }
+}
+
+/// Splits `"<= 1 hour"` into (inclusive, offset) for a bound whose
+/// comparison starts with `op`.
+fn bound(text: &str, op: char) -> Result<(bool, &str)> {
+    let trimmed = text.trim_start();
+    match trimmed.strip_prefix(op) {
+        Some(rest) => match rest.strip_prefix('=') {
+            Some(offset) => Ok((true, offset)),
+            None => Ok((false, rest)),
+        },
+        None => Err(Error::config(
+            "join.bounds",
+            format!(
+                "`{text}`: a {} bound starts with `{op}` or `{op}=` and then an offset, e.g. `{op}= 1 hour`",
+                if op == '>' { "lower" } else { "upper" }
+            ),
+        )),
     }
 }
 
@@ -186,8 +253,9 @@ struct Buffered {
     id: u64,
     /// The event time the condition compares.
     time: TimestampMicros,
-    /// Evicted once the watermark reaches this.
-    evict_at: TimestampMicros,
+    /// What the side's state watermark is compared with: the event time,
+    /// or the window's end for equal windows.
+    evict_key: TimestampMicros,
     matched: bool,
     row: Row,
 }
@@ -197,7 +265,7 @@ struct SideState {
     /// Buffered rows by key, in arrival order: evictions mostly take the
     /// oldest, at the front. The key is shared with the eviction index.
     rows: HashMap<Arc<[u8]>, VecDeque<Buffered>>,
-    /// (eviction time, key, id).
+    /// (eviction key, join key, id).
     evictions: BTreeSet<(TimestampMicros, Arc<[u8]>, u64)>,
     len: usize,
     /// Approximate bytes of the buffered rows.
@@ -236,9 +304,13 @@ impl StreamJoin {
         if let JoinTimeCondition::Range {
             lower_micros,
             upper_micros,
+            lower_inclusive,
+            upper_inclusive,
         } = spec.time
         {
-            if lower_micros > upper_micros {
+            let empty = lower_micros > upper_micros
+                || (lower_micros == upper_micros && !(lower_inclusive && upper_inclusive));
+            if empty {
                 return Err(Error::config(
                     "join.between",
                     "the lower bound is after the upper bound: no row could ever match",
@@ -253,7 +325,7 @@ impl StreamJoin {
         if spec.join_type != JoinType::Inner && spec.time == JoinTimeCondition::None {
             return Err(Error::config(
                 "join.between",
-                "outer and semi joins need a time condition (`between` or `window`) so that the watermark can tell when a row will never match (as in Spark)",
+                "outer and semi joins need a time condition (`between`, `bounds` or `window`) so that the watermark can tell when a row will never match (as in Spark)",
             ));
         }
         Ok(StreamJoin {
@@ -273,43 +345,58 @@ impl StreamJoin {
     }
 
     /// The oldest event time that can still appear in the output, given the
-    /// watermark: what a stateful operator after the join must wait for
-    /// (Spark 3.5's watermark propagation).
+    /// watermark: what a stateful operator after the join must wait for.
+    /// Spark 3.5's `produceOutputWatermark`: the least of both sides' state
+    /// watermarks and the input watermark.
     fn output_bound(&self, watermark: TimestampMicros) -> TimestampMicros {
+        [Side::Left, Side::Right]
+            .into_iter()
+            .filter_map(|side| self.state_watermark(side, watermark))
+            .fold(watermark, TimestampMicros::min)
+    }
+
+    /// The state watermark of `side` given the watermark `w`: buffered rows
+    /// whose eviction key is at or before it can match no future row of the
+    /// other side. For a range, Spark's `getStateValueWatermark`: the
+    /// other side's watermark plus the bound's offset, computed in
+    /// microseconds as a double, truncated to whole milliseconds, minus one
+    /// millisecond for an inclusive end (a row at exactly the bound may
+    /// still match a row at the watermark's next millisecond).
+    fn state_watermark(&self, side: Side, w: TimestampMicros) -> Option<TimestampMicros> {
         match self.spec.time {
-            // Output rows carry the left time, which may be as old as the
-            // left state keeps (W - upper), or the right time for
-            // right-outer rows (W + lower).
             JoinTimeCondition::Range {
                 lower_micros,
                 upper_micros,
-            } => watermark
-                .saturating_sub(upper_micros)
-                .min(watermark.saturating_add(lower_micros)),
-            _ => watermark,
+                lower_inclusive,
+                upper_inclusive,
+            } => {
+                let (offset, inclusive) = match side {
+                    // right <(=) left + upper  =>  left >(=) right - upper
+                    Side::Left => (-(upper_micros as f64), upper_inclusive),
+                    // right >(=) left + lower  =>  right >(=) left + lower
+                    Side::Right => (lower_micros as f64, lower_inclusive),
+                };
+                // Spark's watermark is whole milliseconds.
+                let watermark_ms = w.div_euclid(1000);
+                let sum_micros = watermark_ms as f64 * 1000.0 + offset;
+                // `as` truncates toward zero, as Scala's `toLong` does.
+                let state_ms = (sum_micros / 1000.0) as i64 - i64::from(inclusive);
+                Some(state_ms.saturating_mul(1000))
+            }
+            JoinTimeCondition::Window { .. } => Some(w),
+            JoinTimeCondition::None => None,
         }
     }
 
-    /// When a row of `side` at `time` can no longer match: the state
-    /// watermark the condition gives, compared with `<=` as in Spark.
-    fn evict_at(&self, side: Side, time: TimestampMicros) -> TimestampMicros {
-        match (self.spec.time, side) {
-            (
-                JoinTimeCondition::Range {
-                    upper_micros: u, ..
-                },
-                Side::Left,
-            ) => time.saturating_add(u),
-            (
-                JoinTimeCondition::Range {
-                    lower_micros: l, ..
-                },
-                Side::Right,
-            ) => time.saturating_sub(l),
-            (JoinTimeCondition::Window { size_micros }, _) => {
+    /// What a row of `side` at `time` is evicted by: its time for a range,
+    /// its window's end for equal windows; never without a condition.
+    fn evict_key(&self, time: TimestampMicros) -> TimestampMicros {
+        match self.spec.time {
+            JoinTimeCondition::Range { .. } => time,
+            JoinTimeCondition::Window { size_micros } => {
                 window_start(time, size_micros).saturating_add(size_micros)
             }
-            (JoinTimeCondition::None, _) => FOREVER,
+            JoinTimeCondition::None => FOREVER,
         }
     }
 
@@ -327,9 +414,13 @@ impl StreamJoin {
             JoinTimeCondition::Range {
                 lower_micros,
                 upper_micros,
+                lower_inclusive,
+                upper_inclusive,
             } => {
-                right >= left.saturating_add(lower_micros)
-                    && right <= left.saturating_add(upper_micros)
+                let low = left.saturating_add(lower_micros);
+                let high = left.saturating_add(upper_micros);
+                (right > low || (lower_inclusive && right == low))
+                    && (right < high || (upper_inclusive && right == high))
             }
             _ => true,
         }
@@ -524,19 +615,13 @@ impl StreamJoin {
                 }
             }
         }
-        let evict_at = self.evict_at(side, time);
-        if evict_at <= ctx.watermark && ctx.watermark > 0 {
-            // Already past its state watermark: no future row can match it.
-            if !matched && keeps_unmatched {
-                out.push(self.unmatched(side, &row));
-            }
-            self.key_buffer = key;
-            return Ok(());
-        }
+        // Buffered even when already past its state watermark: a later row
+        // of this batch may still match it, and the end of the batch evicts
+        // it (with its null row for an outer side), as in Spark 4.
         let buffered = Buffered {
             id: self.next_id,
             time,
-            evict_at,
+            evict_key: self.evict_key(time),
             matched,
             row,
         };
@@ -558,10 +643,10 @@ impl StreamJoin {
             Some((k, _)) => k.clone(),
             None => Arc::from(key),
         };
-        if buffered.evict_at != FOREVER {
+        if buffered.evict_key != FOREVER {
             state
                 .evictions
-                .insert((buffered.evict_at, shared.clone(), buffered.id));
+                .insert((buffered.evict_key, shared.clone(), buffered.id));
         }
         state.len += 1;
         state.bytes += row_bytes(&buffered.row) + 64;
@@ -572,12 +657,15 @@ impl StreamJoin {
     /// emit their unmatched rows with nulls.
     fn evict(&mut self, side: Side, watermark: TimestampMicros, out: &mut Vec<Row>) {
         let keeps_unmatched = self.spec.join_type.keeps_unmatched(side);
+        let Some(state_watermark) = self.state_watermark(side, watermark) else {
+            return;
+        };
         loop {
             let state = &mut self.state[side as usize];
             let Some((t, _, _)) = state.evictions.first() else {
                 break;
             };
-            if *t > watermark {
+            if *t > state_watermark {
                 break;
             }
             let (_, key, id) = state.evictions.pop_first().expect("first exists");
@@ -616,7 +704,9 @@ impl StreamJoin {
             return Err(corrupt("unknown join state layout"));
         }
         let time = r.i64()?;
-        let evict_at = r.i64()?;
+        // The stored eviction key is recomputed from the time by the
+        // caller: older layouts stored the bound, not the key.
+        let evict_key = r.i64()?;
         let matched = r.u8()? != 0;
         let key_len = r.u32()? as usize;
         let key = r.take(key_len)?.to_vec();
@@ -626,7 +716,7 @@ impl StreamJoin {
             Buffered {
                 id,
                 time,
-                evict_at,
+                evict_key,
                 matched,
                 row,
             },
@@ -670,7 +760,7 @@ pub(crate) fn add_other_side(
 fn encode_buffered(key: &[u8], b: &Buffered) -> Vec<u8> {
     let mut out = vec![STATE_VERSION];
     out.extend(b.time.to_le_bytes());
-    out.extend(b.evict_at.to_le_bytes());
+    out.extend(b.evict_key.to_le_bytes());
     out.push(b.matched as u8);
     out.extend((key.len() as u32).to_le_bytes());
     out.extend(key);
@@ -708,6 +798,8 @@ impl Operator for StreamJoin {
             JoinTimeCondition::Range {
                 lower_micros,
                 upper_micros,
+                lower_inclusive: true,
+                upper_inclusive: true,
             } => format!(
                 "{} BETWEEN {} + {}s AND {} + {}s",
                 self.spec.right_time,
@@ -716,6 +808,21 @@ impl Operator for StreamJoin {
                 self.spec.left_time,
                 upper_micros / 1_000_000
             ),
+            JoinTimeCondition::Range {
+                lower_micros,
+                upper_micros,
+                lower_inclusive,
+                upper_inclusive,
+            } => {
+                let (right, left) = (&self.spec.right_time, &self.spec.left_time);
+                format!(
+                    "{right} {} {left} + {}s AND {right} {} {left} + {}s",
+                    if lower_inclusive { ">=" } else { ">" },
+                    lower_micros / 1_000_000,
+                    if upper_inclusive { "<=" } else { "<" },
+                    upper_micros / 1_000_000
+                )
+            }
             JoinTimeCondition::Window { size_micros } => {
                 format!("same {}s window", size_micros / 1_000_000)
             }
@@ -779,7 +886,8 @@ impl Operator for StreamJoin {
                 ),
                 _ => return Err(corrupt("join state key")),
             };
-            let (join_key, buffered) = Self::decode_buffered(id, &value)?;
+            let (join_key, mut buffered) = Self::decode_buffered(id, &value)?;
+            buffered.evict_key = self.evict_key(buffered.time);
             self.next_id = self.next_id.max(id + 1);
             self.remember_columns(side, &buffered.row);
             self.insert(side, &join_key, buffered);
@@ -822,6 +930,130 @@ mod tests {
     use super::*;
 
     const MIN: i64 = 60_000_000;
+    const MS: i64 = 1_000;
+
+    /// How many null rows `join_type` writes for one unmatched row of
+    /// `side` at 100 min once the batch ends with watermark `w`, under
+    /// `time`.
+    fn null_rows_at(join_type: JoinType, time: JoinTimeCondition, side: usize, w: i64) -> usize {
+        let mut s = spec(join_type);
+        s.time = time;
+        let mut join = StreamJoin::new(s).unwrap();
+        let mut out = Vec::new();
+        let column = if side == 0 { "it" } else { "ct" };
+        join.on_input_row(side, row("a", column, 100 * MIN), &ctx(0, 0), &mut out)
+            .unwrap();
+        join.on_batch_end(&ctx(0, w), &mut out).unwrap();
+        out.len()
+    }
+
+    #[test]
+    fn an_inclusive_end_keeps_a_row_one_millisecond_longer_than_a_strict_one() {
+        // (join type, bounds, side of the row at 100 min, the last
+        // watermark that keeps it). Spark's state watermarks: left rows go
+        // at `W - upper` (right <= left + upper: `W - upper - 1 ms`), right
+        // rows at `W + lower` (right >= left + lower: `W + lower - 1 ms`).
+        let cases = [
+            (
+                JoinType::LeftOuter,
+                [">= 0 seconds", "<= 1 hour"],
+                0,
+                160 * MIN,
+            ),
+            (
+                JoinType::LeftOuter,
+                [">= 0 seconds", "< 1 hour"],
+                0,
+                160 * MIN - MS,
+            ),
+            (
+                JoinType::RightOuter,
+                [">= 10 minutes", "<= 1 hour"],
+                1,
+                90 * MIN,
+            ),
+            (
+                JoinType::RightOuter,
+                ["> 10 minutes", "<= 1 hour"],
+                1,
+                90 * MIN - MS,
+            ),
+        ];
+        for (join_type, [lower, upper], side, kept_until) in cases {
+            let time = JoinTimeCondition::bounds(lower, upper).unwrap();
+            let case = format!("{join_type:?} {lower} {upper}");
+            assert_eq!(null_rows_at(join_type, time, side, kept_until), 0, "{case}");
+            assert_eq!(
+                null_rows_at(join_type, time, side, kept_until + MS),
+                1,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn strict_ends_do_not_match_at_equality() {
+        let mut s = spec(JoinType::Inner);
+        s.time = JoinTimeCondition::bounds("> 0 seconds", "< 1 hour").unwrap();
+        let mut join = StreamJoin::new(s).unwrap();
+        let mut out = Vec::new();
+        let c = ctx(0, 0);
+        join.on_input_row(0, row("a", "it", 100 * MIN), &c, &mut out)
+            .unwrap();
+        for t in [100 * MIN, 100 * MIN + 1, 160 * MIN - 1, 160 * MIN] {
+            join.on_input_row(1, row("a", "ct", t), &c, &mut out)
+                .unwrap();
+        }
+        assert_eq!(out.len(), 2, "only the two strictly inside: {out:?}");
+    }
+
+    #[test]
+    fn the_output_watermark_is_the_least_state_watermark() {
+        let mut s = spec(JoinType::Inner);
+        s.time = JoinTimeCondition::bounds(">= -10 minutes", "<= 1 hour").unwrap();
+        let join = StreamJoin::new(s).unwrap();
+        // Left: W - 1h - 1 ms; right: W - 10 min - 1 ms.
+        assert_eq!(join.output_watermark(200 * MIN), 140 * MIN - MS);
+        let mut s = spec(JoinType::Inner);
+        s.time = JoinTimeCondition::None;
+        let join = StreamJoin::new(s).unwrap();
+        assert_eq!(join.output_watermark(200 * MIN), 200 * MIN);
+    }
+
+    #[test]
+    fn a_row_past_its_state_watermark_still_matches_later_rows_of_its_batch() {
+        // W = 170 min: the impression at 100 min is past its bound (160)
+        // when it arrives, but a click of the same batch at 150 matches it
+        // (Spark buffers it and evicts it at the end of the batch), and no
+        // null row follows.
+        let mut join = StreamJoin::new(spec(JoinType::LeftOuter)).unwrap();
+        let mut out = Vec::new();
+        let c = ctx(90 * MIN, 170 * MIN);
+        join.on_input_row(0, row("a", "it", 100 * MIN), &c, &mut out)
+            .unwrap();
+        join.on_input_row(1, row("a", "ct", 150 * MIN), &c, &mut out)
+            .unwrap();
+        join.on_batch_end(&c, &mut out).unwrap();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].get("ct"), Some(&Value::Timestamp(150 * MIN)));
+        assert_eq!(join.state[0].len + join.state[1].len, 0);
+    }
+
+    #[test]
+    fn a_bound_without_its_comparison_is_refused_with_the_forms() {
+        let e = JoinTimeCondition::bounds("0 seconds", "< 1 hour")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("join.bounds") && e.contains("`>=`"), "{e}");
+        let e = JoinTimeCondition::bounds(">= 1 hour", "< 1 hour")
+            .map(|t| {
+                let mut s = spec(JoinType::Inner);
+                s.time = t;
+                StreamJoin::new(s).err().unwrap().to_string()
+            })
+            .unwrap();
+        assert!(e.contains("no row could ever match"), "{e}");
+    }
 
     fn spec(join_type: JoinType) -> JoinSpec {
         JoinSpec {
@@ -830,10 +1062,7 @@ mod tests {
             right_keys: vec!["ad".into()],
             left_time: "it".into(),
             right_time: "ct".into(),
-            time: JoinTimeCondition::Range {
-                lower_micros: 0,
-                upper_micros: 60 * MIN,
-            },
+            time: JoinTimeCondition::between("0 seconds", "1 hour").unwrap(),
             right_name: "clicks".into(),
             right_columns: vec![],
             left_columns: vec![],
@@ -929,7 +1158,9 @@ mod tests {
         let store = join.store.take().unwrap();
         let mut restored = StreamJoin::new(spec(JoinType::LeftOuter)).unwrap();
         restored.open_state(store, None).unwrap();
-        restored.on_batch_end(&ctx(0, 160 * MIN), &mut out).unwrap();
+        restored
+            .on_batch_end(&ctx(0, 160 * MIN + MS), &mut out)
+            .unwrap();
         assert_eq!(out.len(), 1, "the unmatched impression, with nulls");
         assert_eq!(out[0].get("it"), Some(&Value::Timestamp(100 * MIN)));
     }
