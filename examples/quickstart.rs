@@ -15,20 +15,24 @@ use tidemark::schema::FieldType;
 use tidemark_connectors::files::StdoutSink;
 use tidemark_connectors::kafka::{ensure_topic, KafkaSource, KafkaSourceConfig};
 
-const TOPIC: &str = "sensor-readings";
+/// The input topic's name; each run gets its own (`sensor-readings-<pid>`),
+/// so that a rerun on a shared broker reads only its own readings.
+const TOPIC_PREFIX: &str = "sensor-readings";
 const MACHINES: [&str; 4] = ["drill-1", "drill-2", "loader-1", "truck-7"];
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("warn").init();
+    let topic = format!("{TOPIC_PREFIX}-{}", std::process::id());
+    let topic = topic.as_str();
     // The mock cluster lives as long as `_mock`.
     let (_mock, bootstrap) = match std::env::var("KAFKA_BOOTSTRAP") {
         Ok(b) => {
-            ensure_topic(&b, TOPIC, 4)?;
+            ensure_topic(&b, topic, 4)?;
             (None, b)
         }
         Err(_) => {
             let mock = MockCluster::new(1)?;
-            mock.create_topic(TOPIC, 4, 1)?;
+            mock.create_topic(topic, 4, 1)?;
             let b = mock.bootstrap_servers();
             (Some(mock), b)
         }
@@ -60,23 +64,23 @@ fn main() -> anyhow::Result<()> {
             })
             .to_string();
             producer
-                .send(BaseRecord::to(TOPIC).key(*machine).payload(&value))
+                .send(BaseRecord::to(topic).key(*machine).payload(&value))
                 .map_err(|(e, _)| e)?;
             sent += 1;
         }
     }
     producer
-        .send(BaseRecord::to(TOPIC).key("drill-1").payload("{not json"))
+        .send(BaseRecord::to(topic).key("drill-1").payload("{not json"))
         .map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(10))?;
     println!(
-        "produced {} readings and 1 malformed record to `{TOPIC}`",
+        "produced {} readings and 1 malformed record to `{topic}`",
         sent
     );
 
     let source = KafkaSource::new(KafkaSourceConfig {
         bootstrap: bootstrap.clone(),
-        topics: vec![TOPIC.into()],
+        topics: vec![topic.into()],
         group: format!("quickstart-{}", std::process::id()),
         earliest: true,
         properties: Default::default(),

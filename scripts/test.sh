@@ -12,36 +12,8 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step() { echo "==> $*"; }
 
-# ---- system packages (idempotent; apt only when something is missing)
-missing=()
-command -v cmake >/dev/null || missing+=(cmake)
-command -v c++ >/dev/null || missing+=(g++)
-command -v pkg-config >/dev/null || missing+=(pkg-config)
-# RocksDB's bindings are generated with libclang at build time.
-command -v clang >/dev/null || missing+=(clang)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/x86_64-linux-gnu/libclang*.so*" >/dev/null || missing+=(libclang-dev)
-# librdkafka 2.12's cmake build includes curl/curl.h even with curl off.
-[[ -f /usr/include/x86_64-linux-gnu/curl/curl.h || -f /usr/include/curl/curl.h ]] || missing+=(libcurl4-openssl-dev)
-command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
-command -v mvn >/dev/null || missing+=(maven)
-command -v python3 >/dev/null || missing+=(python3 python3-pip)
-if ((${#missing[@]})); then
-  step "installing ${missing[*]}"
-  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-
-# ---- independent readers used by the tests: Avro bytes checked by
-# fastavro, Delta tables read back by the Python `deltalake` package
-# (delta-rs's Python build, its own reader, no Rust of ours)
-pip_install() {
-  python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
-}
-python3 -c 'import fastavro' 2>/dev/null || { step "installing fastavro"; pip_install fastavro; }
-python3 -c 'import deltalake, pyarrow' 2>/dev/null || { step "installing deltalake"; pip_install "deltalake>=1.1" pyarrow; }
+# ---- what building and the tests need (idempotent; see scripts/setup.sh)
+bash scripts/setup.sh
 
 # ---- a real broker
 started_kafka=0

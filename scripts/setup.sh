@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs what building and testing tidemark needs, and nothing when it is
+# all there already (idempotent, quiet, a few milliseconds on a set-up
+# machine). Both README commands run it first: scripts/quickstart.sh and
+# scripts/test.sh.
+#
+#   system packages  cmake, a C++ compiler, pkg-config; clang and libclang
+#                    (RocksDB's bindings are generated with libclang at build
+#                    time); curl headers (librdkafka 2.12's cmake build
+#                    includes curl/curl.h even with curl off); for the tests
+#                    only, Java 17 and Maven (the real broker is assembled
+#                    from Maven Central jars)
+#   rust components  rustfmt, clippy (tests only)
+#   python readers   fastavro and deltalake + pyarrow, the independent readers
+#                    the tests check Avro bytes and Delta tables with (tests only)
+#
+# Usage: scripts/setup.sh [--build-only]   (--build-only: what building needs)
+set -euo pipefail
+
+build_only=0
+[[ "${1:-}" == "--build-only" ]] && build_only=1
+
+note() { echo "==> $*" >&2; }
+
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v c++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v clang >/dev/null || missing+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null ||
+  compgen -G "/usr/lib/llvm-*/lib/libclang-[0-9]*.so*" >/dev/null ||
+  compgen -G "/usr/lib/*-linux-gnu/libclang.so*" >/dev/null ||
+  compgen -G "/usr/lib/*-linux-gnu/libclang-[0-9]*.so*" >/dev/null || missing+=(libclang-dev)
+compgen -G "/usr/include/*-linux-gnu/curl/curl.h" >/dev/null ||
+  [[ -f /usr/include/curl/curl.h ]] || missing+=(libcurl4-openssl-dev)
+if ((!build_only)); then
+  command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null || missing+=(maven)
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+fi
+if ((${#missing[@]})); then
+  note "installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+((build_only)) && exit 0
+
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+
+pip_install() {
+  python3 -m pip install -q "$@" 2>/dev/null || python3 -m pip install -q --break-system-packages "$@"
+}
+python3 -c 'import fastavro' 2>/dev/null || { note "installing fastavro"; pip_install fastavro; }
+python3 -c 'import deltalake, pyarrow' 2>/dev/null || { note "installing deltalake"; pip_install "deltalake>=1.1" pyarrow; }
+exit 0
