@@ -87,7 +87,7 @@ pub fn format_duration(d: Duration) -> String {
         (1_000_000, "seconds"),
         (1_000, "milliseconds"),
     ] {
-        if micros >= size && micros % size == 0 {
+        if micros >= size && micros.is_multiple_of(size) {
             return format!("{} {unit}", micros / size);
         }
     }

@@ -185,6 +185,17 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
             .context("starting the Prometheus endpoint")?;
     }
     let base = path.parent().unwrap_or(Path::new("."));
+    // One identity for the process, kept across restarts of its stages:
+    // every stage's transactional id derives from it.
+    let identity = std::sync::Arc::new(match file.processing_guarantee {
+        tidemark::pipeline::ProcessingGuarantee::ExactlyOnce => {
+            tidemark_connectors::instance_identity(&file, base)?
+        }
+        tidemark::pipeline::ProcessingGuarantee::AtLeastOnce => {
+            tidemark_connectors::instance::InstanceIdentity::for_process()
+        }
+    });
+    tracing::info!(instance = identity.id(), origin = ?identity.origin(), "instance identity");
     let stop = tidemark::runtime::StopHandle::default();
     let on_ctrl_c = stop.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -207,7 +218,7 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         None => None,
     };
     let Some(stages) = stages else {
-        let summary = run_stage(&file, base, progress, true, &stop)?;
+        let summary = run_stage(&file, base, &identity, progress, true, &stop)?;
         print_summary(&summary);
         return Ok(());
     };
@@ -217,19 +228,19 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let summary = if file.trigger.0 == tidemark::runtime::Trigger::AvailableNow {
         // The reader's end offsets must include everything the writers
         // wrote: run the writers to the end first.
-        run_stage(&stages.writer, base, progress, false, &stop)?;
+        run_stage(&stages.writer, base, &identity, progress, false, &stop)?;
         if let Some((_, side)) = &stages.side_writer {
-            run_stage(side, base, progress, false, &stop)?;
+            run_stage(side, base, &identity, progress, false, &stop)?;
         }
-        run_stage(&stages.reader, base, progress, true, &stop)?
+        run_stage(&stages.reader, base, &identity, progress, true, &stop)?
     } else {
         std::thread::scope(|scope| {
             let writers: Vec<_> = std::iter::once(&stages.writer)
                 .chain(stages.side_writer.as_ref().map(|(_, w)| w))
                 .map(|writer| {
-                    let stop = &stop;
+                    let (stop, identity) = (&stop, &identity);
                     scope.spawn(move || {
-                        let result = run_stage(writer, base, progress, false, stop);
+                        let result = run_stage(writer, base, identity, progress, false, stop);
                         if result.is_err() {
                             stop.stop();
                         }
@@ -237,7 +248,7 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            let reader = run_stage(&stages.reader, base, progress, true, &stop);
+            let reader = run_stage(&stages.reader, base, &identity, progress, true, &stop);
             if reader.is_err() {
                 stop.stop();
             }
@@ -260,23 +271,27 @@ fn print_summary(summary: &tidemark::runtime::RunSummary) {
     );
 }
 
-/// Runs one stage until it ends or `stop`; `status` shows the terminal
-/// status line for it.
+/// Runs one stage until it ends or `stop`, as instance `identity`; `status`
+/// shows the terminal status line for it.
 fn run_stage(
     file: &PipelineFile,
     base: &Path,
+    identity: &std::sync::Arc<tidemark_connectors::instance::InstanceIdentity>,
     progress: bool,
     status: bool,
     stop: &tidemark::runtime::StopHandle,
 ) -> anyhow::Result<tidemark::runtime::RunSummary> {
     // A failed batch is never half-committed: rebuilding the query resumes
     // from the last commit (state from the changelog, offsets from the
-    // group). Transient failures — a broker restart, a fenced transaction —
-    // are retried with a capped backoff; configuration errors are not.
+    // group). Transient failures — a broker restart, a fenced transaction
+    // (this process was a zombie: it drops its tasks, rejoins the group and
+    // carries on under its own id) — are retried with a capped backoff;
+    // configuration errors are not.
     let mut failures = 0u32;
     loop {
+        let started = std::time::Instant::now();
         let attempt = || -> anyhow::Result<tidemark::runtime::RunSummary> {
-            let connected = tidemark_connectors::connect(file, base)?;
+            let connected = tidemark_connectors::connect_as(file, base, identity)?;
             let status = StatusLine {
                 terminal: status && std::io::stderr().is_terminal(),
                 print_json: progress,
@@ -291,6 +306,11 @@ fn run_stage(
         match attempt() {
             Ok(summary) => return Ok(summary),
             Err(e) if is_transient(&e) && !stop.is_stopped() => {
+                // A run that lasted is a fresh start: a failure hours later
+                // is not the seventh in a row.
+                if started.elapsed() > FAILURE_STREAK_RESET {
+                    failures = 0;
+                }
                 failures += 1;
                 let backoff = std::time::Duration::from_millis(500 * 2u64.pow(failures.min(6)));
                 tracing::warn!(stage = %file.name, error = %format!("{e:#}"), failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
@@ -300,6 +320,10 @@ fn run_stage(
         }
     }
 }
+
+/// How long a run must last for its failure to start a new streak of
+/// backoffs.
+const FAILURE_STREAK_RESET: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Whether rebuilding the query may succeed: configuration and expression
 /// errors will fail the same way again.

@@ -5,24 +5,11 @@
 mod common;
 
 use common::*;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
 
 const PARTITIONS: i32 = 2;
-
-fn kafka_script(command: &str) -> bool {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh");
-    Command::new("bash")
-        .arg(script)
-        .arg(command)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
 
 #[test]
 fn a_broker_restart_mid_run_is_survived_with_exact_results() {

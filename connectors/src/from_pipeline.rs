@@ -3,12 +3,14 @@
 
 use crate::avro::{read_schema_file, AvroDecoder, AvroEncoder};
 use crate::files::{FileDeadLetter, FilesSource, JsonlSink, StdoutSink};
+use crate::instance::InstanceIdentity;
 use crate::kafka::{
     default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
     SharedTransactions, ValueFormat,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
@@ -75,19 +77,46 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 }
 
 /// Connects what `file` describes; relative paths are resolved against
-/// `base_dir` (the pipeline file's directory).
+/// `base_dir` (the pipeline file's directory). The instance identity is
+/// acquired for this connection (see [`connect_as`] to keep one across
+/// reconnections).
 pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
+    let identity = match file.processing_guarantee {
+        // Only transactional ids need the identity.
+        ProcessingGuarantee::AtLeastOnce => InstanceIdentity::for_process(),
+        ProcessingGuarantee::ExactlyOnce => instance_identity(file, base_dir)?,
+    };
+    connect_as(file, base_dir, &Arc::new(identity))
+}
+
+/// The identity of this process for `file`'s application: its state
+/// directory's instance slot, `TIDEMARK_INSTANCE_ID`, or one made for the
+/// process (see [`InstanceIdentity`]).
+pub fn instance_identity(file: &PipelineFile, base_dir: &Path) -> Result<InstanceIdentity> {
+    let state_dir = file.state_spec().map(|s| resolve(base_dir, &s.dir));
+    InstanceIdentity::acquire(&file.name, state_dir.as_deref())
+}
+
+/// [`connect`] as instance `identity`: its transactional ids derive from
+/// the identity, so instances of one file never share one. The query's
+/// transactions hold the identity (and so its state-directory slot) while
+/// they live.
+pub fn connect_as(
+    file: &PipelineFile,
+    base_dir: &Path,
+    identity: &Arc<InstanceIdentity>,
+) -> Result<Connected> {
     let src = &file.source;
     let source_bootstrap = src.bootstrap.clone().unwrap_or_else(default_bootstrap);
     let transactions = match file.processing_guarantee {
         ProcessingGuarantee::AtLeastOnce => None,
         ProcessingGuarantee::ExactlyOnce => {
-            // Stable per instance: a restarted instance fences the old one
-            // and aborts the transaction it left open.
-            let instance = std::env::var("TIDEMARK_INSTANCE_ID").unwrap_or_else(|_| "0".into());
-            Some(SharedTransactions::new(
+            // Stable per instance: a restarted instance takes its slot's id
+            // back, fences the old process and aborts what it left open.
+            Some(SharedTransactions::for_instance(
                 &source_bootstrap,
-                &format!("{}-{instance}", file.name),
+                &file.name,
+                identity.clone(),
             )?)
         }
     };

@@ -6,9 +6,13 @@ pub mod avro;
 pub mod delta;
 pub mod files;
 mod from_pipeline;
+pub mod instance;
 pub mod kafka;
 mod standby;
 pub mod state_backend;
 
-pub use from_pipeline::{connect, ensure_repartition_topic, join_needs_repartition, Connected};
+pub use from_pipeline::{
+    connect, connect_as, ensure_repartition_topic, instance_identity, join_needs_repartition,
+    Connected,
+};
 pub use state_backend::split_memory_budget;

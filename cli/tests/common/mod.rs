@@ -206,3 +206,17 @@ pub fn tidemark_describe(file: &std::path::Path) -> String {
     );
     String::from_utf8_lossy(&out.stdout).to_string()
 }
+
+/// Runs `scripts/kafka.sh <command>` (start, stop, status); whether it
+/// succeeded.
+pub fn kafka_script(command: &str) -> bool {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka.sh");
+    std::process::Command::new("bash")
+        .arg(script)
+        .arg(command)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}

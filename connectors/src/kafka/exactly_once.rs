@@ -10,6 +10,7 @@
 //! last committed offsets.
 
 use super::sink::{send_with_backpressure, DeliveryTracker};
+use crate::instance::InstanceIdentity;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::ToBytes;
@@ -27,6 +28,9 @@ pub struct Transactions {
     producer: ThreadedProducer<DeliveryTracker>,
     tracker: DeliveryTracker,
     open: bool,
+    /// The instance whose transactional id this is, held so that its
+    /// state-directory slot stays taken while the producer lives.
+    _identity: Option<Arc<InstanceIdentity>>,
 }
 
 /// A cheap handle on [`Transactions`].
@@ -38,6 +42,26 @@ impl SharedTransactions {
     /// instance, so that a restarted instance fences its predecessor at
     /// once and aborts what it left open).
     pub fn new(bootstrap: &str, transactional_id: &str) -> Result<Self> {
+        Self::create(bootstrap, transactional_id, None)
+    }
+
+    /// A transactional producer for `stage` (a query's name) as instance
+    /// `identity`: its transactional id is `<stage>-<instance id>`, so no
+    /// two live instances share one.
+    pub fn for_instance(
+        bootstrap: &str,
+        stage: &str,
+        identity: Arc<InstanceIdentity>,
+    ) -> Result<Self> {
+        let transactional_id = identity.transactional_id(stage);
+        Self::create(bootstrap, &transactional_id, Some(identity))
+    }
+
+    fn create(
+        bootstrap: &str,
+        transactional_id: &str,
+        identity: Option<Arc<InstanceIdentity>>,
+    ) -> Result<Self> {
         let tracker = DeliveryTracker::default();
         let producer: ThreadedProducer<DeliveryTracker> = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
@@ -62,6 +86,7 @@ impl SharedTransactions {
             producer,
             tracker,
             open: false,
+            _identity: identity,
         }))))
     }
 
