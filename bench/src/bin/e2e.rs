@@ -4,14 +4,21 @@
 //!    of about `--value-bytes` bytes (10% with a negative amount);
 //! 2. measures the raw consume rate of a plain rdkafka `BaseConsumer` (fresh
 //!    group, earliest) reading every record and touching each payload;
-//! 3. measures tidemark's Kafka → JSON decode → `filter amount >= 0` → Kafka
-//!    (JSON) pipeline on the same topic, available-now, and checks that the
-//!    output topic holds exactly the 90% of records that pass;
-//! 4. prints a markdown table (and writes JSON with `--json PATH`).
+//! 3. measures tidemark's pipeline on the same topic, available-now:
+//!    `--pipeline filter` (default) is Kafka → JSON decode → the filter
+//!    `amount >= 0` → Kafka (JSON), checked to write exactly the 90% of
+//!    records that pass; `--pipeline window` is a 5-minute tumbling count
+//!    and sum of `amount` per `id` in update mode, checked by the latest
+//!    row of every window adding up to every input record;
+//! 4. with `--kafka-streams JAR` (built by `bench/peers/build.sh`), runs
+//!    Kafka Streams on the same topic with the same pipeline, checked the
+//!    same way, and reports tidemark / Kafka Streams;
+//! 5. prints a markdown table (and writes JSON with `--json PATH`).
 //!
 //! ```text
 //! cargo run -p tidemark-bench --bin e2e -- --records 300000
-//! cargo run -p tidemark-bench --release --bin e2e -- --records 1000000 --json results.json
+//! cargo run -p tidemark-bench --bin e2e -- --records 2000000 --pipeline window \
+//!     --kafka-streams "$(bench/peers/build.sh)"
 //! ```
 
 use anyhow::{bail, ensure, Context};
@@ -72,7 +79,41 @@ struct Args {
     /// Keep the input and output topics instead of deleting them at the end.
     #[arg(long)]
     keep_topics: bool,
+    /// The pipeline both engines run.
+    #[arg(long, value_enum, default_value_t = PipelineKind::Filter)]
+    pipeline: PipelineKind,
+    /// The Kafka Streams peer's jar (`bench/peers/build.sh` prints its
+    /// path): runs the same pipeline on the same topic, side by side.
+    #[arg(long)]
+    kafka_streams: Option<PathBuf>,
 }
+
+/// The benchmarked pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PipelineKind {
+    /// Stateless: decode, `amount >= 0`, encode.
+    Filter,
+    /// 5-minute tumbling count and sum of `amount` per `id`, update mode.
+    Window,
+}
+
+impl PipelineKind {
+    fn name(self) -> &'static str {
+        match self {
+            PipelineKind::Filter => "filter",
+            PipelineKind::Window => "window",
+        }
+    }
+}
+
+/// Times of the Kafka Streams peer.
+struct PeerResult {
+    records: u64,
+    seconds: f64,
+}
+
+/// The Kafka Streams version `bench/peers/kafka-streams/pom.xml` builds.
+const KAFKA_STREAMS_VERSION: &str = "4.4.0";
 
 /// Times of the raw consumer.
 struct RawResult {
@@ -163,21 +204,18 @@ fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
     raw_runs.sort_by_key(|r| r.elapsed);
 
     // 3. tidemark.
-    eprintln!("tidemark filter pipeline `{input}` -> `{output}` ...");
+    eprintln!(
+        "tidemark {} pipeline `{input}` -> `{output}` ...",
+        args.pipeline.name()
+    );
     let pipeline = tidemark_pipeline(args, input, output)?;
-    let expected = tidemark_bench::expected_kept(args.records);
     ensure!(
         pipeline.summary.input_records == args.records,
         "tidemark read {} records, expected {}",
         pipeline.summary.input_records,
         args.records
     );
-    ensure!(
-        pipeline.output_records == expected && pipeline.summary.output_rows == expected,
-        "output topic holds {} records and the query wrote {} rows; expected {expected}",
-        pipeline.output_records,
-        pipeline.summary.output_rows
-    );
+    check_output(args, output, "tidemark")?;
     eprintln!(
         "tidemark: {} in, {} out in {:.2} s",
         pipeline.summary.input_records,
@@ -185,8 +223,124 @@ fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
         pipeline.elapsed.as_secs_f64()
     );
 
-    // 4. Report.
-    report(args, produce_time, &raw_runs, &pipeline)
+    // 4. Kafka Streams on the same topic.
+    let peer = match &args.kafka_streams {
+        Some(jar) => Some(kafka_streams(args, jar, input)?),
+        None => None,
+    };
+
+    // 5. Report.
+    report(args, produce_time, &raw_runs, &pipeline, peer.as_ref())
+}
+
+/// Checks what `engine` wrote to `output`: the filter's 90%, or windows
+/// whose latest rows count every input record.
+fn check_output(args: &Args, output: &str, engine: &str) -> anyhow::Result<()> {
+    match args.pipeline {
+        PipelineKind::Filter => {
+            let expected = tidemark_bench::expected_kept(args.records);
+            let written = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+            ensure!(
+                written == expected,
+                "{engine}: `{output}` holds {written} records; expected {expected}"
+            );
+        }
+        PipelineKind::Window => {
+            let counted = latest_window_counts(args, output)?;
+            ensure!(
+                counted == args.records,
+                "{engine}: the latest rows of its windows count {counted} records; expected {}",
+                args.records
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Reads `output` whole and adds up the `count` of the latest row of each
+/// (`id`, `window_start`): rows are keyed by `id`, so one window's updates
+/// are in one partition, in order.
+fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
+    let total = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &args.bootstrap)
+        .set(
+            "group.id",
+            format!("bench-e2e-check-{}", uuid::Uuid::new_v4()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating the output reader")?;
+    consumer.subscribe(&[output])?;
+    let mut latest: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let (mut read, deadline) = (0u64, Instant::now() + Duration::from_secs(300));
+    while read < total {
+        ensure!(
+            Instant::now() < deadline,
+            "reading `{output}`: {read} of {total}"
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let message = message?;
+            read += 1;
+            let row: serde_json::Value =
+                serde_json::from_slice(message.payload().unwrap_or_default())?;
+            let window = (row["id"].to_string(), row["window_start"].to_string());
+            latest.insert(window, row["count"].as_u64().unwrap_or(0));
+        }
+    }
+    Ok(latest.values().sum())
+}
+
+/// Runs the Kafka Streams peer on `input` (at-least-once), into a topic of
+/// its own, and checks its output as tidemark's.
+fn kafka_streams(args: &Args, jar: &std::path::Path, input: &str) -> anyhow::Result<PeerResult> {
+    let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let output = format!("bench-e2e-ks-out-{run}");
+    ensure_topic(&args.bootstrap, &output, args.partitions)?;
+    eprintln!(
+        "Kafka Streams {} pipeline `{input}` -> `{output}` ...",
+        args.pipeline.name()
+    );
+    let out = std::process::Command::new("java")
+        .arg("-jar")
+        .arg(jar)
+        .args([
+            args.pipeline.name(),
+            &args.bootstrap,
+            input,
+            &output,
+            &format!("bench-e2e-ks-{run}"),
+            "at_least_once",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running java -jar (Java 17 and bench/peers/build.sh)")?;
+    ensure!(
+        out.status.success(),
+        "Kafka Streams peer failed: {:?}",
+        out.status
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("peer output: {}", String::from_utf8_lossy(&out.stdout)))?;
+    let result = PeerResult {
+        records: line["records"].as_u64().unwrap_or(0),
+        seconds: line["seconds"].as_f64().unwrap_or(0.0),
+    };
+    ensure!(
+        result.records == args.records,
+        "the peer saw {} records",
+        result.records
+    );
+    check_output(args, &output, "Kafka Streams")?;
+    if !args.keep_topics {
+        delete_topics(&args.bootstrap, &[&output])?;
+    }
+    eprintln!(
+        "Kafka Streams: {} records in {:.2} s",
+        result.records, result.seconds
+    );
+    Ok(result)
 }
 
 fn rate(records: u64, elapsed: Duration) -> f64 {
@@ -316,10 +470,15 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
             args.fetch_queue_backoff_ms.to_string(),
         )]),
     })?;
+    // Window rows are keyed by `id`, so one window's updates stay in order.
+    let key = match args.pipeline {
+        PipelineKind::Filter => vec![],
+        PipelineKind::Window => vec!["id".to_string()],
+    };
     let mut sink = KafkaSink::new(
         &args.bootstrap,
         output,
-        KeyColumns(vec![]),
+        KeyColumns(key),
         ValueFormat::Json,
         &BTreeMap::new(),
     )?;
@@ -328,9 +487,29 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         batch_ms: Histogram::new(3).context("histogram")?,
     }));
     let listener_stats = stats.clone();
-    let query = Query::builder("bench-e2e-filter")
-        .decoder(JsonDecoder::new(tidemark_bench::schema()))
-        .filter(tidemark_bench::FILTER)?
+    let builder = Query::builder("bench-e2e").decoder(JsonDecoder::new(tidemark_bench::schema()));
+    let builder = match args.pipeline {
+        PipelineKind::Filter => builder.filter(tidemark_bench::FILTER)?,
+        // Kafka Streams' windowed aggregation: every update written.
+        PipelineKind::Window => builder
+            .event_time("event_time")
+            .watermark("10 minutes")?
+            .window_aggregate(
+                ["id"],
+                WindowSpec::tumbling("5 minutes")?,
+                vec![
+                    AggregateSpec::new(AggregateFn::built_in("count")?, AggregateInput::Star)
+                        .alias("count"),
+                    AggregateSpec::new(
+                        AggregateFn::built_in("sum")?,
+                        AggregateInput::Column("amount".into()),
+                    )
+                    .alias("sum"),
+                ],
+            )
+            .output_mode(OutputMode::Update),
+    };
+    let query = builder
         .trigger(Trigger::AvailableNow)
         .max_records_per_batch(args.max_records_per_batch)
         .on_progress(move |p: &QueryProgress| {
@@ -362,6 +541,7 @@ fn report(
     produce_time: Duration,
     raw_runs: &[RawResult],
     pipeline: &PipelineResult,
+    peer: Option<&PeerResult>,
 ) -> anyhow::Result<()> {
     // `raw_runs` is sorted by time: report the median run.
     let raw = &raw_runs[raw_runs.len() / 2];
@@ -406,22 +586,40 @@ fn report(
         mb(raw.payload_bytes, raw.elapsed)
     );
     println!(
-        "| tidemark Kafka → decode → filter → Kafka | {} | {:.2} | {:.0} | {:.1} |",
+        "| tidemark Kafka → decode → {} → Kafka | {} | {:.2} | {:.0} | {:.1} |",
+        args.pipeline.name(),
         pipeline.summary.input_records,
         pipeline.elapsed.as_secs_f64(),
         tm_rate,
         mb(raw.payload_bytes, pipeline.elapsed)
     );
     println!("| **ratio tidemark / raw** | | | **{ratio:.3}** | |");
+    let peer_rate = peer.map(|p| p.records as f64 / p.seconds.max(1e-9));
+    if let (Some(p), Some(peer_rate)) = (peer, peer_rate) {
+        println!(
+            "| Kafka Streams {}, same pipeline, at_least_once | {} | {:.2} | {:.0} | |",
+            KAFKA_STREAMS_VERSION, p.records, p.seconds, peer_rate
+        );
+        println!(
+            "| **ratio tidemark / Kafka Streams** | | | **{:.2}** | |",
+            tm_rate / peer_rate
+        );
+    }
     println!();
-    println!(
-        "output: {} of {} records (expected {}, {:.1}%), verified from the output topic's end offsets; bad records: {}",
-        pipeline.output_records,
-        pipeline.summary.input_records,
-        tidemark_bench::expected_kept(args.records),
-        100.0 * pipeline.output_records as f64 / pipeline.summary.input_records.max(1) as f64,
-        pipeline.summary.bad_records
-    );
+    match args.pipeline {
+        PipelineKind::Filter => println!(
+            "output: {} of {} records (expected {}, {:.1}%), verified from the output topic's end offsets; bad records: {}",
+            pipeline.output_records,
+            pipeline.summary.input_records,
+            tidemark_bench::expected_kept(args.records),
+            100.0 * pipeline.output_records as f64 / pipeline.summary.input_records.max(1) as f64,
+            pipeline.summary.bad_records
+        ),
+        PipelineKind::Window => println!(
+            "output: {} window rows; the latest row of each window counts every input record (checked for both engines); bad records: {}",
+            pipeline.output_records, pipeline.summary.bad_records
+        ),
+    }
     println!(
         "raw consumer (median run): first record after {:.2} s (group join + first fetch), {:.0} records/s after it; all runs: {} s",
         raw.first_record_after.as_secs_f64(),
@@ -467,7 +665,7 @@ fn report(
                 "records_per_second_after_first_record": raw_steady_rate,
                 "runs_seconds": raw_seconds,
             },
-            "tidemark_filter_pipeline": {
+            "tidemark_pipeline": {
                 "input_records": pipeline.summary.input_records,
                 "output_records": pipeline.output_records,
                 "expected_output_records": tidemark_bench::expected_kept(args.records),
@@ -480,6 +678,14 @@ fn report(
                 "batch_ms_max": pipeline.batches.batch_ms.max(),
             },
             "ratio": ratio,
+            "pipeline": args.pipeline.name(),
+            "kafka_streams": peer.map(|p| serde_json::json!({
+                "version": KAFKA_STREAMS_VERSION,
+                "records": p.records,
+                "seconds": p.seconds,
+                "records_per_second": peer_rate,
+                "ratio_tidemark_to_kafka_streams": peer_rate.map(|r| tm_rate / r),
+            })),
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
