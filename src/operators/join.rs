@@ -287,6 +287,9 @@ pub struct StreamJoin {
     late_rows: Vec<Row>,
     rows_updated: u64,
     rows_removed: u64,
+    /// The first id given out in the current batch: rows from it on were
+    /// buffered by this batch.
+    batch_first_id: u64,
 }
 
 const FOREVER: TimestampMicros = TimestampMicros::MAX;
@@ -341,6 +344,7 @@ impl StreamJoin {
             late_rows: Vec::new(),
             rows_updated: 0,
             rows_removed: 0,
+            batch_first_id: 0,
         })
     }
 
@@ -691,7 +695,17 @@ impl StreamJoin {
             if self.store.is_some() {
                 self.changed.insert((side, id), None);
             }
-            self.rows_removed += 1;
+            // Spark 4 never stores a right row that its own batch evicts,
+            // unless it is an unmatched outer row: in its metrics such a row
+            // was neither updated nor removed.
+            let stored_by_spark = side == Side::Left
+                || removed.id < self.batch_first_id
+                || (keeps_unmatched && !removed.matched);
+            if stored_by_spark {
+                self.rows_removed += 1;
+            } else {
+                self.rows_updated = self.rows_updated.saturating_sub(1);
+            }
             if keeps_unmatched && !removed.matched {
                 out.push(self.unmatched(side, &removed.row));
             }
@@ -852,11 +866,11 @@ impl Operator for StreamJoin {
     }
 
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
-        if ctx.watermark <= 0 {
-            return Ok(());
+        if ctx.watermark > 0 {
+            self.evict(Side::Left, ctx.watermark, out);
+            self.evict(Side::Right, ctx.watermark, out);
         }
-        self.evict(Side::Left, ctx.watermark, out);
-        self.evict(Side::Right, ctx.watermark, out);
+        self.batch_first_id = self.next_id;
         Ok(())
     }
 
@@ -892,6 +906,7 @@ impl Operator for StreamJoin {
             self.remember_columns(side, &buffered.row);
             self.insert(side, &join_key, buffered);
         }
+        self.batch_first_id = self.next_id;
         self.store = Some(store);
         Ok(())
     }
@@ -1037,6 +1052,13 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].get("ct"), Some(&Value::Timestamp(150 * MIN)));
         assert_eq!(join.state[0].len + join.state[1].len, 0);
+        // As Spark counts it: the impression was stored and removed; the
+        // click, matched and evicted by its own batch, never stored.
+        let progress = join.state_progress().unwrap();
+        assert_eq!(
+            (progress.num_rows_updated, progress.num_rows_removed),
+            (1, 1)
+        );
     }
 
     #[test]
