@@ -86,6 +86,20 @@ struct Args {
     /// path): runs the same pipeline on the same topic, side by side.
     #[arg(long)]
     kafka_streams: Option<PathBuf>,
+    /// Where tidemark's window state lives: `rocksdb` (with a changelog
+    /// topic, as Kafka Streams keeps it; run as `tidemark run` runs a
+    /// pipeline file) or `memory`.
+    #[arg(long, value_enum, default_value_t = StateKind::Rocksdb)]
+    state: StateKind,
+}
+
+/// Where the window pipeline's state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StateKind {
+    /// RocksDB under a temporary directory, with a changelog topic.
+    Rocksdb,
+    /// In the operator's memory, no changelog.
+    Memory,
 }
 
 /// The benchmarked pipeline.
@@ -458,8 +472,96 @@ fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
     })
 }
 
-/// Runs KafkaSource → JsonDecoder → filter → KafkaSink (JSON), available-now.
+/// The window pipeline as a pipeline file, with RocksDB state and a
+/// changelog: what `tidemark run` would run.
+fn window_pipeline_file(
+    args: &Args,
+    input: &str,
+    output: &str,
+    state_dir: &std::path::Path,
+) -> String {
+    format!(
+        r#"name: bench-e2e-{run}
+source:
+  kind: kafka
+  bootstrap: "{bootstrap}"
+  topic: {input}
+  keyed_by: [id]
+  schema: {{event_time: timestamp, id: string, amount: double}}
+  properties: {{fetch.queue.backoff.ms: "{backoff}"}}
+event_time: event_time
+watermark: 10 minutes
+steps:
+  - window_aggregate:
+      keys: [id]
+      window: {{tumbling: 5 minutes}}
+      aggregates: [{{fn: count, as: count}}, {{fn: sum, column: amount, as: sum}}]
+output_mode: update
+trigger: available_now
+max_records_per_batch: {batch}
+sink: {{kind: kafka, bootstrap: "{bootstrap}", topic: {output}, key: [id]}}
+state: {{dir: "{dir}", changelog: true}}
+"#,
+        run = uuid::Uuid::new_v4().simple(),
+        bootstrap = args.bootstrap,
+        backoff = args.fetch_queue_backoff_ms,
+        batch = args.max_records_per_batch,
+        dir = state_dir.display(),
+    )
+}
+
+/// The progress listener that sums phases and batch times into `stats`.
+fn collect_stats(stats: Arc<Mutex<BatchStats>>) -> impl Fn(&QueryProgress) + Send + 'static {
+    move |p: &QueryProgress| {
+        let mut stats = stats.lock().unwrap_or_else(|e| e.into_inner());
+        for (phase, ms) in &p.duration_ms {
+            *stats.phases_ms.entry(phase.clone()).or_default() += ms;
+        }
+        if let Some(ms) = p.duration_ms.get("triggerExecution") {
+            // Saturates rather than fails on an out-of-range value.
+            stats.batch_ms.saturating_record(*ms);
+        }
+    }
+}
+
+/// Runs the window pipeline file through `connect`, as `tidemark run`
+/// does: RocksDB state, changelog, Kafka sink.
+fn tidemark_file_pipeline(
+    args: &Args,
+    input: &str,
+    output: &str,
+) -> anyhow::Result<PipelineResult> {
+    let dir = tempfile::tempdir()?;
+    let text = window_pipeline_file(args, input, output, &dir.path().join("state"));
+    let file = tidemark::pipeline::PipelineFile::parse(&text)
+        .map_err(|e| anyhow::anyhow!("the window pipeline file: {e}"))?;
+    let connected = tidemark_connectors::connect(&file, dir.path())?;
+    let (builder, mut source, mut sink) = connected.wire(file.query_builder()?);
+    let stats = Arc::new(Mutex::new(BatchStats {
+        phases_ms: BTreeMap::new(),
+        batch_ms: Histogram::new(3).context("histogram")?,
+    }));
+    let query = builder.on_progress(collect_stats(stats.clone())).build()?;
+    let start = Instant::now();
+    let summary = query.run(source.as_mut(), sink.as_mut())?;
+    let elapsed = start.elapsed();
+    drop(sink);
+    let output_records = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+    let batches = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(PipelineResult {
+        summary,
+        elapsed,
+        output_records,
+        batches,
+    })
+}
+
+/// Runs KafkaSource → JsonDecoder → filter (or the in-memory window) →
+/// KafkaSink (JSON), available-now.
 fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<PipelineResult> {
+    if args.pipeline == PipelineKind::Window && args.state == StateKind::Rocksdb {
+        return tidemark_file_pipeline(args, input, output);
+    }
     let mut source = KafkaSource::new(KafkaSourceConfig {
         bootstrap: args.bootstrap.clone(),
         topics: vec![input.to_string()],
@@ -486,7 +588,6 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         phases_ms: BTreeMap::new(),
         batch_ms: Histogram::new(3).context("histogram")?,
     }));
-    let listener_stats = stats.clone();
     let builder = Query::builder("bench-e2e").decoder(JsonDecoder::new(tidemark_bench::schema()));
     let builder = match args.pipeline {
         PipelineKind::Filter => builder.filter(tidemark_bench::FILTER)?,
@@ -512,16 +613,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
     let query = builder
         .trigger(Trigger::AvailableNow)
         .max_records_per_batch(args.max_records_per_batch)
-        .on_progress(move |p: &QueryProgress| {
-            let mut stats = listener_stats.lock().unwrap_or_else(|e| e.into_inner());
-            for (phase, ms) in &p.duration_ms {
-                *stats.phases_ms.entry(phase.clone()).or_default() += ms;
-            }
-            if let Some(ms) = p.duration_ms.get("triggerExecution") {
-                // Saturates rather than fails on an out-of-range value.
-                stats.batch_ms.saturating_record(*ms);
-            }
-        })
+        .on_progress(collect_stats(stats.clone()))
         .build()?;
     let start = Instant::now();
     let summary = query.run(&mut source, &mut sink)?;
@@ -586,8 +678,13 @@ fn report(
         mb(raw.payload_bytes, raw.elapsed)
     );
     println!(
-        "| tidemark Kafka → decode → {} → Kafka | {} | {:.2} | {:.0} | {:.1} |",
+        "| tidemark Kafka → decode → {}{} → Kafka | {} | {:.2} | {:.0} | {:.1} |",
         args.pipeline.name(),
+        match (args.pipeline, args.state) {
+            (PipelineKind::Window, StateKind::Rocksdb) => " (RocksDB + changelog)",
+            (PipelineKind::Window, StateKind::Memory) => " (state in memory)",
+            _ => "",
+        },
         pipeline.summary.input_records,
         pipeline.elapsed.as_secs_f64(),
         tm_rate,
