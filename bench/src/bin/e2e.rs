@@ -9,7 +9,9 @@
 //!    `amount >= 0` → Kafka (JSON), checked to write exactly the 90% of
 //!    records that pass; `--pipeline window` is a 5-minute tumbling count
 //!    and sum of `amount` per `id` in update mode, checked by the latest
-//!    row of every window adding up to every input record;
+//!    row of every window adding up to every input record (run from a
+//!    pipeline file with RocksDB state and a changelog, as `tidemark run`
+//!    runs it; `--state memory` keeps the windows in memory);
 //! 4. with `--kafka-streams JAR` (built by `bench/peers/build.sh`), runs
 //!    Kafka Streams on the same topic with the same pipeline, checked the
 //!    same way, and reports tidemark / Kafka Streams;
