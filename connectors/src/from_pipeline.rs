@@ -120,98 +120,9 @@ pub fn connect_as(
             )?)
         }
     };
-    let joined = file.joined_inputs();
-    let source: Box<dyn Source> = match src.kind {
-        SourceKind::Files => {
-            let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
-            match joined.first() {
-                None => Box::new(FilesSource::new(dir)?),
-                Some(_) if src.topic.is_none() => {
-                    return Err(tidemark::error::Error::config(
-                        "source.topic",
-                        "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
-                    ))
-                }
-                Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
-            }
-        }
-        SourceKind::Kafka => {
-            let mut properties = src.properties.clone();
-            if !joined.is_empty() {
-                check_co_partitioned(&source_bootstrap, &file.input_topics())?;
-                // Partition n of every topic to the same instance: the
-                // range assignor splits each topic alike.
-                properties
-                    .entry("partition.assignment.strategy".into())
-                    .or_insert_with(|| "range".into());
-            }
-            // Static membership: an instance restarted within the session
-            // timeout gets its partitions back without a rebalance.
-            if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
-                properties
-                    .entry("group.instance.id".into())
-                    .or_insert_with(|| format!("{}-{instance}", file.name));
-            }
-            let source = KafkaSource::new(KafkaSourceConfig {
-                bootstrap: source_bootstrap.clone(),
-                topics: file.input_topics(),
-                group: src.group.clone().unwrap_or_else(|| file.name.clone()),
-                earliest: src.starting_offsets != Some(StartingOffsets::Latest),
-                properties,
-            })?;
-            match &transactions {
-                Some(t) => Box::new(source.with_transactions(t.clone())),
-                None => Box::new(source),
-            }
-        }
-    };
-    let decoder: Box<dyn Decoder> = match src.format {
-        Format::Json => Box::new(JsonDecoder::new(file.schema())),
-        Format::Avro => {
-            let mut schemas = std::collections::HashMap::new();
-            for (id, path) in &src.avro_schemas {
-                schemas.insert(*id, read_schema_file(&resolve(base_dir, path))?);
-            }
-            Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
-        }
-    };
-    let global_tables = file.global_tables();
-    let decoder: Box<dyn Decoder> = match src.format {
-        Format::Json if !joined.is_empty() || !global_tables.is_empty() => {
-            let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
-            let topics = joined
-                .iter()
-                .map(|j| (j.topics, j.schema))
-                .chain(global_tables.iter().map(|(_, t, s)| (*t, *s)));
-            for (list, schema) in topics {
-                for topic in &list.0 {
-                    by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(schema.0.clone())));
-                }
-            }
-            Box::new(by_topic)
-        }
-        _ => decoder,
-    };
-    let mut table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)> = Vec::new();
-    for (name, topics, _) in &global_tables {
-        let [topic] = topics.0.as_slice() else {
-            return Err(tidemark::error::Error::config(
-                "table_join.topic",
-                "a global table reads one topic",
-            ));
-        };
-        let feed: Box<dyn tidemark::runtime::TableFeed> = match src.kind {
-            SourceKind::Kafka => Box::new(crate::kafka::KafkaTableFeed::new(
-                &source_bootstrap,
-                topic,
-                &BTreeMap::new(),
-            )?),
-            SourceKind::Files => Box::new(crate::files::FilesTableFeed::new(
-                resolve(base_dir, src.path.as_deref().unwrap_or(".")).join(topic),
-            )?),
-        };
-        table_feeds.push((name.clone(), feed));
-    }
+    let source = build_source(file, base_dir, &source_bootstrap, transactions.as_ref())?;
+    let decoder = build_decoder(file, base_dir)?;
+    let table_feeds = build_table_feeds(file, base_dir, &source_bootstrap)?;
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
     let sink = if file.sink.repartition_markers {
         repartition_sink(file, &source_bootstrap, transactions.as_ref())?
@@ -236,9 +147,151 @@ pub fn connect_as(
         )?),
         None => None,
     };
-    let dead_letter: Box<dyn DeadLetter> = match (&file.dead_letter, src.kind) {
+    let dead_letter = build_dead_letter(file, base_dir, &source_bootstrap)?;
+    let state_backend =
+        build_state_backend(file, base_dir, &source_bootstrap, transactions.as_ref())?;
+    Ok(Connected {
+        table_feeds,
+        source,
+        sink,
+        decoder,
+        dead_letter,
+        late_data,
+        state_backend,
+    })
+}
+
+/// The source `file` reads: a directory of batch files or Kafka topics
+/// (joined streams' topics too), in `transactions` under exactly-once.
+fn build_source(
+    file: &PipelineFile,
+    base_dir: &Path,
+    source_bootstrap: &str,
+    transactions: Option<&SharedTransactions>,
+) -> Result<Box<dyn Source>> {
+    let src = &file.source;
+    let joined = file.joined_inputs();
+    Ok(match src.kind {
+        SourceKind::Files => {
+            let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
+            match joined.first() {
+                None => Box::new(FilesSource::new(dir)?),
+                Some(_) if src.topic.is_none() => {
+                    return Err(tidemark::error::Error::config(
+                        "source.topic",
+                        "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
+                    ))
+                }
+                Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
+            }
+        }
+        SourceKind::Kafka => {
+            let mut properties = src.properties.clone();
+            if !joined.is_empty() {
+                check_co_partitioned(source_bootstrap, &file.input_topics())?;
+                // Partition n of every topic to the same instance: the
+                // range assignor splits each topic alike.
+                properties
+                    .entry("partition.assignment.strategy".into())
+                    .or_insert_with(|| "range".into());
+            }
+            // Static membership: an instance restarted within the session
+            // timeout gets its partitions back without a rebalance.
+            if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
+                properties
+                    .entry("group.instance.id".into())
+                    .or_insert_with(|| format!("{}-{instance}", file.name));
+            }
+            let source = KafkaSource::new(KafkaSourceConfig {
+                bootstrap: source_bootstrap.to_string(),
+                topics: file.input_topics(),
+                group: src.group.clone().unwrap_or_else(|| file.name.clone()),
+                earliest: src.starting_offsets != Some(StartingOffsets::Latest),
+                properties,
+            })?;
+            match transactions {
+                Some(t) => Box::new(source.with_transactions(t.clone())),
+                None => Box::new(source),
+            }
+        }
+    })
+}
+
+/// The decoder of the source's format; with joins or global tables, one
+/// per topic.
+fn build_decoder(file: &PipelineFile, base_dir: &Path) -> Result<Box<dyn Decoder>> {
+    let src = &file.source;
+    let joined = file.joined_inputs();
+    let decoder: Box<dyn Decoder> = match src.format {
+        Format::Json => Box::new(JsonDecoder::new(file.schema())),
+        Format::Avro => {
+            let mut schemas = std::collections::HashMap::new();
+            for (id, path) in &src.avro_schemas {
+                schemas.insert(*id, read_schema_file(&resolve(base_dir, path))?);
+            }
+            Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
+        }
+    };
+    let global_tables = file.global_tables();
+    Ok(match src.format {
+        Format::Json if !joined.is_empty() || !global_tables.is_empty() => {
+            let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
+            let topics = joined
+                .iter()
+                .map(|j| (j.topics, j.schema))
+                .chain(global_tables.iter().map(|(_, t, s)| (*t, *s)));
+            for (list, schema) in topics {
+                for topic in &list.0 {
+                    by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(schema.0.clone())));
+                }
+            }
+            Box::new(by_topic)
+        }
+        _ => decoder,
+    })
+}
+
+/// The feeds of the global tables, by table name.
+fn build_table_feeds(
+    file: &PipelineFile,
+    base_dir: &Path,
+    source_bootstrap: &str,
+) -> Result<Vec<(String, Box<dyn tidemark::runtime::TableFeed>)>> {
+    let src = &file.source;
+    let global_tables = file.global_tables();
+    let mut table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)> = Vec::new();
+    for (name, topics, _) in &global_tables {
+        let [topic] = topics.0.as_slice() else {
+            return Err(tidemark::error::Error::config(
+                "table_join.topic",
+                "a global table reads one topic",
+            ));
+        };
+        let feed: Box<dyn tidemark::runtime::TableFeed> = match src.kind {
+            SourceKind::Kafka => Box::new(crate::kafka::KafkaTableFeed::new(
+                source_bootstrap,
+                topic,
+                &BTreeMap::new(),
+            )?),
+            SourceKind::Files => Box::new(crate::files::FilesTableFeed::new(
+                resolve(base_dir, src.path.as_deref().unwrap_or(".")).join(topic),
+            )?),
+        };
+        table_feeds.push((name.clone(), feed));
+    }
+    Ok(table_feeds)
+}
+
+/// Where bad records go: the configured output, or by default a
+/// `<name>-dlq` topic (Kafka) or `<name>.dead-letter.jsonl` file.
+fn build_dead_letter(
+    file: &PipelineFile,
+    base_dir: &Path,
+    source_bootstrap: &str,
+) -> Result<Box<dyn DeadLetter>> {
+    Ok(match (&file.dead_letter, file.source.kind) {
         (Some(d), _) if d.kind == DeadLetterKind::Kafka => Box::new(KafkaDeadLetter::new(
-            &source_bootstrap,
+            source_bootstrap,
             d.topic.as_deref().unwrap_or_default(),
         )?),
         (Some(d), _) => Box::new(FileDeadLetter::new(resolve(
@@ -246,14 +299,24 @@ pub fn connect_as(
             d.path.as_deref().unwrap_or_default(),
         ))),
         (None, SourceKind::Kafka) => Box::new(KafkaDeadLetter::new(
-            &source_bootstrap,
+            source_bootstrap,
             &format!("{}-dlq", file.name),
         )?),
         (None, SourceKind::Files) => Box::new(FileDeadLetter::new(
             base_dir.join(format!("{}.dead-letter.jsonl", file.name)),
         )),
-    };
-    let state_backend: Option<Box<dyn StateBackend>> = match &file.state_spec() {
+    })
+}
+
+/// RocksDB state with its changelog, when the file asks for state.
+fn build_state_backend(
+    file: &PipelineFile,
+    base_dir: &Path,
+    source_bootstrap: &str,
+    transactions: Option<&SharedTransactions>,
+) -> Result<Option<Box<dyn StateBackend>>> {
+    let src = &file.source;
+    Ok(match &file.state_spec() {
         None => None,
         Some(spec) => {
             let changelog = match spec.changelog.unwrap_or(src.kind == SourceKind::Kafka) {
@@ -263,12 +326,12 @@ pub fn connect_as(
                     let mut partitions = 1;
                     for topic in &topics {
                         partitions = partitions.max(crate::state_backend::partition_count(
-                            &source_bootstrap,
+                            source_bootstrap,
                             topic,
                         )?);
                     }
                     Some(crate::state_backend::ChangelogConfig {
-                        bootstrap: source_bootstrap.clone(),
+                        bootstrap: source_bootstrap.to_string(),
                         partitions,
                         replication: spec.replication,
                     })
@@ -287,20 +350,11 @@ pub fn connect_as(
                 changelog,
             )?
             .with_standby_replicas(spec.num_standby_replicas)?;
-            Some(Box::new(match &transactions {
+            Some(Box::new(match transactions {
                 Some(t) => backend.with_transactions(t.clone()),
                 None => backend,
             }))
         }
-    };
-    Ok(Connected {
-        table_feeds,
-        source,
-        sink,
-        decoder,
-        dead_letter,
-        late_data,
-        state_backend,
     })
 }
 

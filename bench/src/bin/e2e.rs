@@ -741,55 +741,89 @@ fn report(
     );
 
     if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "records": args.records,
-            "partitions": args.partitions,
-            "value_bytes_avg": avg_value,
-            "bootstrap": args.bootstrap,
-            "profile": profile,
-            "cpus": cpus,
-            "cpu_model": cpu_model,
-            "librdkafka": librdkafka,
-            "max_records_per_batch": args.max_records_per_batch,
-            "fetch_queue_backoff_ms": args.fetch_queue_backoff_ms,
-            "produce": {
-                "seconds": produce_time.as_secs_f64(),
-                "records_per_second": rate(args.records, produce_time),
-            },
-            "raw_consume": {
-                "records": raw.records,
-                "seconds": raw.elapsed.as_secs_f64(),
-                "records_per_second": raw_rate,
-                "first_record_seconds": raw.first_record_after.as_secs_f64(),
-                "records_per_second_after_first_record": raw_steady_rate,
-                "runs_seconds": raw_seconds,
-            },
-            "tidemark_pipeline": {
-                "input_records": pipeline.summary.input_records,
-                "output_records": pipeline.output_records,
-                "expected_output_records": tidemark_bench::expected_kept(args.records),
-                "bad_records": pipeline.summary.bad_records,
-                "batches": pipeline.summary.batches,
-                "seconds": pipeline.elapsed.as_secs_f64(),
-                "records_per_second": tm_rate,
-                "phases_ms": pipeline.batches.phases_ms,
-                "batch_ms_p50": pipeline.batches.batch_ms.value_at_quantile(0.5),
-                "batch_ms_max": pipeline.batches.batch_ms.max(),
-            },
-            "ratio": ratio,
-            "pipeline": args.pipeline.name(),
-            "kafka_streams": peer.map(|p| serde_json::json!({
-                "version": KAFKA_STREAMS_VERSION,
-                "records": p.records,
-                "seconds": p.seconds,
-                "records_per_second": peer_rate,
-                "ratio_tidemark_to_kafka_streams": peer_rate.map(|r| tm_rate / r),
-            })),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        let rates = Rates {
+            raw: raw_rate,
+            raw_steady: raw_steady_rate,
+            tidemark: tm_rate,
+            peer: peer_rate,
+        };
+        write_json(path, args, produce_time, raw_runs, pipeline, peer, &rates)?;
     }
+    Ok(())
+}
+
+/// The rates `report` computed, for the JSON results.
+struct Rates {
+    raw: f64,
+    raw_steady: f64,
+    tidemark: f64,
+    peer: Option<f64>,
+}
+
+/// Writes the results as JSON to `path`.
+fn write_json(
+    path: &std::path::Path,
+    args: &Args,
+    produce_time: Duration,
+    raw_runs: &[RawResult],
+    pipeline: &PipelineResult,
+    peer: Option<&PeerResult>,
+    rates: &Rates,
+) -> anyhow::Result<()> {
+    let raw = &raw_runs[raw_runs.len() / 2];
+    let raw_seconds: Vec<f64> = raw_runs.iter().map(|r| r.elapsed.as_secs_f64()).collect();
+    let (raw_rate, raw_steady_rate, tm_rate, peer_rate) =
+        (rates.raw, rates.raw_steady, rates.tidemark, rates.peer);
+    let ratio = tm_rate / raw_rate;
+    let avg_value = raw.payload_bytes as f64 / raw.records.max(1) as f64;
+    let json = serde_json::json!({
+        "records": args.records,
+        "partitions": args.partitions,
+        "value_bytes_avg": avg_value,
+        "bootstrap": args.bootstrap,
+        "profile": tidemark_bench::profile(),
+        "cpus": tidemark_bench::cpus(),
+        "cpu_model": tidemark_bench::cpu_model().unwrap_or_else(|| "unknown".into()),
+        "librdkafka": rdkafka::util::get_rdkafka_version().1,
+        "max_records_per_batch": args.max_records_per_batch,
+        "fetch_queue_backoff_ms": args.fetch_queue_backoff_ms,
+        "produce": {
+            "seconds": produce_time.as_secs_f64(),
+            "records_per_second": rate(args.records, produce_time),
+        },
+        "raw_consume": {
+            "records": raw.records,
+            "seconds": raw.elapsed.as_secs_f64(),
+            "records_per_second": raw_rate,
+            "first_record_seconds": raw.first_record_after.as_secs_f64(),
+            "records_per_second_after_first_record": raw_steady_rate,
+            "runs_seconds": raw_seconds,
+        },
+        "tidemark_pipeline": {
+            "input_records": pipeline.summary.input_records,
+            "output_records": pipeline.output_records,
+            "expected_output_records": tidemark_bench::expected_kept(args.records),
+            "bad_records": pipeline.summary.bad_records,
+            "batches": pipeline.summary.batches,
+            "seconds": pipeline.elapsed.as_secs_f64(),
+            "records_per_second": tm_rate,
+            "phases_ms": pipeline.batches.phases_ms,
+            "batch_ms_p50": pipeline.batches.batch_ms.value_at_quantile(0.5),
+            "batch_ms_max": pipeline.batches.batch_ms.max(),
+        },
+        "ratio": ratio,
+        "pipeline": args.pipeline.name(),
+        "kafka_streams": peer.map(|p| serde_json::json!({
+            "version": KAFKA_STREAMS_VERSION,
+            "records": p.records,
+            "seconds": p.seconds,
+            "records_per_second": peer_rate,
+            "ratio_tidemark_to_kafka_streams": peer_rate.map(|r| tm_rate / r),
+        })),
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }
 
