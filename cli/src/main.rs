@@ -187,14 +187,7 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let base = path.parent().unwrap_or(Path::new("."));
     // One identity for the process, kept across restarts of its stages:
     // every stage's transactional id derives from it.
-    let identity = std::sync::Arc::new(match file.processing_guarantee {
-        tidemark::pipeline::ProcessingGuarantee::ExactlyOnce => {
-            tidemark_connectors::instance_identity(&file, base)?
-        }
-        tidemark::pipeline::ProcessingGuarantee::AtLeastOnce => {
-            tidemark_connectors::instance::InstanceIdentity::for_process()
-        }
-    });
+    let identity = std::sync::Arc::new(tidemark_connectors::instance_identity(&file, base)?);
     tracing::info!(instance = identity.id(), origin = ?identity.origin(), "instance identity");
     let stop = tidemark::runtime::StopHandle::default();
     let on_ctrl_c = stop.clone();

@@ -81,18 +81,21 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
 /// acquired for this connection (see [`connect_as`] to keep one across
 /// reconnections).
 pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
-    let identity = match file.processing_guarantee {
-        // Only transactional ids need the identity.
-        ProcessingGuarantee::AtLeastOnce => InstanceIdentity::for_process(),
-        ProcessingGuarantee::ExactlyOnce => instance_identity(file, base_dir)?,
-    };
-    connect_as(file, base_dir, &Arc::new(identity))
+    connect_as(
+        file,
+        base_dir,
+        &Arc::new(instance_identity(file, base_dir)?),
+    )
 }
 
-/// The identity of this process for `file`'s application: its state
-/// directory's instance slot, `TIDEMARK_INSTANCE_ID`, or one made for the
-/// process (see [`InstanceIdentity`]).
+/// The identity of this process for `file`'s application: under
+/// `exactly_once`, its state directory's instance slot, `TIDEMARK_INSTANCE_ID`
+/// or one made for the process (see [`InstanceIdentity`]); otherwise, where
+/// only transactional ids would need it, one made for the process.
 pub fn instance_identity(file: &PipelineFile, base_dir: &Path) -> Result<InstanceIdentity> {
+    if file.processing_guarantee == ProcessingGuarantee::AtLeastOnce {
+        return Ok(InstanceIdentity::for_process());
+    }
     let state_dir = file.state_spec().map(|s| resolve(base_dir, &s.dir));
     InstanceIdentity::acquire(&file.name, state_dir.as_deref())
 }

@@ -19,7 +19,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tidemark::error::{Error, Result};
 
 /// The environment variable that names an instance explicitly.
@@ -133,7 +133,7 @@ impl InstanceIdentity {
 
 /// The id stored in `path`, written there first if the slot is new (only
 /// the slot's lock holder gets here, so there is no race).
-fn stored_id(path: &PathBuf) -> Result<String> {
+fn stored_id(path: &Path) -> Result<String> {
     if let Ok(text) = std::fs::read_to_string(path) {
         let id = text.trim();
         if !id.is_empty() {
