@@ -2,9 +2,14 @@
 //! trigger loop that runs a [`Query`].
 
 mod builder;
+mod commit;
+mod inputs;
 mod markers;
 mod query;
+mod reporter;
+mod router;
 mod task;
+mod task_manager;
 pub mod testing;
 
 pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};

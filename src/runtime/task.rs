@@ -1,12 +1,83 @@
 //! Tasks: the operator chain of one partition, its side chains and
 //! watermark, and the restore of its state.
 
+use super::builder::QueryBuilder;
+use super::StateBackend;
 use crate::error::{Error, Result};
 use crate::operators::{BatchContext, Operator};
 use crate::row::Row;
 use crate::time::TimestampMicros;
 use crate::watermark::WatermarkTracker;
 use std::time::Duration;
+
+/// The operators of a task for `partition`; with a state backend, each
+/// stateful operator gets its store (`op<index>`), restored when the
+/// pending task runs.
+pub(super) fn pending_task(
+    builder: &QueryBuilder,
+    partition: i32,
+    backend: Option<&mut (dyn StateBackend + 'static)>,
+) -> Result<PendingTask> {
+    let operators: Vec<Box<dyn Operator>> = builder
+        .steps
+        .iter()
+        .map(|f| f(builder.output_mode))
+        .collect();
+    let mut stores = Vec::new();
+    let mut cache_bytes = None;
+    if let Some(backend) = backend {
+        cache_bytes = backend.cache_bytes();
+        for (index, op) in operators.iter().enumerate() {
+            if op.is_stateful() {
+                stores.push((
+                    index,
+                    backend.open_deferred(partition, &format!("op{index}"))?,
+                ));
+            }
+        }
+    }
+    Ok(PendingTask {
+        operators,
+        stores,
+        cache_bytes,
+    })
+}
+
+/// A task around restored operators: their side chains and watermark.
+pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>) -> Task {
+    let side_chains = builder
+        .side_inputs
+        .iter()
+        .map(|side| SideChain {
+            input: side.input,
+            join_at: side.join_at,
+            operators: side
+                .stream
+                .steps
+                .iter()
+                .map(|f| f(builder.output_mode))
+                .collect(),
+        })
+        .collect();
+    Task {
+        operators,
+        side_chains,
+        watermark: builder.watermark.map(|d| {
+            let mut tracker = WatermarkTracker::new(
+                d.as_micros() as i64,
+                builder.policy,
+                builder.idle_timeout.map(|t| t.as_micros() as i64),
+            );
+            if !builder.side_inputs.is_empty() {
+                tracker.expect_stream(&builder.main_stream);
+                for side in builder.side_inputs.iter().filter(|s| !s.stream.table) {
+                    tracker.expect_stream(&side.stream.name);
+                }
+            }
+            tracker
+        }),
+    }
+}
 
 /// One task: the operator chain and watermark of one partition (or group of
 /// co-partitioned partitions).

@@ -1,0 +1,279 @@
+//! Routing a polled batch into its tasks: each record goes to the task of
+//! its partition, is decoded, gets its event time, and runs through that
+//! task's operators (or its join input's chain). Watermark markers from a
+//! repartition stage move watermarks instead; table tombstones go to their
+//! join. A record that cannot be decoded or evaluated goes to the dead
+//! letter output and the batch goes on.
+
+use super::builder::EventTimeExtractor;
+use super::inputs::Inputs;
+use super::task::Task;
+use super::{DeadLetter, Decoder, WatermarkMarker};
+use crate::error::{Error, Result};
+use crate::operators::BatchContext;
+use crate::record::Record;
+use crate::row::{Row, Value};
+use crate::time::TimestampMicros;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What every operator of a batch sees of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BatchScope {
+    pub(super) batch_id: u64,
+    /// The batch's processing time (a virtual clock's in tests).
+    pub(super) processing_time: TimestampMicros,
+    pub(super) collect_late_rows: bool,
+    pub(super) real_time: bool,
+}
+
+impl BatchScope {
+    /// Each operator's view of the batch in `task`.
+    pub(super) fn contexts(&self, task: &Task) -> Vec<BatchContext> {
+        task.contexts(
+            self.batch_id,
+            self.processing_time,
+            self.collect_late_rows,
+            self.real_time,
+        )
+    }
+}
+
+/// Minimum, maximum and mean of the event times a batch read (Spark's
+/// `eventTime` progress).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EventTimeStats {
+    pub(super) min: TimestampMicros,
+    pub(super) max: TimestampMicros,
+    pub(super) sum: i128,
+    pub(super) count: u64,
+}
+
+impl Default for EventTimeStats {
+    fn default() -> Self {
+        EventTimeStats {
+            min: i64::MAX,
+            max: i64::MIN,
+            sum: 0,
+            count: 0,
+        }
+    }
+}
+
+impl EventTimeStats {
+    fn observe(&mut self, t: TimestampMicros) {
+        self.min = self.min.min(t);
+        self.max = self.max.max(t);
+        self.sum += t as i128;
+        self.count += 1;
+    }
+
+    /// Adds what `other` saw.
+    pub(super) fn merge(&mut self, other: &EventTimeStats) {
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+        self.count += other.count;
+    }
+}
+
+/// What routing a batch's records did.
+#[derive(Default)]
+pub(super) struct RoutedBatch {
+    /// Rows the operators emitted while taking the records.
+    pub(super) outputs: Vec<Row>,
+    /// Records sent to the dead-letter output.
+    pub(super) bad_records: u64,
+    /// Data records taken (not markers, not records of restoring tasks).
+    pub(super) num_input: u64,
+    pub(super) event_times: EventTimeStats,
+    /// The largest event time per input partition.
+    pub(super) max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros>,
+    /// The operator contexts each task used, kept for its batch end.
+    pub(super) contexts: BTreeMap<i32, Vec<BatchContext>>,
+}
+
+/// Routes records into tasks; one per run.
+pub(super) struct RecordRouter {
+    pub(super) inputs: Inputs,
+    pub(super) decoder: Box<dyn Decoder>,
+    pub(super) dead_letter: Box<dyn DeadLetter>,
+    pub(super) extractor: Option<EventTimeExtractor>,
+    /// Behind a repartition stage watermarks come from markers, not rows.
+    pub(super) watermark_from_markers: bool,
+}
+
+impl RecordRouter {
+    /// Runs `records` through `tasks`; records of partitions without a task
+    /// (restoring) are left for the source to deliver again.
+    pub(super) fn route(
+        &mut self,
+        records: &[Record],
+        tasks: &mut BTreeMap<i32, Task>,
+        scope: &BatchScope,
+    ) -> Result<RoutedBatch> {
+        let mut routed = RoutedBatch::default();
+        for record in self.tables_first(records) {
+            let Some(task) = tasks.get_mut(&record.position.partition) else {
+                continue;
+            };
+            if self.watermark_from_markers {
+                if let Some(marker) = WatermarkMarker::of_record(record) {
+                    let moved = self.observe_marker(record, marker, task, scope);
+                    self.dead_letter_on_error(record, moved, &mut routed)?;
+                    continue;
+                }
+            }
+            routed.num_input += 1;
+            let taken = self.take_record(record, task, scope, &mut routed);
+            self.dead_letter_on_error(record, taken, &mut routed)?;
+        }
+        Ok(routed)
+    }
+
+    /// A table's updates come first in a batch: its rows look up the table
+    /// as of the batch's input.
+    fn tables_first<'r>(&self, records: &'r [Record]) -> Vec<&'r Record> {
+        if !self.inputs.has_tables() {
+            return records.iter().collect();
+        }
+        let is_table = |r: &&Record| {
+            self.inputs
+                .get(self.inputs.input_of(&r.position.topic))
+                .table
+        };
+        let (tables, rest): (Vec<&Record>, Vec<&Record>) = records.iter().partition(is_table);
+        tables.into_iter().chain(rest).collect()
+    }
+
+    /// A bad record goes to the dead-letter output; anything else the
+    /// dead-letter output fails with stops the batch.
+    fn dead_letter_on_error(
+        &mut self,
+        record: &Record,
+        result: Result<()>,
+        routed: &mut RoutedBatch,
+    ) -> Result<()> {
+        if let Err(error) = result {
+            routed.bad_records += 1;
+            self.dead_letter.send(record, &error)?;
+        }
+        Ok(())
+    }
+
+    /// A marker moves the watermark of its stream by its origin's progress.
+    fn observe_marker(
+        &self,
+        record: &Record,
+        marker: Result<WatermarkMarker>,
+        task: &mut Task,
+        scope: &BatchScope,
+    ) -> Result<()> {
+        let marker = marker?;
+        // A repartitioned join's streams arrive on their own topics: each
+        // origin counts for its stream, with its delay.
+        let input = self
+            .inputs
+            .get(self.inputs.input_of(&record.position.topic));
+        if let Some(w) = task.watermark.as_mut() {
+            let stream = input.stream.as_deref();
+            for origin in &marker.origins {
+                w.register_stream(origin, stream, input.delay, scope.processing_time);
+            }
+            w.observe_stream(
+                &marker.origin,
+                stream,
+                input.delay,
+                marker.max_event_time,
+                scope.processing_time,
+            );
+        }
+        Ok(())
+    }
+
+    /// Decodes one data record and pushes it through its task.
+    fn take_record(
+        &mut self,
+        record: &Record,
+        task: &mut Task,
+        scope: &BatchScope,
+        routed: &mut RoutedBatch,
+    ) -> Result<()> {
+        let partition = record.position.partition;
+        let contexts = routed
+            .contexts
+            .entry(partition)
+            .or_insert_with(|| scope.contexts(task));
+        let input_index = self.inputs.input_of(&record.position.topic);
+        let input = self.inputs.get(input_index);
+        if record.value.is_none() && input.table {
+            return match record.key.as_deref() {
+                Some(key) => task.push_tombstone(input_index, key),
+                None => Err(Error::BadRecord {
+                    position: record.position.clone(),
+                    field: "<key>".into(),
+                    reason: "a table tombstone without a key deletes nothing".into(),
+                }),
+            };
+        }
+        let mut row = self.decoder.decode(record)?;
+        if let Some(column) = &input.event_time {
+            let t = self.event_time(record, &mut row, column)?;
+            routed.event_times.observe(t);
+            let slot = routed
+                .max_event_time
+                .entry((record.position.topic.clone(), partition))
+                .or_insert(t);
+            *slot = (*slot).max(t);
+        }
+        let pushed = if input_index == 0 {
+            task.push(0, vec![row], contexts, &mut routed.outputs)
+        } else {
+            task.push_input(input_index, row, contexts, &mut routed.outputs)
+        };
+        pushed.map_err(|e| match e {
+            Error::BadRecord { .. } => e,
+            other => Error::BadRecord {
+                position: record.position.clone(),
+                field: "<step>".into(),
+                reason: other.to_string(),
+            },
+        })
+    }
+
+    /// The event time of `row`, normalised in place to a timestamp: RFC 3339
+    /// strings and epoch millis become timestamps every operator reads.
+    fn event_time(
+        &self,
+        record: &Record,
+        row: &mut Row,
+        column: &Arc<str>,
+    ) -> Result<TimestampMicros> {
+        if let Some(extract) = &self.extractor {
+            if let Some(t) = extract(row) {
+                row.set(column.clone(), Value::Timestamp(t));
+            }
+        }
+        let t = event_time_of(row, column).map_err(|reason| Error::BadRecord {
+            position: record.position.clone(),
+            field: column.to_string(),
+            reason,
+        })?;
+        row.set(column.clone(), Value::Timestamp(t));
+        Ok(t)
+    }
+}
+
+fn event_time_of(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
+    match row.get(column) {
+        Some(Value::Timestamp(t)) => Ok(*t),
+        Some(Value::Long(ms)) => ms
+            .checked_mul(1000)
+            .ok_or_else(|| "epoch milliseconds out of range".to_string()),
+        Some(Value::Str(s)) => crate::time::parse_rfc3339(s).ok_or_else(|| {
+            format!("expected an RFC 3339 timestamp or epoch milliseconds, got `{s}`")
+        }),
+        Some(Value::Null) | None => Err("the event-time column is missing or null".into()),
+        Some(other) => Err(format!("expected a timestamp, got {}", other.type_name())),
+    }
+}

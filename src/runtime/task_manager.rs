@@ -1,0 +1,364 @@
+//! The tasks of a running query, as Kafka Streams' `TaskManager` keeps
+//! them: a task per assigned partition, started when its partition first
+//! delivers (or comes back with a checkpoint), restored from its stores on
+//! a thread of its own, its partition held back by the source while a
+//! restore outlasts a short grace period, and closed when the partition is
+//! revoked.
+
+use super::builder::QueryBuilder;
+use super::router::BatchScope;
+use super::task::{
+    new_task, pending_task, restore_thread_died, restore_watermark, RestoringTask, Task,
+    TaskCheckpoint, RESTORE_GRACE,
+};
+use super::{Source, SourceBatch, StateBackend};
+use crate::error::Result;
+use crate::operators::BatchContext;
+use crate::record::Record;
+use crate::row::Row;
+use crate::time::TimestampMicros;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The optional state backend tasks open their stores in.
+pub(super) type Backend = Option<Box<dyn StateBackend>>;
+
+/// The tasks of a query and those still restoring.
+pub(super) struct TaskManager {
+    tasks: BTreeMap<i32, Task>,
+    restoring: BTreeMap<i32, RestoringTask>,
+    /// Checkpoints of partitions whose tasks have not started yet.
+    saved_checkpoints: BTreeMap<i32, String>,
+    /// Stores restore on threads of their own while the others go on.
+    restores_in_background: bool,
+    stateful: bool,
+}
+
+/// What the end of a batch gave besides its output rows.
+#[derive(Default)]
+pub(super) struct BatchEnd {
+    /// Rows dropped as late, for the late-data output.
+    pub(super) late_rows: Vec<Row>,
+    /// The smallest watermark any task used in the batch.
+    pub(super) watermark_used: Option<TimestampMicros>,
+    /// Joins: each stream's watermark (before the policy combines them).
+    pub(super) stream_watermarks: BTreeMap<String, TimestampMicros>,
+}
+
+impl TaskManager {
+    /// No tasks yet, for a query built by `builder`.
+    pub(super) fn new(builder: &QueryBuilder, backend: &Backend) -> Self {
+        let stateful = builder.stateful_steps > 0;
+        TaskManager {
+            tasks: BTreeMap::new(),
+            restoring: BTreeMap::new(),
+            saved_checkpoints: BTreeMap::new(),
+            restores_in_background: backend.is_some() && stateful,
+            stateful,
+        }
+    }
+
+    /// The running tasks by partition.
+    pub(super) fn tasks(&self) -> &BTreeMap<i32, Task> {
+        &self.tasks
+    }
+
+    /// The running tasks by partition, to push records into.
+    pub(super) fn tasks_mut(&mut self) -> &mut BTreeMap<i32, Task> {
+        &mut self.tasks
+    }
+
+    /// Whether any task is restoring.
+    pub(super) fn any_restoring(&self) -> bool {
+        !self.restoring.is_empty()
+    }
+
+    /// Whether the batch has records for a running task.
+    pub(super) fn has_records_for_tasks(&self, records: &[Record]) -> bool {
+        records
+            .iter()
+            .any(|r| !self.restoring.contains_key(&r.position.partition))
+    }
+
+    /// Follows the source's assignment after a poll: closes the tasks of
+    /// revoked partitions, starts tasks for new ones and waits out their
+    /// restores for a grace period. A replayed batch (`hold_allowed` false)
+    /// must hold exactly its recorded input, so it waits for every restore.
+    pub(super) fn follow_assignment(
+        &mut self,
+        builder: &QueryBuilder,
+        batch: &SourceBatch,
+        backend: &mut Backend,
+        source: &mut dyn Source,
+        hold_allowed: bool,
+    ) -> Result<()> {
+        self.revoke(&batch.revoked_partitions, backend)?;
+        for (partition, checkpoint) in &batch.restored_checkpoints {
+            match self.tasks.get_mut(partition) {
+                Some(task) => restore_watermark(task, *partition, checkpoint),
+                None => {
+                    self.saved_checkpoints
+                        .insert(*partition, checkpoint.clone());
+                }
+            }
+        }
+        let new_partitions = self.new_partitions(batch);
+        self.start(builder, new_partitions, backend)?;
+        self.await_restores(builder, source, hold_allowed)?;
+        metrics::gauge!("tidemark_tasks_restoring").set(self.restoring.len() as f64);
+        Ok(())
+    }
+
+    fn revoke(&mut self, partitions: &[i32], backend: &mut Backend) -> Result<()> {
+        for p in partitions {
+            self.saved_checkpoints.remove(p);
+            // A restore in flight still writes the task's files: let it end
+            // before the backend closes them.
+            let was_restoring = match self.restoring.remove(p) {
+                Some(r) => r.wait().map(|_| true)?,
+                None => false,
+            };
+            if self.tasks.remove(p).is_some() || was_restoring {
+                tracing::info!(partition = p, "partition revoked; task closed");
+                if let Some(backend) = backend.as_mut() {
+                    backend.close(*p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Partitions that need a task: tasks start when their partition first
+    /// delivers records. A partition handed back with a checkpoint starts
+    /// its task at once too, records or not: after a restart its watermark
+    /// may already have moved, and the no-data batch that evicts (and
+    /// writes closed windows, outer join rows) must not wait for new input.
+    fn new_partitions(&self, batch: &SourceBatch) -> BTreeSet<i32> {
+        let resumed = batch
+            .restored_checkpoints
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|_| self.stateful);
+        batch
+            .records
+            .iter()
+            .map(|r| r.position.partition)
+            .chain(resumed)
+            .filter(|p| !self.tasks.contains_key(p) && !self.restoring.contains_key(p))
+            .collect()
+    }
+
+    fn start(
+        &mut self,
+        builder: &QueryBuilder,
+        partitions: BTreeSet<i32>,
+        backend: &mut Backend,
+    ) -> Result<()> {
+        for partition in partitions {
+            if self.restores_in_background {
+                let pending = pending_task(builder, partition, backend.as_deref_mut())?;
+                self.restoring
+                    .insert(partition, RestoringTask::start(partition, pending)?);
+            } else {
+                let operators = pending_task(builder, partition, None)?.restore()?;
+                self.add_task(builder, partition, operators);
+            }
+        }
+        Ok(())
+    }
+
+    fn add_task(
+        &mut self,
+        builder: &QueryBuilder,
+        partition: i32,
+        operators: Vec<Box<dyn crate::operators::Operator>>,
+    ) {
+        let mut task = new_task(builder, operators);
+        if let Some(checkpoint) = self.saved_checkpoints.remove(&partition) {
+            restore_watermark(&mut task, partition, &checkpoint);
+        }
+        self.tasks.insert(partition, task);
+    }
+
+    /// Waits for restores up to the grace period; a restore that outlasts
+    /// it goes on in the background, its partition held back by the source,
+    /// while the other tasks process the batch.
+    fn await_restores(
+        &mut self,
+        builder: &QueryBuilder,
+        source: &mut dyn Source,
+        hold_allowed: bool,
+    ) -> Result<()> {
+        let grace_end = Instant::now() + RESTORE_GRACE;
+        let partitions: Vec<i32> = self.restoring.keys().copied().collect();
+        for partition in partitions {
+            let Some(pending) = self.restoring.get_mut(&partition) else {
+                continue;
+            };
+            let wait = grace_end.saturating_duration_since(Instant::now());
+            let outcome = match pending.done.recv_timeout(wait) {
+                Ok(result) => Some(result),
+                Err(RecvTimeoutError::Disconnected) => Some(Err(restore_thread_died())),
+                Err(RecvTimeoutError::Timeout) if pending.held => None,
+                Err(RecvTimeoutError::Timeout) => {
+                    if hold_allowed && source.hold(partition)? {
+                        pending.held = true;
+                        tracing::info!(
+                            partition,
+                            "task restoring; its partition waits while the others go on"
+                        );
+                        None
+                    } else {
+                        Some(
+                            pending
+                                .done
+                                .recv()
+                                .unwrap_or_else(|_| Err(restore_thread_died())),
+                        )
+                    }
+                }
+            };
+            let Some(result) = outcome else {
+                continue;
+            };
+            let held = self.restoring.remove(&partition).is_some_and(|r| r.held);
+            self.add_task(builder, partition, result?);
+            if held {
+                tracing::info!(partition, "task restored; its partition resumes");
+                source.release(partition)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a task's watermark moved since its last batch: stateful
+    /// operators that evict by watermark then need a (no-data) batch.
+    pub(super) fn watermark_pending(&self) -> bool {
+        self.tasks.values().any(|t| {
+            t.watermark
+                .as_ref()
+                .is_some_and(|w| w.in_effect() != w.late_threshold())
+        })
+    }
+
+    /// Whether an operator wants a batch without input (its timers are due).
+    pub(super) fn timers_due(&self, scope: &BatchScope) -> bool {
+        self.tasks.values().any(|t| {
+            let contexts = scope.contexts(t);
+            t.operators
+                .iter()
+                .zip(&contexts)
+                .any(|(op, ctx)| op.wants_batch(ctx))
+        })
+    }
+
+    /// Moves each task's watermark by the largest event time its partitions
+    /// delivered (unless markers carry the progress); returns that progress
+    /// per input partition, named as the source names it.
+    pub(super) fn observe_event_times(
+        &mut self,
+        max_event_time: &BTreeMap<(Arc<str>, i32), TimestampMicros>,
+        inputs: &super::inputs::Inputs,
+        source: &dyn Source,
+        from_markers: bool,
+        processing_time: TimestampMicros,
+    ) -> BTreeMap<String, TimestampMicros> {
+        let mut progress = BTreeMap::new();
+        for ((topic, partition), t) in max_event_time {
+            let name = source.watermark_input(topic, *partition);
+            let watermark = self
+                .tasks
+                .get_mut(partition)
+                .and_then(|task| task.watermark.as_mut());
+            if let Some(w) = watermark.filter(|_| !from_markers) {
+                let input = inputs.get(inputs.input_of(topic));
+                w.observe_stream(
+                    &name,
+                    input.stream.as_deref(),
+                    input.delay,
+                    *t,
+                    processing_time,
+                );
+            }
+            progress.insert(name, *t);
+        }
+        progress
+    }
+
+    /// Ends the batch in every task: operators emit what the batch closed
+    /// (into `out`), late rows are collected, watermarks advance for the
+    /// next batch. `contexts` holds what tasks that took records used.
+    pub(super) fn finish_batch(
+        &mut self,
+        mut contexts: BTreeMap<i32, Vec<BatchContext>>,
+        scope: &BatchScope,
+        joins: bool,
+        out: &mut Vec<Row>,
+    ) -> Result<BatchEnd> {
+        let mut end = BatchEnd::default();
+        for (partition, task) in self.tasks.iter_mut() {
+            let task_contexts = contexts
+                .remove(partition)
+                .unwrap_or_else(|| scope.contexts(task));
+            task.finish_batch(&task_contexts, out)?;
+            let used = task_contexts[0].watermark;
+            if let Some(w) = task.watermark.as_ref().filter(|_| joins) {
+                for (stream, watermark) in w.stream_watermarks() {
+                    let slot = end.stream_watermarks.entry(stream).or_insert(watermark);
+                    *slot = (*slot).min(watermark);
+                }
+            }
+            if task.watermark.is_some() {
+                end.watermark_used = Some(end.watermark_used.map_or(used, |w| w.min(used)));
+            }
+            for op in task.operators.iter_mut() {
+                end.late_rows.extend(op.take_late_rows());
+            }
+            if let Some(w) = task.watermark.as_mut() {
+                w.finish_batch(scope.processing_time);
+            }
+        }
+        Ok(end)
+    }
+
+    /// Each task's checkpoint for `batch_id`: its watermark, kept with the
+    /// source offsets.
+    pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, String> {
+        self.tasks
+            .iter()
+            .filter_map(|(p, t)| {
+                let checkpoint = TaskCheckpoint {
+                    batch_id,
+                    watermark: t.watermark.clone()?,
+                };
+                Some((*p, serde_json::to_string(&checkpoint).ok()?))
+            })
+            .collect()
+    }
+
+    /// Drops every running task after an aborted batch: they are rebuilt
+    /// from their stores' changelogs and the committed checkpoints, as
+    /// after a rebalance.
+    pub(super) fn drop_tasks(&mut self) {
+        self.tasks.clear();
+    }
+
+    /// Closes every task once every batch so far committed: tasks close in
+    /// step with their changelogs.
+    pub(super) fn close(mut self, backend: &mut Backend) -> Result<()> {
+        let mut partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        self.tasks.clear();
+        for (partition, pending) in std::mem::take(&mut self.restoring) {
+            pending.wait()?;
+            partitions.push(partition);
+        }
+        if let Some(backend) = backend.as_mut() {
+            for partition in partitions {
+                backend.close(partition)?;
+            }
+        }
+        Ok(())
+    }
+}
