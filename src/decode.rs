@@ -37,13 +37,7 @@ impl Decoder for JsonDecoder {
             field: "<value>".into(),
             reason: "the record has no value (tombstone)".into(),
         })?;
-        let json: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| Error::BadRecord {
-                position: record.position.clone(),
-                field: "<value>".into(),
-                reason: format!("malformed JSON: {e}"),
-            })?;
-        self.schema.row_from_json(&json, &record.position)
+        crate::json_row::decode_row(&self.schema, bytes, &record.position)
     }
 }
 

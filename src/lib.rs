@@ -32,6 +32,7 @@ pub mod decode;
 pub mod duration;
 pub mod error;
 pub mod expr;
+mod json_row;
 pub mod operators;
 pub mod pipeline;
 pub mod progress;

@@ -140,6 +140,21 @@ impl Row {
         Self::default()
     }
 
+    /// An empty row with room for `columns` columns.
+    pub fn with_capacity(columns: usize) -> Self {
+        Row {
+            columns: Vec::with_capacity(columns),
+        }
+    }
+
+    /// Appends a column the caller knows the row does not have yet (a
+    /// decoder filling a schema's distinct columns), without the look-up
+    /// [`Row::set`] makes.
+    pub(crate) fn push_new_column(&mut self, name: Arc<str>, value: Value) {
+        debug_assert!(self.get(&name).is_none(), "column `{name}` twice");
+        self.columns.push((name, value));
+    }
+
     /// The value of `name`, if the row has that column.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.columns
@@ -204,7 +219,10 @@ impl serde::Serialize for Value {
             Value::Double(v) if !v.is_finite() => s.serialize_unit(),
             Value::Double(v) => s.serialize_f64(*v),
             Value::Str(v) => s.serialize_str(v),
-            Value::Timestamp(t) => s.serialize_str(&format_rfc3339(*t)),
+            Value::Timestamp(t) => match crate::time::Rfc3339::of(*t) {
+                Some(text) => s.serialize_str(text.as_str()),
+                None => s.serialize_str(&format_rfc3339(*t)),
+            },
         }
     }
 }

@@ -88,6 +88,11 @@ impl Schema {
         self.fields.iter().map(|(n, t)| (n.as_ref(), *t))
     }
 
+    /// The columns with their shared names.
+    pub(crate) fn columns(&self) -> &[(Arc<str>, FieldType)] {
+        &self.fields
+    }
+
     /// The type of `name`, if present.
     pub fn field_type(&self, name: &str) -> Option<FieldType> {
         self.fields

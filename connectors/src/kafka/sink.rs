@@ -249,15 +249,24 @@ impl Sink for KafkaSink {
     }
 
     fn write(&mut self, _batch_id: u64, rows: &[Row]) -> Result<()> {
+        // One buffer for every JSON value: librdkafka copies the payload.
+        let mut json = Vec::with_capacity(256);
         for row in rows {
+            let avro;
             let payload = match &self.format {
                 ValueFormat::Json => {
-                    serde_json::to_vec(row).map_err(|e| Error::Sink(e.to_string()))?
+                    json.clear();
+                    serde_json::to_writer(&mut json, row)
+                        .map_err(|e| Error::Sink(e.to_string()))?;
+                    &json
                 }
-                ValueFormat::Avro(encoder) => encoder.encode(row)?,
+                ValueFormat::Avro(encoder) => {
+                    avro = encoder.encode(row)?;
+                    &avro
+                }
             };
             let key = self.key.key(row);
-            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(&payload);
+            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(payload);
             if let Some(k) = key.as_ref() {
                 record = record.key(k);
             }

@@ -5,7 +5,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -74,6 +74,28 @@ impl ConsumerContext for SourceContext {
     }
 }
 
+/// A topic and partition, the topic's name shared: the per-record
+/// bookkeeping clones it without allocating.
+type TopicPartition = (Arc<str>, i32);
+
+/// A map keyed by topic partition, hashed fast (keys are not attacker
+/// chosen: they come from the broker's assignment).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+fn topic_partition(topic: &str, partition: i32) -> TopicPartition {
+    (Arc::from(topic), partition)
+}
+
+/// The shared name of `topic` among `names`, made once per topic.
+fn topic_name(names: &mut Vec<Arc<str>>, topic: &str) -> Arc<str> {
+    if let Some(name) = names.iter().find(|n| n.as_ref() == topic) {
+        return name.clone();
+    }
+    let name: Arc<str> = Arc::from(topic);
+    names.push(name.clone());
+    name
+}
+
 /// A topic partition and the offset it resumes from when released (`None`:
 /// the consumer's position, nothing having been handed out).
 type ResumePoint = ((String, i32), Option<i64>);
@@ -84,11 +106,11 @@ pub struct KafkaSource {
     consumer: BaseConsumer<SourceContext>,
     log: Arc<Mutex<RebalanceLog>>,
     /// Next offset to commit per (topic, partition): last handed out + 1.
-    next_offsets: HashMap<(String, i32), i64>,
-    committed: HashMap<(String, i32), i64>,
+    next_offsets: HashMap<TopicPartition, i64>,
+    committed: HashMap<TopicPartition, i64>,
     /// Offset of the first record handed out since the last commit (or
     /// seek), per (topic, partition): where a held partition goes back to.
-    first_uncommitted: HashMap<(String, i32), i64>,
+    first_uncommitted: HashMap<TopicPartition, i64>,
     /// Held task partitions (see [`Source::hold`]), with the offset each
     /// of their topic partitions resumes from.
     held: BTreeMap<i32, Vec<ResumePoint>>,
@@ -96,7 +118,9 @@ pub struct KafkaSource {
     /// Exactly-once: offsets commit inside the batch's transaction.
     transactions: Option<super::SharedTransactions>,
     /// Available-now: end offsets fixed at the first batch.
-    end_offsets: Option<HashMap<(String, i32), i64>>,
+    end_offsets: Option<HashMap<TopicPartition, i64>>,
+    /// The names of the topics read, shared by every record.
+    topic_names: Vec<Arc<str>>,
     /// The next batch replays up to these offsets (see `replay_until`).
     replaying: bool,
 }
@@ -136,13 +160,14 @@ impl KafkaSource {
             config,
             consumer,
             log,
-            next_offsets: HashMap::new(),
-            committed: HashMap::new(),
-            first_uncommitted: HashMap::new(),
+            next_offsets: HashMap::default(),
+            committed: HashMap::default(),
+            first_uncommitted: HashMap::default(),
             held: BTreeMap::new(),
             committed_checkpoints: BTreeMap::new(),
             transactions: None,
             end_offsets: None,
+            topic_names: Vec::new(),
             replaying: false,
         })
     }
@@ -169,7 +194,7 @@ impl KafkaSource {
     /// Fixes the end offsets for available-now once partitions are assigned.
     fn capture_end_offsets(&mut self, deadline: Instant) -> Result<()> {
         self.join(deadline)?;
-        let mut ends = HashMap::new();
+        let mut ends = HashMap::default();
         let committed = self
             .consumer
             .committed(Duration::from_secs(10))
@@ -185,9 +210,9 @@ impl KafkaSource {
                 .filter(|o| *o >= 0)
                 .unwrap_or(if self.config.earliest { low } else { high });
             self.next_offsets
-                .entry((topic.clone(), partition))
+                .entry(topic_partition(&topic, partition))
                 .or_insert(start);
-            ends.insert((topic, partition), high);
+            ends.insert(topic_partition(&topic, partition), high);
         }
         self.end_offsets = Some(ends);
         Ok(())
@@ -251,9 +276,10 @@ impl KafkaSource {
             records.retain(|r| {
                 !(r.position.topic.as_ref() == topic && r.position.partition == partition)
             });
-            self.next_offsets.remove(&(topic.clone(), partition));
-            self.first_uncommitted.remove(&(topic.clone(), partition));
-            self.committed.remove(&(topic, partition));
+            let key = topic_partition(&topic, partition);
+            self.next_offsets.remove(&key);
+            self.first_uncommitted.remove(&key);
+            self.committed.remove(&key);
             self.committed_checkpoints.remove(&partition);
             self.held.remove(&partition);
         }
@@ -381,13 +407,10 @@ impl Source for KafkaSource {
                         // after the release.
                         continue;
                     }
-                    let topic = m.topic().to_string();
+                    let key = (topic_name(&mut self.topic_names, m.topic()), m.partition());
                     if let Some(ends) = &self.end_offsets {
                         // Available-now reads only what was there at start.
-                        if ends
-                            .get(&(topic.clone(), m.partition()))
-                            .is_some_and(|end| m.offset() >= *end)
-                        {
+                        if ends.get(&key).is_some_and(|end| m.offset() >= *end) {
                             continue;
                         }
                     }
@@ -404,11 +427,14 @@ impl Source for KafkaSource {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    self.next_offsets
-                        .insert((topic.clone(), m.partition()), m.offset() + 1);
-                    self.first_uncommitted
-                        .entry((topic.clone(), m.partition()))
-                        .or_insert(m.offset());
+                    let topic = key.0.clone();
+                    match self.next_offsets.get_mut(&key) {
+                        Some(next) => *next = m.offset() + 1,
+                        None => {
+                            self.next_offsets.insert(key.clone(), m.offset() + 1);
+                        }
+                    }
+                    self.first_uncommitted.entry(key).or_insert(m.offset());
                     records.push(Record {
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
@@ -445,7 +471,9 @@ impl Source for KafkaSource {
             if self.held.contains_key(partition) {
                 continue;
             }
-            let owned = assigned.iter().any(|(t, p)| t == topic && p == partition);
+            let owned = assigned
+                .iter()
+                .any(|(t, p)| t.as_str() == topic.as_ref() && p == partition);
             let checkpoint = checkpoints.get(partition);
             let changed = self.committed.get(&(topic.clone(), *partition)) != Some(offset)
                 || self.committed_checkpoints.get(partition) != checkpoint;
@@ -478,7 +506,7 @@ impl Source for KafkaSource {
         for e in tpl.elements() {
             if let Some(o) = e.offset().to_raw() {
                 self.committed
-                    .insert((e.topic().to_string(), e.partition()), o);
+                    .insert(topic_partition(e.topic(), e.partition()), o);
             }
         }
         let held = &self.held;
@@ -497,9 +525,10 @@ impl Source for KafkaSource {
         let mut resume_from = Vec::new();
         for tp in topic_partitions {
             tpl.add_partition(&tp.0, tp.1);
-            let first = self.first_uncommitted.remove(&tp);
+            let key = topic_partition(&tp.0, tp.1);
+            let first = self.first_uncommitted.remove(&key);
             if let Some(offset) = first {
-                self.next_offsets.insert(tp.clone(), offset);
+                self.next_offsets.insert(key, offset);
             }
             resume_from.push((tp, first));
         }
@@ -534,7 +563,7 @@ impl Source for KafkaSource {
         self.join(Instant::now() + Duration::from_secs(60))?;
         let assigned = self.assigned();
         let committed = self.committed_offsets(&assigned)?;
-        let mut bounds = HashMap::new();
+        let mut bounds = HashMap::default();
         // A batch without input moves no offset: the checkpoints committed
         // with the offsets say which batch committed them.
         let committed_batch = committed
@@ -549,25 +578,26 @@ impl Source for KafkaSource {
                 .and_then(|e| e.offset().to_raw())
                 .filter(|o| *o >= 0);
             let bound = end[&topic][partition.to_string()].as_i64();
+            let key = topic_partition(&topic, partition);
             match (start, bound) {
                 (Some(start), Some(bound)) if start < bound => {
                     behind = true;
-                    self.next_offsets.insert((topic.clone(), partition), start);
-                    bounds.insert((topic, partition), bound);
+                    self.next_offsets.insert(key.clone(), start);
+                    bounds.insert(key, bound);
                 }
                 (None, Some(bound)) => {
                     // Never committed: the batch read from the beginning
                     // (or the end) up to its bound.
                     behind = true;
-                    bounds.insert((topic, partition), bound);
+                    bounds.insert(key, bound);
                 }
                 (Some(start), _) => {
                     // Nothing of this partition in the replayed batch.
-                    self.next_offsets.insert((topic.clone(), partition), start);
-                    bounds.insert((topic, partition), start);
+                    self.next_offsets.insert(key.clone(), start);
+                    bounds.insert(key, start);
                 }
                 (None, None) => {
-                    bounds.insert((topic, partition), 0);
+                    bounds.insert(key, 0);
                 }
             }
         }
@@ -596,7 +626,8 @@ impl Source for KafkaSource {
             self.consumer
                 .seek(&topic, partition, offset, Duration::from_secs(10))
                 .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
-            self.first_uncommitted.remove(&(topic.clone(), partition));
+            let key = topic_partition(&topic, partition);
+            self.first_uncommitted.remove(&key);
             if let Some(held) = self.held.get_mut(&partition) {
                 for (tp, resume) in held.iter_mut() {
                     if tp.0 == topic {
@@ -606,12 +637,12 @@ impl Source for KafkaSource {
             }
             match offset {
                 Offset::Offset(o) => {
-                    self.next_offsets.insert((topic.clone(), partition), o);
-                    self.committed.insert((topic, partition), o);
+                    self.next_offsets.insert(key.clone(), o);
+                    self.committed.insert(key, o);
                 }
                 _ => {
-                    self.next_offsets.remove(&(topic.clone(), partition));
-                    self.committed.remove(&(topic, partition));
+                    self.next_offsets.remove(&key);
+                    self.committed.remove(&key);
                 }
             }
         }
@@ -631,7 +662,7 @@ impl Source for KafkaSource {
         let mut by_topic: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
         for ((topic, partition), offset) in &self.next_offsets {
             by_topic
-                .entry(topic.clone())
+                .entry(topic.to_string())
                 .or_default()
                 .insert(partition.to_string(), *offset);
         }
@@ -644,7 +675,7 @@ impl Source for KafkaSource {
             let high = cached_high_watermark(&self.consumer, &topic, partition)?;
             let next = self
                 .next_offsets
-                .get(&(topic, partition))
+                .get(&topic_partition(&topic, partition))
                 .copied()
                 .unwrap_or(high);
             lag += (high - next).max(0);
