@@ -42,6 +42,7 @@ pub mod runtime;
 pub mod schema;
 pub mod sketch_aggregates;
 pub mod time;
+pub mod topology;
 pub mod typed;
 pub mod watermark;
 pub mod window;

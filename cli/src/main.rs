@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
+use tidemark::topology::{NodeDescription, SubTopologyDescription, TopologyDescription};
 
 #[derive(Parser)]
 #[command(
@@ -95,44 +96,100 @@ fn fix_hint(message: &str) -> String {
     "see docs/pipeline-file.md".into()
 }
 
-fn describe(file: &PipelineFile) -> anyhow::Result<Vec<String>> {
-    let query = file.query_builder()?.build()?;
-    let mut lines = vec![format!(
-        "Source [{:?}: {}]",
-        file.source.kind,
-        source_target(file)
-    )];
+/// The pipeline's topology, printed as Kafka Streams prints
+/// `Topology#describe`: one sub-topology per stage, split at repartition
+/// topics.
+fn describe(file: &PipelineFile) -> anyhow::Result<TopologyDescription> {
+    let mut watermark = Vec::new();
     if let (Some(et), Some(wm)) = (&file.event_time, file.watermark) {
-        lines.push(format!(
-            "EventTimeWatermark [{et}, delay {}, policy {:?}]",
-            wm.to_spark_string(),
-            file.multiple_watermark_policy
-        ));
+        watermark.push(NodeDescription {
+            name: format!(
+                "EventTimeWatermark [{et}, delay {}, policy {:?}]",
+                wm.to_spark_string(),
+                file.multiple_watermark_policy
+            ),
+            stores: Vec::new(),
+        });
     }
-    match file.repartition_stages() {
-        Some(stages) => {
-            lines.extend(stages.writer.query_builder()?.build()?.describe());
-            lines.push(format!(
-                "Repartition [keys: {}] through `{}`",
-                stages.keys.join(", "),
-                stages.topic
-            ));
-            if let Some((topic, side)) = &stages.side_writer {
-                lines.extend(side.query_builder()?.build()?.describe());
-                lines.push(format!(
-                    "Repartition [keys: {}] through `{topic}`",
-                    side.sink.key.join(", ")
-                ));
+    let sink = format!(
+        "{:?} {} (output mode {:?}, trigger {:?})",
+        file.sink.kind,
+        sink_target(file),
+        file.output_mode,
+        file.trigger.0
+    );
+    // A join's (or table join's) second input is read with the main one.
+    let sources = |f: &PipelineFile| {
+        let mut topics = vec![source_target(f)];
+        topics.extend(f.joined_inputs().iter().flat_map(|j| j.topics.0.clone()));
+        topics
+    };
+    let Some(stages) = file.repartition_stages() else {
+        let mut processors = watermark;
+        processors.extend(stage_processors(file)?);
+        let sub = SubTopologyDescription {
+            sources: sources(file),
+            processors,
+            sink,
+        };
+        return Ok(TopologyDescription {
+            sub_topologies: vec![sub],
+        });
+    };
+    let mut writer = watermark;
+    writer.extend(stage_processors(&stages.writer)?);
+    let mut subs = vec![SubTopologyDescription {
+        sources: sources(file),
+        processors: writer,
+        sink: format!(
+            "(topic: {}) keyed by [{}]",
+            stages.topic,
+            stages.keys.join(", ")
+        ),
+    }];
+    let mut reader_sources = vec![stages.topic.clone()];
+    if let Some((topic, side)) = &stages.side_writer {
+        subs.push(SubTopologyDescription {
+            sources: sources(side),
+            processors: stage_processors(side)?,
+            sink: format!("(topic: {topic}) keyed by [{}]", side.sink.key.join(", ")),
+        });
+        reader_sources.push(topic.clone());
+    }
+    subs.push(SubTopologyDescription {
+        sources: reader_sources,
+        processors: stage_processors(&stages.reader)?,
+        sink,
+    });
+    Ok(TopologyDescription {
+        sub_topologies: subs,
+    })
+}
+
+/// A stage's processors, each store named with the changelog topic it is
+/// restored from when the stage keeps one (`<name>-<store>-changelog`).
+fn stage_processors(stage: &PipelineFile) -> anyhow::Result<Vec<NodeDescription>> {
+    let mut processors = stage.query_builder()?.build()?.processors();
+    let kafka = stage.source.kind == tidemark::pipeline::SourceKind::Kafka;
+    for store in processors.iter_mut().flat_map(|p| p.stores.iter_mut()) {
+        let kept = match &stage.state_spec() {
+            None => "in memory".to_string(),
+            Some(s) if s.changelog.unwrap_or(kafka) => {
+                format!("RocksDB, changelog: {}-{store}-changelog", stage.name)
             }
-            lines.extend(stages.reader.query_builder()?.build()?.describe());
-        }
-        None => lines.extend(query.describe()),
+            Some(_) => "RocksDB, no changelog".to_string(),
+        };
+        *store = format!("{store} ({kept})");
     }
-    lines.push(format!(
-        "Sink [{:?}] output mode {:?}, trigger {:?}",
-        file.sink.kind, file.output_mode, file.trigger.0
-    ));
-    Ok(lines)
+    Ok(processors)
+}
+
+fn sink_target(file: &PipelineFile) -> String {
+    match (&file.sink.path, &file.sink.topic) {
+        (Some(p), _) => p.clone(),
+        (_, Some(t)) => t.clone(),
+        _ => String::new(),
+    }
 }
 
 fn source_target(file: &PipelineFile) -> String {
@@ -353,10 +410,8 @@ fn main() -> ExitCode {
         },
         Command::Describe { file } => match load(&file) {
             Ok((_, f)) => match describe(&f) {
-                Ok(lines) => {
-                    for (i, line) in lines.iter().enumerate() {
-                        println!("{}{line}", if i == 0 { "" } else { "  -> " });
-                    }
+                Ok(topology) => {
+                    print!("{topology}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -160,6 +160,70 @@ fn describe_prints_the_operator_graph() {
         text.contains("Filter [amount >= 0]") && text.contains("tumbling 5 minutes"),
         "{text}"
     );
+    assert!(
+        text.starts_with("Topologies:\n   Sub-topology: 0\n"),
+        "{text}"
+    );
+    assert_eq!(text.matches("Sub-topology:").count(), 1, "{text}");
+}
+
+/// Grouping a Kafka input by a column that is not its record key splits
+/// the topology at a repartition topic, as Kafka Streams splits it: the
+/// description names both sub-topologies, the topic between them, and the
+/// window's store with its changelog topic.
+#[test]
+fn describe_splits_a_regrouped_pipeline_at_its_repartition_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &file,
+        r#"name: by-region
+source:
+  kind: kafka
+  topic: events
+  format: json
+  schema: {event_time: long, region: string, amount: double}
+event_time: event_time
+watermark: 30 seconds
+steps:
+  - filter: "amount > 0"
+  - window_aggregate:
+      keys: [region]
+      window: {tumbling: 1 minute}
+      aggregates: [{fn: count, as: n}]
+output_mode: append
+sink: {kind: kafka, topic: totals, format: json}
+state_dir: state
+"#,
+    )
+    .unwrap();
+    let out = tidemark(&["describe", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let subs: Vec<&str> = text.split("   Sub-topology: ").skip(1).collect();
+    assert_eq!(subs.len(), 2, "{text}");
+    assert!(
+        subs[0].starts_with("0\n    Source: (topics: [events])"),
+        "{text}"
+    );
+    assert!(subs[0].contains("Filter [amount > 0]"), "{text}");
+    assert!(
+        subs[0].contains("Sink: (topic: by-region-op1-repartition) keyed by [region]"),
+        "{text}"
+    );
+    assert!(
+        subs[1].starts_with("1\n    Source: (topics: [by-region-op1-repartition])"),
+        "{text}"
+    );
+    assert!(
+        subs[1].contains("(stores: [op0 (RocksDB, changelog: by-region-op0-changelog)])"),
+        "{text}"
+    );
+    assert!(subs[1].contains("Sink: Kafka totals"), "{text}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::operators::OutputMode;
 use crate::record::Record;
 use crate::row::Row;
+use crate::topology::NodeDescription;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,23 +91,39 @@ impl Query {
         &self.id
     }
 
-    /// The operator graph, one line per step (for `tidemark describe`).
+    /// The operator graph, one line per step.
     pub fn describe(&self) -> Vec<String> {
+        self.processors().into_iter().map(|p| p.name).collect()
+    }
+
+    /// The processors rows go through, in order, with the store each
+    /// stateful one keeps per task (`op<index>`, the name its changelog
+    /// topic is made from): a join's second stream's steps come before
+    /// the join, named `[stream] step`.
+    pub fn processors(&self) -> Vec<NodeDescription> {
         let b = &self.builder;
-        let mut lines = Vec::new();
+        let mut nodes = Vec::new();
         for (index, f) in b.steps.iter().enumerate() {
             for side in b.side_inputs.iter().filter(|s| s.join_at == index) {
                 for step in &side.stream.steps {
-                    lines.push(format!(
-                        "[{}] {}",
-                        side.stream.name,
-                        step(b.output_mode).describe()
-                    ));
+                    let name = format!("[{}] {}", side.stream.name, step(b.output_mode).describe());
+                    nodes.push(NodeDescription {
+                        name,
+                        stores: Vec::new(),
+                    });
                 }
             }
-            lines.push(f(b.output_mode).describe());
+            let op = f(b.output_mode);
+            nodes.push(NodeDescription {
+                name: op.describe(),
+                stores: op
+                    .is_stateful()
+                    .then(|| format!("op{index}"))
+                    .into_iter()
+                    .collect(),
+            });
         }
-        lines
+        nodes
     }
 
     /// Runs until the source is exhausted (available-now) or
