@@ -227,7 +227,7 @@ impl RecordRouter {
             *slot = (*slot).max(t);
         }
         let pushed = if input_index == 0 {
-            task.push(0, vec![row], contexts, &mut routed.outputs)
+            task.push_row(row, contexts, &mut routed.outputs)
         } else {
             task.push_input(input_index, row, contexts, &mut routed.outputs)
         };

@@ -62,6 +62,7 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
     Task {
         operators,
         side_chains,
+        scratch: Default::default(),
         watermark: builder.watermark.map(|d| {
             let mut tracker = WatermarkTracker::new(
                 d.as_micros() as i64,
@@ -86,6 +87,8 @@ pub(super) struct Task {
     /// The steps of each join's second stream before the join.
     pub(super) side_chains: Vec<SideChain>,
     pub(super) watermark: Option<WatermarkTracker>,
+    /// Two row buffers [`Task::push_row`] reuses.
+    pub(super) scratch: (Vec<Row>, Vec<Row>),
 }
 
 /// The second stream of a join, in a task: its own steps, then the join.
@@ -116,6 +119,30 @@ impl Task {
             current = next;
         }
         out.extend(current);
+        Ok(())
+    }
+
+    /// Pushes one row of the main input through the whole chain: the
+    /// per-record path, through two buffers the task keeps, so that a row
+    /// costs no allocation on its way.
+    pub(super) fn push_row(
+        &mut self,
+        row: Row,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let (mut current, mut next) = std::mem::take(&mut self.scratch);
+        current.clear();
+        current.push(row);
+        for (op, ctx) in self.operators.iter_mut().zip(contexts) {
+            next.clear();
+            for row in current.drain(..) {
+                op.on_row(row, ctx, &mut next)?;
+            }
+            std::mem::swap(&mut current, &mut next);
+        }
+        out.append(&mut current);
+        self.scratch = (current, next);
         Ok(())
     }
 
