@@ -163,76 +163,14 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
     )?));
     let done = Arc::new(AtomicBool::new(false));
     let measuring_from = Arc::new(Mutex::new(None::<i64>));
-    let reader = {
-        let (histogram, done, measuring_from) =
-            (histogram.clone(), done.clone(), measuring_from.clone());
-        std::thread::spawn(move || {
-            let mut rows = 0u64;
-            while !done.load(Ordering::Relaxed) {
-                let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
-                    continue;
-                };
-                let received = now_us();
-                rows += 1;
-                let Ok(row) =
-                    serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default())
-                else {
-                    continue;
-                };
-                let Some(sent) = row["sent_us"].as_i64() else {
-                    continue;
-                };
-                let from = *measuring_from.lock().unwrap();
-                if from.is_some_and(|f| sent >= f) {
-                    let _ = histogram
-                        .lock()
-                        .unwrap()
-                        .record((received - sent).max(1) as u64);
-                }
-            }
-            rows
-        })
-    };
+    let reader = spawn_reader(
+        consumer,
+        histogram.clone(),
+        done.clone(),
+        measuring_from.clone(),
+    );
 
-    // The paced producer: one burst of rate/1000 records every millisecond.
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap)
-        .set("linger.ms", args.linger_ms.to_string())
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let total_time = WARM_UP + Duration::from_secs(args.seconds);
-    let started = Instant::now();
-    let mut sent = 0u64;
-    let mut tick = 0u64;
-    while started.elapsed() < total_time {
-        if measuring_from.lock().unwrap().is_none() && started.elapsed() >= WARM_UP {
-            *measuring_from.lock().unwrap() = Some(now_us());
-        }
-        tick += 1;
-        let due = rate * tick / 1000;
-        while sent < due {
-            let key = format!("k{}", (sent * 7919) % args.keys);
-            let t = now_us();
-            let value = format!(r#"{{"ts":{},"k":"{key}","v":1,"sent_us":{t}}}"#, t / 1000);
-            let mut record = BaseRecord::to(&input).key(&key).payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        record = back;
-                        std::thread::sleep(Duration::from_micros(100));
-                    }
-                }
-            }
-            sent += 1;
-        }
-        let next = started + Duration::from_millis(tick);
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    producer.flush(Duration::from_secs(30))?;
+    let (sent, elapsed) = produce_paced(args, &input, rate, &measuring_from)?;
     std::thread::sleep(Duration::from_secs(2));
     stop.stop();
     running
@@ -261,6 +199,92 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
         }).collect::<Vec<_>>(),
     });
     Ok(result)
+}
+
+/// The consumer of the output topic: records each row's latency from its
+/// `sent_us` once measuring started; returns the rows read.
+fn spawn_reader(
+    consumer: BaseConsumer,
+    histogram: Arc<Mutex<Histogram<u64>>>,
+    done: Arc<AtomicBool>,
+    measuring_from: Arc<Mutex<Option<i64>>>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut rows = 0u64;
+        while !done.load(Ordering::Relaxed) {
+            let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) else {
+                continue;
+            };
+            let received = now_us();
+            rows += 1;
+            let Ok(row) =
+                serde_json::from_slice::<serde_json::Value>(m.payload().unwrap_or_default())
+            else {
+                continue;
+            };
+            let Some(sent) = row["sent_us"].as_i64() else {
+                continue;
+            };
+            let from = *measuring_from.lock().unwrap();
+            if from.is_some_and(|f| sent >= f) {
+                let _ = histogram
+                    .lock()
+                    .unwrap()
+                    .record((received - sent).max(1) as u64);
+            }
+        }
+        rows
+    })
+}
+
+/// The paced producer: one burst of rate/1000 records every millisecond
+/// for the warm-up and the measured seconds; measuring starts after the
+/// warm-up. Returns the records sent and the seconds it took.
+fn produce_paced(
+    args: &Args,
+    input: &str,
+    rate: u64,
+    measuring_from: &Mutex<Option<i64>>,
+) -> anyhow::Result<(u64, f64)> {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &args.bootstrap)
+        .set("linger.ms", args.linger_ms.to_string())
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let total_time = WARM_UP + Duration::from_secs(args.seconds);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut tick = 0u64;
+    while started.elapsed() < total_time {
+        if measuring_from.lock().unwrap().is_none() && started.elapsed() >= WARM_UP {
+            *measuring_from.lock().unwrap() = Some(now_us());
+        }
+        tick += 1;
+        let due = rate * tick / 1000;
+        while sent < due {
+            let key = format!("k{}", (sent * 7919) % args.keys);
+            let t = now_us();
+            let value = format!(r#"{{"ts":{},"k":"{key}","v":1,"sent_us":{t}}}"#, t / 1000);
+            let mut record = BaseRecord::to(input).key(&key).payload(&value);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        record = back;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            }
+            sent += 1;
+        }
+        let next = started + Duration::from_millis(tick);
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    producer.flush(Duration::from_secs(30))?;
+    Ok((sent, elapsed))
 }
 
 /// The rolling operator alone: events per second on one core, 100k keys,
