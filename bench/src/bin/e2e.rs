@@ -12,6 +12,8 @@
 //!    row of every window adding up to every input record (run from a
 //!    pipeline file with RocksDB state and a changelog, as `tidemark run`
 //!    runs it; `--state memory` keeps the windows in memory);
+//!    `--guarantee exactly-once` runs that file with `processing_guarantee:
+//!    exactly_once` (Kafka Streams with `exactly_once_v2`);
 //! 4. with `--kafka-streams JAR` (built by `bench/peers/build.sh`), runs
 //!    Kafka Streams on the same topic with the same pipeline, checked the
 //!    same way, and reports tidemark / Kafka Streams;
@@ -93,6 +95,36 @@ struct Args {
     /// pipeline file) or `memory`.
     #[arg(long, value_enum, default_value_t = StateKind::Rocksdb)]
     state: StateKind,
+    /// Processing guarantee on both sides: `exactly-once` runs tidemark's
+    /// window pipeline file with `processing_guarantee: exactly_once` and
+    /// Kafka Streams with `exactly_once_v2`; outputs are then read
+    /// `read_committed`.
+    #[arg(long, value_enum, default_value_t = Guarantee::AtLeastOnce)]
+    guarantee: Guarantee,
+}
+
+/// The processing guarantee both engines run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Guarantee {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl Guarantee {
+    /// The pipeline file's `processing_guarantee`.
+    fn tidemark(self) -> &'static str {
+        match self {
+            Guarantee::AtLeastOnce => "at_least_once",
+            Guarantee::ExactlyOnce => "exactly_once",
+        }
+    }
+    /// Kafka Streams' `processing.guarantee`.
+    fn kafka_streams(self) -> &'static str {
+        match self {
+            Guarantee::AtLeastOnce => "at_least_once",
+            Guarantee::ExactlyOnce => "exactly_once_v2",
+        }
+    }
 }
 
 /// Where the window pipeline's state lives.
@@ -273,11 +305,11 @@ fn check_output(args: &Args, output: &str, engine: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads `output` whole and adds up the `count` of the latest row of each
+/// Reads `output` whole (`read_committed`: under exactly-once, aborted
+/// writes do not count) and adds up the `count` of the latest row of each
 /// (`id`, `window_start`): rows are keyed by `id`, so one window's updates
 /// are in one partition, in order.
 fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
-    let total = end_offsets_total(&args.bootstrap, output, args.partitions)?;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &args.bootstrap)
         .set(
@@ -286,15 +318,23 @@ fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
         )
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
         .create()
         .context("creating the output reader")?;
     consumer.subscribe(&[output])?;
+    let mut ends = Vec::new();
+    for partition in 0..args.partitions {
+        let (_, high) = consumer.fetch_watermarks(output, partition, Duration::from_secs(10))?;
+        ends.push((partition, high));
+    }
     let mut latest: BTreeMap<(String, String), u64> = BTreeMap::new();
     let (mut read, deadline) = (0u64, Instant::now() + Duration::from_secs(300));
-    while read < total {
+    // The end offsets count transaction markers too: done when the
+    // reader's position (which passes them) reaches every end.
+    while !reached(&consumer, output, &ends) {
         ensure!(
             Instant::now() < deadline,
-            "reading `{output}`: {read} of {total}"
+            "reading `{output}`: {read} rows, the end not reached"
         );
         if let Some(message) = consumer.poll(Duration::from_millis(200)) {
             let message = message?;
@@ -306,6 +346,20 @@ fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
         }
     }
     Ok(latest.values().sum())
+}
+
+/// Whether `consumer`'s position in `topic` reached every `(partition, end)`.
+fn reached(consumer: &BaseConsumer, topic: &str, ends: &[(i32, i64)]) -> bool {
+    let Ok(position) = consumer.position() else {
+        return false;
+    };
+    ends.iter().all(|(partition, end)| {
+        *end == 0
+            || position
+                .find_partition(topic, *partition)
+                .and_then(|e| e.offset().to_raw())
+                .is_some_and(|o| o >= *end)
+    })
 }
 
 /// Runs the Kafka Streams peer on `input` (at-least-once), into a topic of
@@ -327,7 +381,7 @@ fn kafka_streams(args: &Args, jar: &std::path::Path, input: &str) -> anyhow::Res
             input,
             &output,
             &format!("bench-e2e-ks-{run}"),
-            "at_least_once",
+            args.guarantee.kafka_streams(),
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -503,12 +557,14 @@ trigger: available_now
 max_records_per_batch: {batch}
 sink: {{kind: kafka, bootstrap: "{bootstrap}", topic: {output}, key: [id]}}
 state: {{dir: "{dir}", changelog: true}}
+processing_guarantee: {guarantee}
 "#,
         run = uuid::Uuid::new_v4().simple(),
         bootstrap = args.bootstrap,
         backoff = args.fetch_queue_backoff_ms,
         batch = args.max_records_per_batch,
         dir = state_dir.display(),
+        guarantee = args.guarantee.tidemark(),
     )
 }
 
@@ -564,6 +620,11 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
     if args.pipeline == PipelineKind::Window && args.state == StateKind::Rocksdb {
         return tidemark_file_pipeline(args, input, output);
     }
+    ensure!(
+        args.guarantee == Guarantee::AtLeastOnce,
+        "--guarantee exactly-once runs the window pipeline from its file: \
+         use it with --pipeline window --state rocksdb"
+    );
     let mut source = KafkaSource::new(KafkaSourceConfig {
         bootstrap: args.bootstrap.clone(),
         topics: vec![input.to_string()],
@@ -680,13 +741,14 @@ fn report(
         mb(raw.payload_bytes, raw.elapsed)
     );
     println!(
-        "| tidemark Kafka → decode → {}{} → Kafka | {} | {:.2} | {:.0} | {:.1} |",
+        "| tidemark Kafka → decode → {}{} → Kafka, {} | {} | {:.2} | {:.0} | {:.1} |",
         args.pipeline.name(),
         match (args.pipeline, args.state) {
             (PipelineKind::Window, StateKind::Rocksdb) => " (RocksDB + changelog)",
             (PipelineKind::Window, StateKind::Memory) => " (state in memory)",
             _ => "",
         },
+        args.guarantee.tidemark(),
         pipeline.summary.input_records,
         pipeline.elapsed.as_secs_f64(),
         tm_rate,
@@ -696,8 +758,12 @@ fn report(
     let peer_rate = peer.map(|p| p.records as f64 / p.seconds.max(1e-9));
     if let (Some(p), Some(peer_rate)) = (peer, peer_rate) {
         println!(
-            "| Kafka Streams {}, same pipeline, at_least_once | {} | {:.2} | {:.0} | |",
-            KAFKA_STREAMS_VERSION, p.records, p.seconds, peer_rate
+            "| Kafka Streams {}, same pipeline, {} | {} | {:.2} | {:.0} | |",
+            KAFKA_STREAMS_VERSION,
+            args.guarantee.kafka_streams(),
+            p.records,
+            p.seconds,
+            peer_rate
         );
         println!(
             "| **ratio tidemark / Kafka Streams** | | | **{:.2}** | |",
