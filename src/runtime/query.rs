@@ -178,17 +178,20 @@ enum Flow {
 }
 
 /// One run of a query against its source and sink.
+///
+/// Fields drop in order: tasks (and their stores) before the backend that
+/// opened them, then the outputs, as the loop's locals used to.
 struct TriggerLoop<'a> {
-    /// The plan: steps, inputs, trigger (connectors taken out below).
+    tasks: TaskManager,
+    backend: Backend,
+    late_data: Option<Box<dyn Sink>>,
+    reporter: ProgressReporter,
+    router: RecordRouter,
+    /// The plan: steps, inputs, trigger (connectors taken out above).
     builder: QueryBuilder,
     stop: StopHandle,
     source: &'a mut dyn Source,
     sink: &'a mut dyn Sink,
-    router: RecordRouter,
-    late_data: Option<Box<dyn Sink>>,
-    backend: Backend,
-    tasks: TaskManager,
-    reporter: ProgressReporter,
     cadence: Cadence,
     summary: RunSummary,
     batch_id: u64,
