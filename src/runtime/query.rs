@@ -437,7 +437,6 @@ impl<'a> TriggerLoop<'a> {
             get_batch_ms,
             add_batch_ms,
             routed: &routed,
-            num_output: routed.outputs.len() as u64,
             end: &end,
             event_time_progress,
         });

@@ -310,15 +310,7 @@ fn check_output(args: &Args, output: &str, engine: &str) -> anyhow::Result<()> {
 /// (`id`, `window_start`): rows are keyed by `id`, so one window's updates
 /// are in one partition, in order.
 fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap)
-        .set(
-            "group.id",
-            format!("bench-e2e-check-{}", uuid::Uuid::new_v4()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+    let consumer: BaseConsumer = reader_config(args, "check")
         .create()
         .context("creating the output reader")?;
     consumer.subscribe(&[output])?;
@@ -346,6 +338,22 @@ fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
         }
     }
     Ok(latest.values().sum())
+}
+
+/// A consumer in a fresh group `bench-e2e-<purpose>-<uuid>` that reads
+/// committed records from the earliest offset and commits nothing.
+fn reader_config(args: &Args, purpose: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &args.bootstrap)
+        .set(
+            "group.id",
+            format!("bench-e2e-{purpose}-{}", uuid::Uuid::new_v4()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed");
+    config
 }
 
 /// Whether `consumer`'s position in `topic` reached every `(partition, end)`.
@@ -480,15 +488,7 @@ fn end_offsets_total(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::R
 fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
     let expected = args.records;
     // The same fetch settings as tidemark's source, without its commits.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.bootstrap)
-        .set(
-            "group.id",
-            format!("bench-e2e-raw-{}", uuid::Uuid::new_v4()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+    let consumer: BaseConsumer = reader_config(args, "raw")
         .set("fetch.wait.max.ms", "100")
         .set(
             "fetch.queue.backoff.ms",
