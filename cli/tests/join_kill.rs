@@ -136,6 +136,20 @@ fn sigkill_twice_under_exactly_once_then_each_ad_is_written_once() {
             assert_eq!(v["clickTime"], at(start, 10 * 3600 + 60), "{v}");
         }
     }
+    let missing: Vec<String> = (0..ADS)
+        .map(|i| format!("ad{i}"))
+        .chain((0..PARTITIONS).map(|p| format!("end{p}")))
+        .filter(|ad| !seen.contains_key(ad))
+        .collect();
+    let warnings: Vec<_> = String::from_utf8_lossy(&done.stderr)
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ads never written: {missing:?}; the last run's warnings: {warnings:#?}"
+    );
     assert_eq!(seen.len(), expected, "every ad once");
 }
 

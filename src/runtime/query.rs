@@ -309,6 +309,9 @@ impl<'a> TriggerLoop<'a> {
             return Ok(Flow::Continue);
         };
         if self.commit(&open)? == CommitOutcome::Aborted {
+            // The source rewound: what it had handed out is to be read
+            // again, so reaching its end earlier no longer ends the query.
+            self.exhausted = false;
             return Ok(Flow::Continue);
         }
         if self.cadence.real_time() && self.exhausted {
@@ -709,6 +712,30 @@ mod tests {
             "both rows late against the restored watermark"
         );
         assert!(sink.rows.is_empty());
+    }
+
+    #[test]
+    fn an_aborted_last_batch_is_read_again_before_available_now_ends() {
+        let query = counting(
+            "abort",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .build()
+        .unwrap();
+        let mut source = VecSource::json_batches(vec![vec![
+            r#"{"t": "2026-01-01T00:10:00Z", "k": "a"}"#,
+            r#"{"t": "2026-01-01T00:12:00Z", "k": "a"}"#,
+        ]])
+        .aborting_commits(1);
+        let mut sink = CollectSink::default();
+        query.run(&mut source, &mut sink).unwrap();
+        assert_eq!(source.committed(), 2, "the replayed batch committed");
+        // Batch 0 twice (aborted, then replayed), then the no-data batch
+        // whose watermark (00:11) closes the 00:10 window.
+        assert_eq!(sink.committed, vec![0, 0, 1]);
+        assert_eq!(sink.batch_ids, vec![1]);
+        assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
     }
 
     #[test]

@@ -15,6 +15,11 @@ pub struct VecSource {
     committed: i64,
     checkpoints: std::collections::BTreeMap<i32, String>,
     restore: Vec<(i32, String)>,
+    /// Handed out since the last commit: a rewind hands them out again.
+    uncommitted: Vec<Vec<Record>>,
+    /// How many of the next commits abort the batch, as a fenced
+    /// transaction does.
+    commits_to_abort: usize,
 }
 
 impl VecSource {
@@ -40,10 +45,7 @@ impl VecSource {
             .collect();
         VecSource {
             batches,
-            offset: 0,
-            committed: 0,
-            checkpoints: Default::default(),
-            restore: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -59,6 +61,13 @@ impl VecSource {
     /// restart.
     pub fn restoring(mut self, checkpoints: std::collections::BTreeMap<i32, String>) -> Self {
         self.restore = checkpoints.into_iter().collect();
+        self
+    }
+
+    /// Aborts the next `commits` commits (a rebalance fencing the
+    /// transaction): the query rewinds and replays the batch.
+    pub fn aborting_commits(mut self, commits: usize) -> Self {
+        self.commits_to_abort = commits;
         self
     }
 
@@ -80,6 +89,7 @@ impl Source for VecSource {
     fn next_batch(&mut self, _: &BatchRequest) -> Result<SourceBatch> {
         let records = self.batches.pop_front().unwrap_or_default();
         self.offset += records.len() as i64;
+        self.uncommitted.push(records.clone());
         Ok(SourceBatch {
             records,
             exhausted: self.batches.is_empty(),
@@ -88,9 +98,24 @@ impl Source for VecSource {
         })
     }
     fn commit(&mut self, checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {
+        if self.commits_to_abort > 0 {
+            self.commits_to_abort -= 1;
+            return Err(crate::error::Error::BatchAborted(
+                "a test aborts this commit".into(),
+            ));
+        }
         self.checkpoints = checkpoints.clone();
         self.committed = self.offset;
+        self.uncommitted.clear();
         Ok(())
+    }
+    fn rewind(&mut self) -> Result<bool> {
+        for records in self.uncommitted.drain(..).rev() {
+            self.batches.push_front(records);
+        }
+        self.offset = self.committed;
+        self.restore = self.checkpoints.clone().into_iter().collect();
+        Ok(true)
     }
     fn offsets(&self) -> serde_json::Value {
         serde_json::json!({"input": {"0": self.offset}})
