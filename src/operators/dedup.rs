@@ -10,7 +10,17 @@
 //! `dropDuplicates` with it), the first occurrence's event time plus the
 //! watermark delay (`dropDuplicatesWithinWatermark`), never otherwise (the
 //! state grows without bound; a warning says so).
+//!
+//! With a disk store and a memory bound (`open_state` with `cache_bytes`)
+//! the state is read through the store: each key lives there (`K` + key →
+//! its eviction time) beside an expiry index (`E` + time + key), a batch's
+//! end evicts by scanning the index up to the watermark, and memory holds
+//! a bounded cache of keys known to be held. Otherwise every key is held in
+//! memory and the store only keeps it across restarts.
 
+use super::state_codec::{
+    expired_by, expiry_key, parse_expiry_key, state_key, state_key_into, STATE_KEY_PREFIX,
+};
 use super::{encode_key_into, BatchContext, Operator};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -24,6 +34,14 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 
 /// Never evicted.
 const FOREVER: TimestampMicros = TimestampMicros::MAX;
+
+/// The store entry counting the keys held, when state is read through the
+/// store (counting them there would read every key).
+const HELD_KEYS: &[u8] = b"N";
+
+/// Memory a cached key costs, for the bound: the key, its time and the
+/// hash map's share.
+const CACHED_KEY_BYTES: usize = 96;
 
 /// Which deduplication.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,13 +63,21 @@ pub enum DedupSpec {
 pub struct Deduplicate {
     spec: DedupSpec,
     event_time: Option<Arc<str>>,
-    /// Key → eviction time.
+    /// Key → eviction time: every key held, or, when state is read through
+    /// the store, a bounded cache of keys known to be held.
     seen: HashMap<Vec<u8>, TimestampMicros>,
+    /// The eviction index of `seen` when it holds every key.
     evictions: BTreeSet<(TimestampMicros, Vec<u8>)>,
-    /// Keys added (`Some`) or evicted (`None`) since the last checkpoint.
+    /// Keys added (`Some`) or evicted (`None`) since the last checkpoint,
+    /// when `seen` holds every key (else they are written at once).
     changed: BTreeMap<Vec<u8>, Option<TimestampMicros>>,
     store: Option<Box<dyn StateStore>>,
+    /// Reading through the store: at most about this many keys cached.
+    max_cached_keys: Option<usize>,
+    /// Keys held, when reading through the store (else `seen.len()`).
+    held_keys: u64,
     key_buffer: Vec<u8>,
+    store_key_buffer: Vec<u8>,
     value_buffer: Vec<u8>,
     dropped_by_watermark: u64,
     dropped_duplicates: u64,
@@ -82,7 +108,10 @@ impl Deduplicate {
             evictions: BTreeSet::new(),
             changed: BTreeMap::new(),
             store: None,
+            max_cached_keys: None,
+            held_keys: 0,
             key_buffer: Vec::new(),
+            store_key_buffer: Vec::new(),
             value_buffer: Vec::new(),
             dropped_by_watermark: 0,
             dropped_duplicates: 0,
@@ -135,6 +164,86 @@ impl Deduplicate {
         }
     }
 
+    /// Whether the key in `key_buffer` is held: in the cache, or else (when
+    /// reading through the store) in the store, then cached.
+    fn is_held(&mut self) -> Result<bool> {
+        if self.seen.contains_key(&self.key_buffer) {
+            return Ok(true);
+        }
+        let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_ref()) else {
+            return Ok(false);
+        };
+        state_key_into(&self.key_buffer, &mut self.store_key_buffer);
+        let Some(bytes) = store.get(&self.store_key_buffer)? else {
+            return Ok(false);
+        };
+        self.seen
+            .insert(self.key_buffer.clone(), decode_time(&bytes)?);
+        Ok(true)
+    }
+
+    /// Holds the key in `key_buffer` until `evict_at`.
+    fn hold(&mut self, evict_at: TimestampMicros) -> Result<()> {
+        let key = self.key_buffer.clone();
+        match (self.max_cached_keys, self.store.as_mut()) {
+            (Some(_), Some(store)) => {
+                state_key_into(&key, &mut self.store_key_buffer);
+                store.put(&self.store_key_buffer, &evict_at.to_le_bytes())?;
+                if evict_at != FOREVER {
+                    store.put(&expiry_key(evict_at, &key), &[])?;
+                }
+                self.held_keys += 1;
+            }
+            _ => {
+                if evict_at != FOREVER {
+                    self.evictions.insert((evict_at, key.clone()));
+                }
+                if self.store.is_some() {
+                    self.changed.insert(key.clone(), Some(evict_at));
+                }
+            }
+        }
+        self.seen.insert(key, evict_at);
+        Ok(())
+    }
+
+    /// Evicts the keys whose time is at or before `watermark`.
+    fn evict(&mut self, watermark: TimestampMicros) -> Result<()> {
+        if let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_mut()) {
+            for (index_key, _) in expired_by(store.as_ref(), watermark)? {
+                let Some((_, key)) = parse_expiry_key(&index_key) else {
+                    continue;
+                };
+                store.delete(&state_key(key))?;
+                store.delete(&index_key)?;
+                self.seen.remove(key);
+                self.held_keys = self.held_keys.saturating_sub(1);
+                self.rows_removed += 1;
+            }
+            return Ok(());
+        }
+        while let Some((t, _)) = self.evictions.first() {
+            if *t > watermark {
+                break;
+            }
+            let (_, key) = self.evictions.pop_first().expect("first exists");
+            self.seen.remove(&key);
+            if self.store.is_some() {
+                self.changed.insert(key, None);
+            }
+            self.rows_removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Keys held.
+    fn held(&self) -> u64 {
+        match self.max_cached_keys {
+            Some(_) => self.held_keys,
+            None => self.seen.len() as u64,
+        }
+    }
+
     fn eviction_time(&self, event_time: Option<TimestampMicros>) -> TimestampMicros {
         match (&self.spec, event_time) {
             (DedupSpec::WithinWatermark { delay_micros, .. }, Some(t)) => {
@@ -144,6 +253,14 @@ impl Deduplicate {
             _ => FOREVER,
         }
     }
+}
+
+/// A key's eviction time as stored: 8 bytes, little-endian.
+fn decode_time(bytes: &[u8]) -> Result<TimestampMicros> {
+    let bytes: [u8; 8] = bytes.try_into().map_err(|_| {
+        Error::Source("corrupt deduplication state: an 8-byte time expected".into())
+    })?;
+    Ok(i64::from_le_bytes(bytes))
 }
 
 impl Operator for Deduplicate {
@@ -169,36 +286,21 @@ impl Operator for Deduplicate {
             }
         }
         self.encode(&row);
-        if self.seen.contains_key(&self.key_buffer) {
+        if self.is_held()? {
             self.dropped_duplicates += 1;
             return Ok(());
         }
-        let evict_at = self.eviction_time(event_time);
-        let key = self.key_buffer.clone();
-        if evict_at != FOREVER {
-            self.evictions.insert((evict_at, key.clone()));
-        }
-        self.changed.insert(key.clone(), Some(evict_at));
-        self.seen.insert(key, evict_at);
+        self.hold(self.eviction_time(event_time))?;
         self.rows_updated += 1;
         out.push(row);
         Ok(())
     }
 
     fn on_batch_end(&mut self, ctx: &BatchContext, _out: &mut Vec<Row>) -> Result<()> {
-        if self.event_time.is_none() {
+        if self.event_time.is_none() || ctx.watermark <= 0 {
             return Ok(());
         }
-        while let Some((t, _)) = self.evictions.first() {
-            if *t > ctx.watermark || ctx.watermark <= 0 {
-                break;
-            }
-            let (_, key) = self.evictions.pop_first().expect("first exists");
-            self.seen.remove(&key);
-            self.changed.insert(key, None);
-            self.rows_removed += 1;
-        }
-        Ok(())
+        self.evict(ctx.watermark)
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {
@@ -209,18 +311,22 @@ impl Operator for Deduplicate {
         true
     }
 
-    fn open_state(
-        &mut self,
-        store: Box<dyn StateStore>,
-        _cache_bytes: Option<usize>,
-    ) -> Result<()> {
+    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
         self.seen.clear();
         self.evictions.clear();
-        for (key, value) in store.prefix(b"")? {
-            let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| {
-                Error::Source("corrupt deduplication state: an 8-byte time expected".into())
-            })?;
-            let evict_at = i64::from_le_bytes(bytes);
+        self.changed.clear();
+        self.max_cached_keys = cache_bytes.map(|bytes| (bytes / CACHED_KEY_BYTES).max(16));
+        if self.max_cached_keys.is_some() {
+            self.held_keys = match store.get(HELD_KEYS)? {
+                Some(bytes) => decode_time(&bytes)? as u64,
+                None => 0,
+            };
+            self.store = Some(store);
+            return Ok(());
+        }
+        for (key, value) in store.prefix(STATE_KEY_PREFIX)? {
+            let evict_at = decode_time(&value)?;
+            let key = key[STATE_KEY_PREFIX.len()..].to_vec();
             if evict_at != FOREVER {
                 self.evictions.insert((evict_at, key.clone()));
             }
@@ -232,12 +338,22 @@ impl Operator for Deduplicate {
 
     fn checkpoint(&mut self) -> Result<()> {
         let changed = std::mem::take(&mut self.changed);
-        match self.store.as_mut() {
-            Some(store) => super::state_codec::write_changes(store.as_mut(), changed, |t| {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        let Some(max_keys) = self.max_cached_keys else {
+            let changed = changed.into_iter().map(|(k, v)| (state_key(&k), v));
+            return super::state_codec::write_changes(store.as_mut(), changed, |t| {
                 t.to_le_bytes().to_vec()
-            }),
-            None => Ok(()),
+            });
+        };
+        store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
+        store.flush()?;
+        if self.seen.len() > max_keys {
+            // Keep half, so that the cache does not shrink every batch.
+            super::shrink_cache(&mut self.seen, max_keys / 2, max_keys);
         }
+        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
@@ -251,12 +367,157 @@ impl Operator for Deduplicate {
                 DedupSpec::WithinWatermark { .. } => "dedupeWithinWatermark".into(),
                 _ => "dedupe".into(),
             },
-            num_rows_total: self.seen.len() as u64,
+            num_rows_total: self.held(),
             num_rows_updated: std::mem::take(&mut self.rows_updated),
             num_rows_removed: std::mem::take(&mut self.rows_removed),
             num_rows_dropped_by_watermark: std::mem::take(&mut self.dropped_by_watermark),
             memory_used_bytes: (self.seen.len() * 64) as u64,
             custom_metrics,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Mutex;
+    use tidemark_state::{Entries, InMemoryStore, StateError};
+
+    /// A store that outlives the operator holding it: a restart reopens it.
+    #[derive(Clone, Default)]
+    struct SharedStore(Arc<Mutex<InMemoryStore>>);
+
+    impl StateStore for SharedStore {
+        fn name(&self) -> &str {
+            "dedup"
+        }
+        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, StateError> {
+            self.0.lock().unwrap().get(key)
+        }
+        fn put(&mut self, key: &[u8], value: &[u8]) -> std::result::Result<(), StateError> {
+            self.0.lock().unwrap().put(key, value)
+        }
+        fn delete(&mut self, key: &[u8]) -> std::result::Result<(), StateError> {
+            self.0.lock().unwrap().delete(key)
+        }
+        fn range(&self, start: &[u8], end: &[u8]) -> std::result::Result<Entries, StateError> {
+            self.0.lock().unwrap().range(start, end)
+        }
+        fn prefix(&self, prefix: &[u8]) -> std::result::Result<Entries, StateError> {
+            self.0.lock().unwrap().prefix(prefix)
+        }
+        fn approximate_len(&self) -> usize {
+            self.0.lock().unwrap().approximate_len()
+        }
+    }
+
+    const SECOND: i64 = 1_000_000;
+
+    /// A batch whose watermark (and late-row threshold) is `watermark`.
+    fn ctx(watermark: TimestampMicros) -> BatchContext {
+        BatchContext {
+            batch_id: 0,
+            processing_time: 0,
+            late_threshold: watermark,
+            watermark,
+            collect_late_rows: false,
+            real_time: false,
+        }
+    }
+
+    fn spec(within_watermark: bool) -> DedupSpec {
+        let keys = vec![Arc::from("k")];
+        if within_watermark {
+            DedupSpec::WithinWatermark {
+                keys,
+                delay_micros: 10 * SECOND,
+            }
+        } else {
+            DedupSpec::Keys(keys)
+        }
+    }
+
+    /// Runs `batches` of (key, second) rows through a deduplication whose
+    /// state is read through a store with `cache_bytes` (`None`: all in
+    /// memory), restarted from its store after batch `restart_after`.
+    /// Returns each batch's emitted rows and state size.
+    fn run(
+        within_watermark: bool,
+        batches: &[Vec<(u8, i64)>],
+        cache_bytes: Option<usize>,
+        restart_after: usize,
+    ) -> Vec<(Vec<String>, u64)> {
+        let store = SharedStore::default();
+        let open = || {
+            let mut op = Deduplicate::new(spec(within_watermark), Some(Arc::from("t"))).unwrap();
+            op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+            op
+        };
+        let mut op = open();
+        let (mut max_time, mut results) = (0, Vec::new());
+        for (index, batch) in batches.iter().enumerate() {
+            // Spark's watermark: the previous batch's maximum minus 10 s.
+            let watermark = (max_time - 10 * SECOND).max(0);
+            let ctx = ctx(watermark);
+            let mut out = Vec::new();
+            for (key, second) in batch {
+                let mut row = Row::new();
+                row.set("k", Value::from(format!("k{key}").as_str()));
+                row.set("t", Value::Timestamp(second * SECOND));
+                max_time = max_time.max(second * SECOND);
+                op.on_row(row, &ctx, &mut out).unwrap();
+            }
+            op.on_batch_end(&ctx, &mut out).unwrap();
+            op.checkpoint().unwrap();
+            let emitted = out.iter().map(|r| format!("{r:?}")).collect();
+            let held = op.state_progress().unwrap().num_rows_total;
+            results.push((emitted, held));
+            if index == restart_after {
+                op = open();
+            }
+        }
+        results
+    }
+
+    proptest! {
+        #[test]
+        fn state_read_through_the_store_gives_the_in_memory_results(
+            within_watermark: bool,
+            batches in prop::collection::vec(
+                prop::collection::vec((0u8..40, 1i64..120), 0..30), 1..12),
+            restart_after in 0usize..12,
+        ) {
+            let in_memory = run(within_watermark, &batches, None, usize::MAX);
+            // 16 keys cached at most: most lookups go to the store.
+            let through_store = run(within_watermark, &batches, Some(1), restart_after);
+            prop_assert_eq!(&through_store, &in_memory);
+            let restarted_in_memory = run(within_watermark, &batches, None, restart_after);
+            prop_assert_eq!(&restarted_in_memory, &in_memory);
+        }
+    }
+
+    #[test]
+    fn a_store_read_through_holds_its_keys_there_and_caches_a_bounded_few() {
+        let store = SharedStore::default();
+        let mut op = Deduplicate::new(spec(true), Some(Arc::from("t"))).unwrap();
+        op.open_state(Box::new(store.clone()), Some(1)).unwrap();
+        let mut out = Vec::new();
+        for key in 0..100 {
+            let mut row = Row::new();
+            row.set("k", Value::Long(key));
+            row.set("t", Value::Timestamp(SECOND));
+            op.on_row(row, &ctx(0), &mut out).unwrap();
+        }
+        op.checkpoint().unwrap();
+        assert_eq!(out.len(), 100);
+        assert!(op.seen.len() <= 16, "{} keys cached", op.seen.len());
+        // 100 keys, 100 index entries and the count.
+        assert_eq!(store.approximate_len(), 201);
+        // Evicted at the watermark past 1 s + 10 s: keys and index go.
+        op.on_batch_end(&ctx(11 * SECOND), &mut out).unwrap();
+        op.checkpoint().unwrap();
+        assert_eq!(store.approximate_len(), 1);
+        assert_eq!(op.state_progress().unwrap().num_rows_total, 0);
     }
 }

@@ -162,12 +162,7 @@ impl FixedWindowState {
     pub(super) fn shrink_to(&mut self, max_keys: usize) {
         self.expiry.clear();
         if self.keys.len() > max_keys {
-            let keep = max_keys * 3 / 4;
-            let mut seen = 0usize;
-            self.keys.retain(|_, _| {
-                seen += 1;
-                seen <= keep
-            });
+            super::shrink_cache(&mut self.keys, max_keys * 3 / 4, max_keys);
         }
     }
 

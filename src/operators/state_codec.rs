@@ -5,6 +5,7 @@ use crate::aggregate::Accumulator;
 use crate::error::{Error, Result};
 use crate::operators::AggregateSpec;
 use crate::row::Value;
+use crate::time::TimestampMicros;
 use crate::window::TimeWindow;
 use std::sync::Arc;
 
@@ -103,6 +104,60 @@ pub(crate) fn write_changes<K: AsRef<[u8]>, V>(
     }
     store.flush()?;
     Ok(())
+}
+
+/// Prefix of a key's entry in a store shared with an expiry index.
+const KEY_PREFIX: u8 = b'K';
+/// Prefix of the expiry index: `E`, the time, then the key.
+const EXPIRY_PREFIX: u8 = b'E';
+
+/// The store key of an operator key's entry: `K` then the key.
+pub(crate) fn state_key_into(key: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.push(KEY_PREFIX);
+    out.extend_from_slice(key);
+}
+
+/// [`state_key_into`] into a new buffer.
+pub(crate) fn state_key(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 1);
+    state_key_into(key, &mut out);
+    out
+}
+
+/// The prefix every [`state_key`] starts with.
+pub(crate) const STATE_KEY_PREFIX: &[u8] = &[KEY_PREFIX];
+
+/// An expiry index entry: big-endian with the sign bit flipped, so that
+/// byte order is time order and a range scan finds what expires by a time.
+pub(crate) fn expiry_key(time: TimestampMicros, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 9);
+    out.push(EXPIRY_PREFIX);
+    out.extend(((time as u64) ^ (1 << 63)).to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The time and key of an [`expiry_key`]; `None` for any other entry.
+pub(crate) fn parse_expiry_key(bytes: &[u8]) -> Option<(TimestampMicros, &[u8])> {
+    let (&prefix, rest) = bytes.split_first()?;
+    if prefix != EXPIRY_PREFIX || rest.len() < 8 {
+        return None;
+    }
+    let (time, key) = rest.split_at(8);
+    let time = u64::from_be_bytes(time.try_into().ok()?) ^ (1 << 63);
+    Some((time as i64, key))
+}
+
+/// The expiry index entries of `store` with a time at or before `time`.
+pub(crate) fn expired_by(
+    store: &dyn tidemark_state::StateStore,
+    time: TimestampMicros,
+) -> Result<tidemark_state::Entries> {
+    Ok(store.range(
+        &expiry_key(i64::MIN, b""),
+        &expiry_key(time.saturating_add(1), b""),
+    )?)
 }
 
 /// Appends a whole row: column count, then each name and value.

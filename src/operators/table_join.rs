@@ -10,11 +10,17 @@
 //! triggers a join. The table lives in the task's store like any operator
 //! state, so it is checkpointed and restored with it.
 //!
+//! With a disk store and a memory bound (`open_state` with `cache_bytes`)
+//! the table is read through the store (`K` + key → the row, `N` → the
+//! row count) and memory caches a bounded number of rows; otherwise the
+//! whole table is held in memory as well. Either way the store keeps the
+//! columns seen (`C`): the nulls of an unmatched row after a restart.
+//!
 //! Keys are compared in their record-key form (the text of a single key
 //! column, a JSON array for several, as tidemark's Kafka sink writes them),
 //! so that a tombstone's record key finds the row it deletes.
 
-use super::state_codec::{corrupt, put_row, Reader};
+use super::state_codec::{corrupt, put_row, state_key, Reader, STATE_KEY_PREFIX};
 use super::{BatchContext, Operator};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -51,10 +57,19 @@ pub struct TableJoin {
     spec: TableJoinSpec,
     /// A global table instead of the task's own.
     global: Option<SharedTable>,
+    /// The table, or, when it is read through the store, a bounded cache
+    /// of its rows.
     table: HashMap<String, Row>,
-    /// Keys written (`Some`) or deleted (`None`) since the last checkpoint.
+    /// Keys written (`Some`) or deleted (`None`) since the last checkpoint,
+    /// when `table` holds every row (else they are written at once).
     changed: BTreeMap<String, Option<Row>>,
     store: Option<Box<dyn StateStore>>,
+    /// Reading through the store: at most about this many rows cached.
+    max_cached_rows: Option<usize>,
+    /// Rows in the table, when reading through the store.
+    stored_rows: u64,
+    /// Columns learned since the last checkpoint (stored with it).
+    columns_changed: bool,
     columns: Vec<Arc<str>>,
     bytes: usize,
     rows_updated: u64,
@@ -101,6 +116,9 @@ impl TableJoin {
             table: HashMap::default(),
             changed: BTreeMap::new(),
             store: None,
+            max_cached_rows: None,
+            stored_rows: 0,
+            columns_changed: false,
             bytes: 0,
             rows_updated: 0,
             rows_removed: 0,
@@ -123,28 +141,116 @@ impl TableJoin {
                 self.spec.table_name, self.spec.table_keys
             )));
         };
-        for (name, _) in row.entries() {
-            if !self.columns.contains(name) {
-                self.columns.push(name.clone());
-            }
+        self.columns_changed |= learn_columns(&mut self.columns, &row);
+        self.rows_updated += 1;
+        if let Some(store) = self.reading_through() {
+            let existed = store.get(&state_key(key.as_bytes()))?.is_some();
+            store.put(&state_key(key.as_bytes()), &encode_row(&row))?;
+            self.stored_rows += u64::from(!existed);
+            self.cache(key, row);
+            return Ok(());
         }
         if self.store.is_some() {
             self.changed.insert(key.clone(), Some(row.clone()));
         }
-        self.bytes += key.len() + 64;
-        self.table.insert(key, row);
-        self.rows_updated += 1;
+        if self.table.insert(key.clone(), row).is_none() {
+            self.bytes += key.len() + 64;
+        }
         Ok(())
     }
 
-    fn delete(&mut self, key: &str) {
-        if self.table.remove(key).is_some() {
+    fn delete(&mut self, key: &str) -> Result<()> {
+        let cached = self.table.remove(key).is_some();
+        if cached {
             self.bytes = self.bytes.saturating_sub(key.len() + 64);
+        }
+        if let Some(store) = self.reading_through() {
+            if cached || store.get(&state_key(key.as_bytes()))?.is_some() {
+                store.delete(&state_key(key.as_bytes()))?;
+                self.stored_rows = self.stored_rows.saturating_sub(1);
+                self.rows_removed += 1;
+            }
+            return Ok(());
+        }
+        if cached {
             self.rows_removed += 1;
             if self.store.is_some() {
                 self.changed.insert(key.to_string(), None);
             }
         }
+        Ok(())
+    }
+
+    /// The store, when the table is read through it.
+    fn reading_through(&mut self) -> Option<&mut Box<dyn StateStore>> {
+        self.max_cached_rows.and(self.store.as_mut())
+    }
+
+    fn cache(&mut self, key: String, row: Row) {
+        let added = key.len() + 64;
+        if self.table.insert(key, row).is_none() {
+            self.bytes += added;
+        }
+    }
+
+    /// The table row of `key`: cached, or read from the store and cached.
+    fn lookup(&mut self, key: &str) -> Result<Option<Row>> {
+        if let Some(row) = self.table.get(key) {
+            return Ok(Some(row.clone()));
+        }
+        let Some(store) = self.reading_through() else {
+            return Ok(None);
+        };
+        let Some(bytes) = store.get(&state_key(key.as_bytes()))? else {
+            return Ok(None);
+        };
+        let row = decode_row(&bytes)?;
+        self.cache(key.to_string(), row.clone());
+        Ok(Some(row))
+    }
+
+    /// Opens the table read through `store`: only its count and columns.
+    fn open_reading_through(&mut self, store: Box<dyn StateStore>) -> Result<()> {
+        self.stored_rows = match store.get(ROW_COUNT)? {
+            Some(bytes) => u64::from_le_bytes(
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt("table row count"))?,
+            ),
+            None => 0,
+        };
+        self.store = Some(store);
+        Ok(())
+    }
+
+    /// Learns the columns a previous run stored: a table whose rows were
+    /// all deleted still knows them for its unmatched rows' nulls.
+    fn read_columns(&mut self, store: &dyn StateStore) -> Result<()> {
+        if let Some(bytes) = store.get(COLUMNS)? {
+            let names: Vec<String> =
+                serde_json::from_slice(&bytes).map_err(|_| corrupt("table columns"))?;
+            for name in names {
+                let name: Arc<str> = name.into();
+                if !self.columns.contains(&name) {
+                    self.columns.push(name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the columns when rows taught new ones since the last time.
+    fn write_columns(&mut self) -> Result<()> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        if std::mem::take(&mut self.columns_changed) {
+            let names: Vec<&str> = self.columns.iter().map(|c| c.as_ref()).collect();
+            let bytes = serde_json::to_vec(&names).map_err(|e| Error::Source(e.to_string()))?;
+            store.put(COLUMNS, &bytes)?;
+        }
+        Ok(())
     }
 
     fn enrich(&self, mut row: Row, table_row: Option<&Row>) -> Row {
@@ -157,6 +263,24 @@ impl TableJoin {
         );
         row
     }
+}
+
+/// The store entry counting the rows, when the table is read through it.
+const ROW_COUNT: &[u8] = b"N";
+/// The store entry listing the columns seen (the nulls of an unmatched
+/// row).
+const COLUMNS: &[u8] = b"C";
+
+/// Adds `row`'s columns not yet in `columns`; whether there were any.
+fn learn_columns(columns: &mut Vec<Arc<str>>, row: &Row) -> bool {
+    let mut learned = false;
+    for (name, _) in row.entries() {
+        if !columns.contains(name) {
+            columns.push(name.clone());
+            learned = true;
+        }
+    }
+    learned
 }
 
 fn encode_row(row: &Row) -> Vec<u8> {
@@ -197,7 +321,7 @@ impl Operator for TableJoin {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(k)
                 .cloned(),
-            (None, Some(k)) => self.table.get(k).cloned(),
+            (None, Some(k)) => self.lookup(k)?,
         };
         match found {
             Some(t) => out.push(self.enrich(row, Some(&t))),
@@ -230,8 +354,7 @@ impl Operator for TableJoin {
                 self.spec.table_name
             ))
         })?;
-        self.delete(key);
-        Ok(())
+        self.delete(key)
     }
 
     fn is_stateful(&self) -> bool {
@@ -239,33 +362,48 @@ impl Operator for TableJoin {
         self.global.is_none()
     }
 
-    fn open_state(
-        &mut self,
-        store: Box<dyn StateStore>,
-        _cache_bytes: Option<usize>,
-    ) -> Result<()> {
+    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
         self.table.clear();
-        for (key, value) in store.prefix(b"")? {
-            let key = String::from_utf8(key).map_err(|_| corrupt("table key is not UTF-8"))?;
+        self.changed.clear();
+        self.bytes = 0;
+        // A row costs its key, its values and the map's share: about 256.
+        self.max_cached_rows = cache_bytes.map(|bytes| (bytes / 256).max(16));
+        self.read_columns(store.as_ref())?;
+        if self.max_cached_rows.is_some() {
+            return self.open_reading_through(store);
+        }
+        for (key, value) in store.prefix(STATE_KEY_PREFIX)? {
+            let key = String::from_utf8(key[STATE_KEY_PREFIX.len()..].to_vec())
+                .map_err(|_| corrupt("table key is not UTF-8"))?;
             let row = decode_row(&value)?;
-            for (name, _) in row.entries() {
-                if !self.columns.contains(name) {
-                    self.columns.push(name.clone());
-                }
-            }
-            self.bytes += key.len() + 64;
-            self.table.insert(key, row);
+            learn_columns(&mut self.columns, &row);
+            self.cache(key, row);
         }
         self.store = Some(store);
         Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<()> {
+        self.write_columns()?;
         let changed = std::mem::take(&mut self.changed);
-        match self.store.as_mut() {
-            Some(store) => super::state_codec::write_changes(store.as_mut(), changed, encode_row),
-            None => Ok(()),
+        let rows = self.stored_rows;
+        let Some(store) = self.store.as_mut() else {
+            return Ok(());
+        };
+        let Some(max_rows) = self.max_cached_rows else {
+            let changed = changed
+                .into_iter()
+                .map(|(k, v)| (state_key(k.as_bytes()), v));
+            return super::state_codec::write_changes(store.as_mut(), changed, encode_row);
+        };
+        store.put(ROW_COUNT, &rows.to_le_bytes())?;
+        store.flush()?;
+        if self.table.len() > max_rows {
+            // Keep half, so that the cache does not shrink every batch.
+            super::shrink_cache(&mut self.table, max_rows / 2, max_rows);
+            self.bytes = self.table.keys().map(|k| k.len() + 64).sum();
         }
+        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
@@ -279,7 +417,10 @@ impl Operator for TableJoin {
         }
         Some(StateOperatorProgress {
             operator_name: "streamTableJoin".into(),
-            num_rows_total: self.table.len() as u64,
+            num_rows_total: match self.max_cached_rows {
+                Some(_) => self.stored_rows,
+                None => self.table.len() as u64,
+            },
             num_rows_updated: std::mem::take(&mut self.rows_updated),
             num_rows_removed: std::mem::take(&mut self.rows_removed),
             num_rows_dropped_by_watermark: 0,
@@ -308,18 +449,32 @@ mod tests {
         pairs.iter().map(|(n, v)| (*n, v.clone())).collect()
     }
 
-    #[test]
-    fn upserts_deletes_and_restores() {
-        let spec = TableJoinSpec {
+    fn spec() -> TableJoinSpec {
+        TableJoinSpec {
             keep_unmatched: true,
             stream_keys: vec!["customer".into()],
             table_keys: vec!["id".into()],
             table_name: "customers".into(),
             table_columns: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn upserts_deletes_and_restores() {
+        // All in memory, and read through the store with 16 rows cached.
+        for cache_bytes in [None, Some(1)] {
+            upserts_deletes_and_restores_with(cache_bytes);
+        }
+    }
+
+    fn upserts_deletes_and_restores_with(cache_bytes: Option<usize>) {
+        let spec = spec();
         let mut join = TableJoin::new(spec.clone()).unwrap();
-        join.open_state(Box::new(tidemark_state::InMemoryStore::new("t")), None)
-            .unwrap();
+        join.open_state(
+            Box::new(tidemark_state::InMemoryStore::new("t")),
+            cache_bytes,
+        )
+        .unwrap();
         let mut out = Vec::new();
         join.on_input_row(
             1,
@@ -347,7 +502,8 @@ mod tests {
         join.checkpoint().unwrap();
         let store = join.store.take().unwrap();
         let mut restored = TableJoin::new(spec).unwrap();
-        restored.open_state(store, None).unwrap();
+        restored.open_state(store, cache_bytes).unwrap();
+        assert_eq!(restored.state_progress().unwrap().num_rows_total, 1);
         for c in [7, 8] {
             restored
                 .on_row(row(&[("customer", Value::Long(c))]), &ctx(), &mut out)
@@ -356,5 +512,72 @@ mod tests {
         assert_eq!(out[0].get("tier"), Some(&Value::from("platinum")));
         assert_eq!(out[0].get("id"), Some(&Value::Long(7)));
         assert_eq!(out[1].get("tier"), Some(&Value::Null), "8 was deleted");
+    }
+
+    /// One step of a table join's input.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Upsert(u8, u8),
+        Tombstone(u8),
+        Stream(u8),
+        Restart,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..30, any::<u8>()).prop_map(|(k, v)| Step::Upsert(k, v)),
+            (0u8..30).prop_map(Step::Tombstone),
+            (0u8..30).prop_map(Step::Stream),
+            Just(Step::Restart),
+        ]
+    }
+
+    /// The rows `steps` emit and the table's size after each step, with a
+    /// checkpoint after every step and a reopening at each restart.
+    fn run(steps: &[Step], cache_bytes: Option<usize>) -> Vec<(String, u64)> {
+        let open = |store: Box<dyn StateStore>| {
+            let mut join = TableJoin::new(spec()).unwrap();
+            join.open_state(store, cache_bytes).unwrap();
+            join
+        };
+        let mut join = open(Box::new(tidemark_state::InMemoryStore::new("t")));
+        let mut seen = Vec::new();
+        for step in steps {
+            let mut out = Vec::new();
+            match step {
+                Step::Upsert(k, v) => {
+                    let table_row = row(&[
+                        ("id", Value::Long(*k as i64)),
+                        ("v", Value::Long(*v as i64)),
+                    ]);
+                    join.on_input_row(1, table_row, &ctx(), &mut out).unwrap();
+                }
+                Step::Tombstone(k) => join
+                    .on_input_tombstone(1, k.to_string().as_bytes())
+                    .unwrap(),
+                Step::Stream(k) => {
+                    let stream_row = row(&[("customer", Value::Long(*k as i64))]);
+                    join.on_row(stream_row, &ctx(), &mut out).unwrap();
+                }
+                Step::Restart => {
+                    join.checkpoint().unwrap();
+                    join = open(join.store.take().unwrap());
+                }
+            }
+            join.checkpoint().unwrap();
+            let rows = join.state_progress().unwrap().num_rows_total;
+            seen.push((format!("{out:?}"), rows));
+        }
+        seen
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_table_read_through_the_store_joins_as_one_held_in_memory(
+            steps in proptest::collection::vec(step(), 1..200),
+        ) {
+            proptest::prop_assert_eq!(run(&steps, Some(1)), run(&steps, None));
+        }
     }
 }

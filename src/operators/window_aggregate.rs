@@ -8,7 +8,10 @@
 //! evicts nothing.
 
 use super::fixed_windows::FixedWindowState;
-use super::state_codec::{decode_key_state, encode_key_state};
+use super::state_codec::{
+    decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
+    STATE_KEY_PREFIX,
+};
 use super::{encode_key, encode_key_into, BatchContext, Operator, OutputMode};
 use crate::aggregate::{Accumulator, AggregateFn};
 use crate::error::Result;
@@ -344,10 +347,7 @@ impl WindowAggregate {
         let Some(store) = self.store.as_ref() else {
             return Ok(());
         };
-        let expired = store.range(
-            &expiry_key(i64::MIN, b""),
-            &expiry_key(watermark.saturating_add(1), b""),
-        )?;
+        let expired = expired_by(store.as_ref(), watermark)?;
         for (index_key, _) in expired {
             let Some((end, key)) = parse_expiry_key(&index_key) else {
                 continue;
@@ -531,8 +531,8 @@ impl Operator for WindowAggregate {
             self.store = Some(store);
             return Ok(());
         }
-        for (key, bytes) in store.prefix(KEY_PREFIX)? {
-            let key = key[KEY_PREFIX.len()..].to_vec();
+        for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
+            let key = key[STATE_KEY_PREFIX.len()..].to_vec();
             let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
             if self.window.is_session() {
                 let sessions = windows
@@ -603,35 +603,6 @@ impl Operator for WindowAggregate {
 
 /// Store keys: `K` + encoded key → the key's windows; `E` + window end +
 /// encoded key → nothing, the expiry index that eviction scans by range.
-const KEY_PREFIX: &[u8] = b"K";
-const EXPIRY_PREFIX: u8 = b'E';
-
-fn state_key(key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 1);
-    out.extend_from_slice(KEY_PREFIX);
-    out.extend_from_slice(key);
-    out
-}
-
-/// Big-endian with the sign bit flipped: byte order is time order.
-fn expiry_key(end: TimestampMicros, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(key.len() + 9);
-    out.push(EXPIRY_PREFIX);
-    out.extend(((end as u64) ^ (1 << 63)).to_be_bytes());
-    out.extend_from_slice(key);
-    out
-}
-
-fn parse_expiry_key(bytes: &[u8]) -> Option<(TimestampMicros, &[u8])> {
-    let (&prefix, rest) = bytes.split_first()?;
-    if prefix != EXPIRY_PREFIX || rest.len() < 8 {
-        return None;
-    }
-    let (end, key) = rest.split_at(8);
-    let end = u64::from_be_bytes(end.try_into().ok()?) ^ (1 << 63);
-    Some((end as i64, key))
-}
-
 fn fold(aggregates: &[AggregateSpec], accumulators: &mut [Accumulator], row: &Row) {
     for (spec, acc) in aggregates.iter().zip(accumulators.iter_mut()) {
         match &spec.input {

@@ -3,9 +3,13 @@
 //! events/keys times), through `dropDuplicatesWithinWatermark(guid)` with
 //! a watermark that evicts as event time moves, or `dropDuplicates(guid)`
 //! with no eviction. Prints events/s, state keys at the end, peak RSS.
+//! With `--memory-mb`, the state is read through a RocksDB store under that
+//! budget, as a pipeline file's `state: {dir, memory_mb}` gives it, and
+//! every batch checkpoints.
 //!
 //! ```text
 //! cargo run -p tidemark-bench --bin dedup -- --keys 10000000 --events 20000000
+//! cargo run -p tidemark-bench --bin dedup -- --keys 10000000 --events 20000000 --memory-mb 512
 //! ```
 
 use clap::Parser;
@@ -13,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tidemark::operators::{BatchContext, DedupSpec, Deduplicate, Operator};
 use tidemark::row::{Row, Value};
+use tidemark::runtime::StateBackend;
 
 #[derive(Parser)]
 struct Args {
@@ -28,6 +33,10 @@ struct Args {
     /// `within-watermark` (evicts) or `keys` (keeps every guid).
     #[arg(long, default_value = "within-watermark")]
     mode: String,
+    /// State read through RocksDB under this budget (MiB); 0 keeps every
+    /// key in memory.
+    #[arg(long, default_value_t = 0)]
+    memory_mb: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,6 +52,21 @@ fn main() -> anyhow::Result<()> {
         },
     };
     let mut op = Deduplicate::new(spec, Some(Arc::from("ts")))?;
+    let state_dir = tempfile::tempdir()?;
+    let mut backend = None;
+    if args.memory_mb > 0 {
+        let (rocksdb_bytes, operator_bytes) =
+            tidemark_connectors::split_memory_budget(args.memory_mb << 20, 1);
+        let mut rocks = tidemark_connectors::state_backend::RocksDbStateBackend::new(
+            state_dir.path(),
+            "bench-dedup",
+            rocksdb_bytes,
+            operator_bytes,
+            None,
+        )?;
+        op.open_state(rocks.open(0, "dedup")?, Some(operator_bytes))?;
+        backend = Some(rocks);
+    }
     let started = Instant::now();
     let mut out = Vec::new();
     let mut emitted = 0u64;
@@ -67,6 +91,7 @@ fn main() -> anyhow::Result<()> {
             op.on_row(row, &ctx, &mut out)?;
         }
         op.on_batch_end(&ctx, &mut out)?;
+        op.checkpoint()?;
         emitted += out.len() as u64;
         out.clear();
         done += n;
@@ -78,6 +103,7 @@ fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "mode": args.mode,
+            "memory_mb": args.memory_mb,
             "keys": args.keys,
             "events": args.events,
             "events_per_second": (args.events as f64 / seconds).round(),
@@ -86,5 +112,7 @@ fn main() -> anyhow::Result<()> {
             "peak_rss_mib": tidemark_bench::peak_rss_mib(),
         })
     );
+    drop(op);
+    drop(backend);
     Ok(())
 }
