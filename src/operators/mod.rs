@@ -8,6 +8,7 @@
 mod dedup;
 mod fixed_windows;
 mod join;
+mod join_store;
 mod rolling;
 mod state_codec;
 mod stateless;

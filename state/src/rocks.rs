@@ -178,21 +178,38 @@ impl RocksDbStore {
             .ok_or_else(|| backend(&self.name, "column family missing"))
     }
 
-    fn scan(&self, start: &[u8], stop: impl Fn(&[u8]) -> bool) -> Result<Entries, StateError> {
+    /// Entries from `start` up to `end` (exclusive; `None`: to the last).
+    /// The bound is RocksDB's too: the iterator stops at it instead of
+    /// stepping over the deleted keys that follow a range.
+    fn scan(&self, start: &[u8], end: Option<Vec<u8>>) -> Result<Entries, StateError> {
         let cf = self.cf()?;
+        let mut read = rocksdb::ReadOptions::default();
+        if let Some(end) = end {
+            read.set_iterate_upper_bound(end);
+        }
         let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(&cf, IteratorMode::From(start, Direction::Forward))
+        for item in
+            self.db
+                .iterator_cf_opt(&cf, read, IteratorMode::From(start, Direction::Forward))
         {
             let (k, v) = item.map_err(|e| backend(&self.name, e))?;
-            if stop(&k) {
-                break;
-            }
             out.push((k.to_vec(), v.to_vec()));
         }
         Ok(out)
     }
+}
+
+/// The least key greater than every key starting with `prefix`; `None`
+/// when there is none (the prefix is all `0xff`).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 impl StateStore for RocksDbStore {
@@ -215,10 +232,10 @@ impl StateStore for RocksDbStore {
             .map_err(|e| backend(&self.name, e))
     }
     fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError> {
-        self.scan(start, |k| k >= end)
+        self.scan(start, Some(end.to_vec()))
     }
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
-        self.scan(prefix, |k| !k.starts_with(prefix))
+        self.scan(prefix, prefix_end(prefix))
     }
     fn approximate_len(&self) -> usize {
         let Ok(cf) = self.cf() else { return 0 };
@@ -243,5 +260,45 @@ impl StateStore for RocksDbStore {
         self.db
             .flush_cf(&self.cf()?)
             .map_err(|e| backend(&self.name, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_scan_ends_where_the_prefix_does() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+        let dir = tempfile::tempdir().unwrap();
+        let db = TaskDb::open(dir.path(), "app", "0", &MemoryBudget::new(8 << 20)).unwrap();
+        let mut store = db.store("s").unwrap();
+        for key in [
+            &[1u8][..],
+            &[1, 0xff],
+            &[1, 0xff, 0],
+            &[2],
+            &[0xff],
+            &[0xff, 0xff, 1],
+        ] {
+            store.put(key, b"").unwrap();
+        }
+        store.delete(&[2]).unwrap();
+        let keys = |entries: Entries| entries.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        assert_eq!(
+            keys(store.prefix(&[1, 0xff]).unwrap()),
+            vec![vec![1, 0xff], vec![1, 0xff, 0]]
+        );
+        assert_eq!(
+            keys(store.prefix(&[0xff]).unwrap()),
+            vec![vec![0xff], vec![0xff, 0xff, 1]]
+        );
+        assert_eq!(
+            keys(store.range(&[1, 0xff, 0], &[0xff]).unwrap()),
+            vec![vec![1, 0xff, 0]]
+        );
+        assert!(store.range(&[3], &[1]).unwrap().is_empty());
     }
 }

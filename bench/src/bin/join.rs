@@ -9,7 +9,12 @@
 //!
 //! ```text
 //! for d in 1 10 60; do cargo run -p tidemark-bench --bin join -- --delay-minutes $d; done
+//! cargo run -p tidemark-bench --bin join -- --delay-minutes 60 --memory-mb 512
 //! ```
+//!
+//! With `--memory-mb` the rows are read through a RocksDB store under that
+//! budget, as a pipeline file's `state: {dir, memory_mb}` gives them, and
+//! every batch checkpoints.
 
 use clap::Parser;
 use std::sync::Arc;
@@ -39,6 +44,10 @@ struct Args {
     /// available-now.
     #[arg(long)]
     through_kafka: Option<i32>,
+    /// State read through RocksDB under this budget (MiB); 0 keeps every
+    /// row in memory.
+    #[arg(long, default_value_t = 0)]
+    memory_mb: usize,
 }
 
 const MS: i64 = 1000;
@@ -60,6 +69,8 @@ fn main() -> anyhow::Result<()> {
         right_columns: vec!["adId".into(), "clickTime".into()],
         left_columns: vec!["adId".into(), "impressionTime".into()],
     })?;
+    let state_dir = tempfile::tempdir()?;
+    let _backend = open_store(&mut join, &args, state_dir.path())?;
     let names: (Arc<str>, Arc<str>, Arc<str>) =
         ("adId".into(), "impressionTime".into(), "clickTime".into());
     let (mut late, mut watermark) = (0i64, 0i64);
@@ -100,6 +111,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         join.on_batch_end(&ctx, &mut out)?;
+        join.checkpoint()?;
         emitted += out.len() as u64;
         out.clear();
         let p = join.state_progress().expect("stateful");
@@ -118,6 +130,7 @@ fn main() -> anyhow::Result<()> {
         "{}",
         serde_json::json!({
             "delay_minutes": args.delay_minutes,
+            "memory_mb": args.memory_mb,
             "events": args.events,
             "rows_in": rows_in,
             "rows_per_second": (rows_in as f64 / seconds).round(),
@@ -128,6 +141,30 @@ fn main() -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+/// With `--memory-mb`, hands `join` a RocksDB store under that budget and
+/// returns the backend that keeps it open.
+fn open_store(
+    join: &mut StreamJoin,
+    args: &Args,
+    dir: &std::path::Path,
+) -> anyhow::Result<Option<tidemark_connectors::state_backend::RocksDbStateBackend>> {
+    use tidemark::runtime::StateBackend;
+    if args.memory_mb == 0 {
+        return Ok(None);
+    }
+    let (rocksdb_bytes, operator_bytes) =
+        tidemark_connectors::split_memory_budget(args.memory_mb << 20, 1);
+    let mut backend = tidemark_connectors::state_backend::RocksDbStateBackend::new(
+        dir,
+        "bench-join",
+        rocksdb_bytes,
+        operator_bytes,
+        None,
+    )?;
+    join.open_state(backend.open(0, "join")?, Some(operator_bytes))?;
+    Ok(Some(backend))
 }
 
 /// Produces `(key, value)` records to `topic`, keyed so that both streams
