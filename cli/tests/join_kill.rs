@@ -146,10 +146,24 @@ fn sigkill_twice_under_exactly_once_then_each_ad_is_written_once() {
         .filter(|l| l.contains("WARN") || l.contains("ERROR"))
         .map(str::to_string)
         .collect();
-    assert!(
-        missing.is_empty(),
-        "ads never written: {missing:?}; the last run's warnings: {warnings:#?}"
-    );
+    if !missing.is_empty() {
+        // Written but not committed (an open or aborted transaction), or
+        // never written at all?
+        let uncommitted: Vec<String> = consume_uncommitted(&output, Duration::from_secs(5))
+            .iter()
+            .filter_map(|r| {
+                let v: serde_json::Value = serde_json::from_slice(r.value.as_deref()?).ok()?;
+                Some(v["adId"].as_str()?.to_string())
+            })
+            .filter(|ad| missing.contains(ad))
+            .collect();
+        let last_run = String::from_utf8_lossy(&done.stderr);
+        let tail: Vec<&str> = last_run.lines().rev().take(40).collect();
+        panic!(
+            "ads never written: {missing:?}; of these, read uncommitted: {uncommitted:?}; \
+             the last run's warnings: {warnings:#?}; its last lines (newest first): {tail:#?}"
+        );
+    }
     assert_eq!(seen.len(), expected, "every ad once");
 }
 

@@ -98,12 +98,28 @@ pub fn consume_until(
     timeout: Duration,
     done: impl Fn(&[Consumed]) -> bool,
 ) -> Vec<Consumed> {
+    consume_isolated(topic, timeout, "read_committed", done)
+}
+
+/// Every record of `topic`, committed or not (aborted transactions' and
+/// open ones' too), read for `timeout`: to tell, when a test misses
+/// records, whether they were never written or are held back.
+pub fn consume_uncommitted(topic: &str, timeout: Duration) -> Vec<Consumed> {
+    consume_isolated(topic, timeout, "read_uncommitted", |_| false)
+}
+
+fn consume_isolated(
+    topic: &str,
+    timeout: Duration,
+    isolation_level: &str,
+    done: impl Fn(&[Consumed]) -> bool,
+) -> Vec<Consumed> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", unique("reader"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation_level)
         .create()
         .expect("consumer");
     consumer.subscribe(&[topic]).expect("subscribe");

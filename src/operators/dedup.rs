@@ -179,6 +179,7 @@ impl Deduplicate {
         };
         self.seen
             .insert(self.key_buffer.clone(), decode_time(&bytes)?);
+        self.bound_cache();
         Ok(true)
     }
 
@@ -193,6 +194,9 @@ impl Deduplicate {
                     store.put(&expiry_key(evict_at, &key), &[])?;
                 }
                 self.held_keys += 1;
+                // With the keys: a write cache that flushes early writes
+                // the count that matches them in the same batch.
+                store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
             }
             _ => {
                 if evict_at != FOREVER {
@@ -204,7 +208,18 @@ impl Deduplicate {
             }
         }
         self.seen.insert(key, evict_at);
+        self.bound_cache();
         Ok(())
+    }
+
+    /// Reading through the store, the cache holds nothing the store lacks:
+    /// past its bound (within a batch too) it shrinks to half.
+    fn bound_cache(&mut self) {
+        if let Some(max_keys) = self.max_cached_keys.filter(|_| self.store.is_some()) {
+            if self.seen.len() > max_keys {
+                super::shrink_cache(&mut self.seen, max_keys / 2, max_keys);
+            }
+        }
     }
 
     /// Evicts the keys whose time is at or before `watermark`.
@@ -220,6 +235,7 @@ impl Deduplicate {
                 self.held_keys = self.held_keys.saturating_sub(1);
                 self.rows_removed += 1;
             }
+            store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
             return Ok(());
         }
         while let Some((t, _)) = self.evictions.first() {

@@ -522,6 +522,14 @@ impl StreamJoin {
             let index = stored::expiry_key(side as u8, buffered.evict_key, key, buffered.id);
             store.put(&index, &[])?;
         }
+        if new {
+            // With the row: a write cache that flushes early writes the id
+            // and count that match it in the same batch, so that a restart
+            // never hands out a stored row's id again.
+            stored::write_next_id(store.as_mut(), buffered.id + 1)?;
+            let len = self.state[side as usize].len as u64 + 1;
+            store.put(&stored::count_key(side as u8), &len.to_le_bytes())?;
+        }
         Ok(())
     }
 
@@ -816,6 +824,8 @@ impl StreamJoin {
             store.delete(&stored::expiry_key(side as u8, evict_key, &key, id))?;
             if let Some(removed) = removed {
                 state.len = state.len.saturating_sub(1);
+                let len = state.len as u64;
+                store.put(&stored::count_key(side as u8), &len.to_le_bytes())?;
                 self.evicted(side, removed, out);
             }
         }

@@ -143,10 +143,13 @@ impl TableJoin {
         };
         self.columns_changed |= learn_columns(&mut self.columns, &row);
         self.rows_updated += 1;
-        if let Some(store) = self.reading_through() {
+        if let Some(store) = self.max_cached_rows.and(self.store.as_mut()) {
             let existed = store.get(&state_key(key.as_bytes()))?.is_some();
             store.put(&state_key(key.as_bytes()), &encode_row(&row))?;
             self.stored_rows += u64::from(!existed);
+            // With the rows: a write cache that flushes early writes the
+            // count that matches them in the same batch.
+            store.put(ROW_COUNT, &self.stored_rows.to_le_bytes())?;
             self.cache(key, row);
             return Ok(());
         }
@@ -164,10 +167,11 @@ impl TableJoin {
         if cached {
             self.bytes = self.bytes.saturating_sub(key.len() + 64);
         }
-        if let Some(store) = self.reading_through() {
+        if let Some(store) = self.max_cached_rows.and(self.store.as_mut()) {
             if cached || store.get(&state_key(key.as_bytes()))?.is_some() {
                 store.delete(&state_key(key.as_bytes()))?;
                 self.stored_rows = self.stored_rows.saturating_sub(1);
+                store.put(ROW_COUNT, &self.stored_rows.to_le_bytes())?;
                 self.rows_removed += 1;
             }
             return Ok(());
@@ -190,6 +194,14 @@ impl TableJoin {
         let added = key.len() + 64;
         if self.table.insert(key, row).is_none() {
             self.bytes += added;
+        }
+        // Reading through the store, the cache holds nothing the store
+        // lacks: past its bound (within a batch too) it shrinks to half.
+        if let Some(max_rows) = self.max_cached_rows.filter(|_| self.store.is_some()) {
+            if self.table.len() > max_rows {
+                super::shrink_cache(&mut self.table, max_rows / 2, max_rows);
+                self.bytes = self.table.keys().map(|k| k.len() + 64).sum();
+            }
         }
     }
 
