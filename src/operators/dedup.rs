@@ -396,37 +396,8 @@ impl Operator for Deduplicate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operators::test_store::SharedStore;
     use proptest::prelude::*;
-    use std::sync::Mutex;
-    use tidemark_state::{Entries, InMemoryStore, StateError};
-
-    /// A store that outlives the operator holding it: a restart reopens it.
-    #[derive(Clone, Default)]
-    struct SharedStore(Arc<Mutex<InMemoryStore>>);
-
-    impl StateStore for SharedStore {
-        fn name(&self) -> &str {
-            "dedup"
-        }
-        fn get(&self, key: &[u8]) -> std::result::Result<Option<Vec<u8>>, StateError> {
-            self.0.lock().unwrap().get(key)
-        }
-        fn put(&mut self, key: &[u8], value: &[u8]) -> std::result::Result<(), StateError> {
-            self.0.lock().unwrap().put(key, value)
-        }
-        fn delete(&mut self, key: &[u8]) -> std::result::Result<(), StateError> {
-            self.0.lock().unwrap().delete(key)
-        }
-        fn range(&self, start: &[u8], end: &[u8]) -> std::result::Result<Entries, StateError> {
-            self.0.lock().unwrap().range(start, end)
-        }
-        fn prefix(&self, prefix: &[u8]) -> std::result::Result<Entries, StateError> {
-            self.0.lock().unwrap().prefix(prefix)
-        }
-        fn approximate_len(&self) -> usize {
-            self.0.lock().unwrap().approximate_len()
-        }
-    }
 
     const SECOND: i64 = 1_000_000;
 

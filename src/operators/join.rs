@@ -1387,47 +1387,7 @@ mod tests {
         assert_eq!(out[0].get("it"), Some(&Value::Timestamp(100 * MIN)));
     }
 
-    /// A store that outlives the join holding it: a restart reopens it.
-    #[derive(Clone, Default)]
-    struct SharedStore(Arc<std::sync::Mutex<tidemark_state::InMemoryStore>>);
-
-    impl StateStore for SharedStore {
-        fn name(&self) -> &str {
-            "join"
-        }
-        fn get(
-            &self,
-            key: &[u8],
-        ) -> std::result::Result<Option<Vec<u8>>, tidemark_state::StateError> {
-            self.0.lock().unwrap().get(key)
-        }
-        fn put(
-            &mut self,
-            key: &[u8],
-            value: &[u8],
-        ) -> std::result::Result<(), tidemark_state::StateError> {
-            self.0.lock().unwrap().put(key, value)
-        }
-        fn delete(&mut self, key: &[u8]) -> std::result::Result<(), tidemark_state::StateError> {
-            self.0.lock().unwrap().delete(key)
-        }
-        fn range(
-            &self,
-            start: &[u8],
-            end: &[u8],
-        ) -> std::result::Result<tidemark_state::Entries, tidemark_state::StateError> {
-            self.0.lock().unwrap().range(start, end)
-        }
-        fn prefix(
-            &self,
-            prefix: &[u8],
-        ) -> std::result::Result<tidemark_state::Entries, tidemark_state::StateError> {
-            self.0.lock().unwrap().prefix(prefix)
-        }
-        fn approximate_len(&self) -> usize {
-            self.0.lock().unwrap().approximate_len()
-        }
-    }
+    use crate::operators::test_store::SharedStore;
 
     /// Batches of (side, ad, minute) rows through a join of `join_type`
     /// whose state is in memory (`cache_bytes` `None`) or read through the

@@ -13,6 +13,8 @@ mod rolling;
 mod state_codec;
 mod stateless;
 mod table_join;
+#[cfg(test)]
+mod test_store;
 mod window_aggregate;
 
 pub use dedup::{DedupSpec, Deduplicate};
