@@ -2,7 +2,7 @@
 //! restart opens a new operator over the same entries.
 
 use std::sync::{Arc, Mutex};
-use tidemark_state::{Entries, InMemoryStore, StateError, StateStore};
+use tidemark_state::{Entries, Entry, InMemoryStore, StateError, StateStore};
 
 /// An in-memory store shared by its clones.
 #[derive(Clone, Default)]
@@ -26,6 +26,9 @@ impl StateStore for SharedStore {
     }
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
         self.0.lock().unwrap().prefix(prefix)
+    }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        self.0.lock().unwrap().first_in_range(start, end)
     }
     fn approximate_len(&self) -> usize {
         self.0.lock().unwrap().approximate_len()

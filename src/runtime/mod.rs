@@ -337,6 +337,13 @@ impl tidemark_state::StateStore for SharedInMemoryStore {
     fn prefix(&self, prefix: &[u8]) -> Result<tidemark_state::Entries, tidemark_state::StateError> {
         self.local.prefix(prefix)
     }
+    fn first_in_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<Option<tidemark_state::Entry>, tidemark_state::StateError> {
+        self.local.first_in_range(start, end)
+    }
     fn approximate_len(&self) -> usize {
         self.local.approximate_len()
     }

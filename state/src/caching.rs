@@ -2,7 +2,7 @@
 //! memory only; a flush writes the latest value per key downstream in one
 //! batch. Bounded in bytes: past the bound it flushes early.
 
-use crate::{Entries, StateError, StateStore};
+use crate::{Entries, Entry, StateError, StateStore};
 use std::collections::BTreeMap;
 
 /// Caches writes in front of another store.
@@ -133,11 +133,72 @@ impl<S: StateStore> StateStore for CachingStore<S> {
             .collect();
         Ok(self.overlay(self.inner.prefix(prefix)?, cached))
     }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        let mut from = start.to_vec();
+        loop {
+            let below = self.inner.first_in_range(&from, end)?;
+            let cached = self
+                .dirty
+                .range::<[u8], _>((
+                    std::ops::Bound::Included(from.as_slice()),
+                    std::ops::Bound::Excluded(end),
+                ))
+                .next();
+            let Some((key, value)) = cached else {
+                return Ok(below);
+            };
+            if below.as_ref().is_some_and(|(b, _)| b < key) {
+                return Ok(below);
+            }
+            match value {
+                Some(v) => return Ok(Some((key.clone(), v.clone()))),
+                // Deleted in the cache: the first entry is after it.
+                None => {
+                    from = key.clone();
+                    from.push(0);
+                }
+            }
+        }
+    }
     fn approximate_len(&self) -> usize {
         self.inner.approximate_len() + self.dirty.values().filter(|v| v.is_some()).count()
     }
     fn flush(&mut self) -> Result<(), StateError> {
         self.flush_dirty()?;
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InMemoryStore;
+
+    #[test]
+    fn first_in_range_sees_cached_puts_and_deletes_over_the_store() {
+        let mut store = CachingStore::new(InMemoryStore::new("t"), 1 << 20);
+        for key in [b"b1", b"b2", b"b3"] {
+            store.put(key, b"v").unwrap();
+        }
+        store.flush().unwrap();
+        let first =
+            |s: &CachingStore<InMemoryStore>| s.first_in_range(b"b", b"c").unwrap().map(|(k, _)| k);
+        assert_eq!(first(&store), Some(b"b1".to_vec()));
+        store.delete(b"b1").unwrap();
+        store.delete(b"b2").unwrap();
+        assert_eq!(first(&store), Some(b"b3".to_vec()), "deleted in the cache");
+        store.put(b"b0", b"w").unwrap();
+        assert_eq!(first(&store), Some(b"b0".to_vec()), "put in the cache");
+        store.delete(b"b0").unwrap();
+        store.delete(b"b3").unwrap();
+        assert_eq!(first(&store), None);
+        assert_eq!(
+            first(&store),
+            store
+                .range(b"b", b"c")
+                .unwrap()
+                .first()
+                .map(|e| e.0.clone())
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! task's state can be rebuilt anywhere. Under a [`crate::CachingStore`] it
 //! sees only the latest value per key per checkpoint.
 
-use crate::{Entries, StateError, StateStore};
+use crate::{Entries, Entry, StateError, StateStore};
 
 /// One changelog entry: a key and its new value, `None` for a tombstone.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +121,9 @@ impl<S: StateStore, W: ChangelogWriter> StateStore for ChangeLoggingStore<S, W> 
     }
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
         self.inner.prefix(prefix)
+    }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        self.inner.first_in_range(start, end)
     }
     fn approximate_len(&self) -> usize {
         self.inner.approximate_len()

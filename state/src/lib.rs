@@ -32,8 +32,11 @@ pub enum StateError {
     },
 }
 
+/// One key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// Key-value pairs in key order, as scans return them.
-pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Entries = Vec<Entry>;
 
 /// An ordered byte-key store.
 pub trait StateStore: Send {
@@ -49,6 +52,11 @@ pub trait StateStore: Send {
     fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError>;
     /// Entries whose key starts with `prefix`, in key order.
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError>;
+    /// The first entry with `start <= key < end`: what `range` would
+    /// return first, without reading the rest (an index's earliest time).
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        Ok(self.range(start, end)?.into_iter().next())
+    }
     /// Number of entries (estimated for disk stores).
     fn approximate_len(&self) -> usize;
     /// Applies puts (`Some`) and deletes (`None`) together; disk stores
@@ -124,6 +132,13 @@ impl StateStore for InMemoryStore {
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
+    }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        Ok(self
+            .entries
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .next()
+            .map(|(k, v)| (k.clone(), v.clone())))
     }
     fn approximate_len(&self) -> usize {
         self.entries.len()

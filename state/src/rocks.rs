@@ -2,7 +2,7 @@
 //! a column family per store, one memory budget for block cache and write
 //! buffers.
 
-use crate::{Entries, StateError, StateStore};
+use crate::{Entries, Entry, StateError, StateStore};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, MultiThreaded,
     Options, WriteBatch, WriteBufferManager,
@@ -182,15 +182,26 @@ impl RocksDbStore {
     /// The bound is RocksDB's too: the iterator stops at it instead of
     /// stepping over the deleted keys that follow a range.
     fn scan(&self, start: &[u8], end: Option<Vec<u8>>) -> Result<Entries, StateError> {
+        self.scan_at_most(start, end, usize::MAX)
+    }
+
+    /// [`Self::scan`], stopping after `limit` entries.
+    fn scan_at_most(
+        &self,
+        start: &[u8],
+        end: Option<Vec<u8>>,
+        limit: usize,
+    ) -> Result<Entries, StateError> {
         let cf = self.cf()?;
         let mut read = rocksdb::ReadOptions::default();
         if let Some(end) = end {
             read.set_iterate_upper_bound(end);
         }
         let mut out = Vec::new();
-        for item in
-            self.db
-                .iterator_cf_opt(&cf, read, IteratorMode::From(start, Direction::Forward))
+        for item in self
+            .db
+            .iterator_cf_opt(&cf, read, IteratorMode::From(start, Direction::Forward))
+            .take(limit)
         {
             let (k, v) = item.map_err(|e| backend(&self.name, e))?;
             out.push((k.to_vec(), v.to_vec()));
@@ -236,6 +247,12 @@ impl StateStore for RocksDbStore {
     }
     fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
         self.scan(prefix, prefix_end(prefix))
+    }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        Ok(self
+            .scan_at_most(start, Some(end.to_vec()), 1)?
+            .into_iter()
+            .next())
     }
     fn approximate_len(&self) -> usize {
         let Ok(cf) = self.cf() else { return 0 };
