@@ -10,6 +10,7 @@ mod fixed_windows;
 mod join;
 mod join_store;
 mod rolling;
+mod session_windows;
 mod state_codec;
 mod stateless;
 mod table_join;

@@ -8,11 +8,12 @@
 //! evicts nothing.
 
 use super::fixed_windows::FixedWindowState;
+use super::session_windows::SessionState;
 use super::state_codec::{
     decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
     STATE_KEY_PREFIX,
 };
-use super::{encode_key, encode_key_into, BatchContext, Operator, OutputMode};
+use super::{encode_key_into, BatchContext, Operator, OutputMode};
 use crate::aggregate::{Accumulator, AggregateFn};
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
@@ -22,7 +23,6 @@ use crate::window::{TimeWindow, WindowSpec};
 use std::collections::BTreeSet;
 use tidemark_state::StateStore;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 /// Which time assigns rows to windows.
@@ -98,17 +98,6 @@ impl AggregateSpec {
     }
 }
 
-struct Session {
-    window: TimeWindow,
-    accumulators: Vec<Accumulator>,
-    updated: bool,
-}
-
-struct SessionGroup {
-    key_values: Vec<Value>,
-    sessions: Vec<Session>,
-}
-
 /// Groups rows by key columns and a window, folding aggregates.
 pub struct WindowAggregate {
     keys: Vec<Arc<str>>,
@@ -119,17 +108,14 @@ pub struct WindowAggregate {
     fixed: FixedWindowState,
     key_buffer: Vec<u8>,
     window_buffer: Vec<TimeWindow>,
-    sessions: HashMap<Vec<u8>, SessionGroup>,
+    sessions: SessionState,
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
     late_rows: Vec<Row>,
-    /// Whether state is persisted (a store was attached by `open_state`).
-    persist: bool,
     store: Option<Box<dyn StateStore>>,
-    /// Fixed windows only: at most this many keys stay in memory between
-    /// batches; the others are read from the store when a row needs them.
+    /// At most this many keys stay in memory between batches; the others
+    /// are read from the store when a row needs them (not in complete mode).
     max_cached_keys: Option<usize>,
-    dirty_sessions: Vec<Vec<u8>>,
     rows_updated: u64,
     rows_removed: u64,
 }
@@ -152,14 +138,12 @@ impl WindowAggregate {
             fixed: FixedWindowState::default(),
             key_buffer: Vec::new(),
             window_buffer: Vec::new(),
-            sessions: HashMap::default(),
+            sessions: SessionState::in_memory(),
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
             late_rows: Vec::new(),
-            persist: false,
             store: None,
             max_cached_keys: None,
-            dirty_sessions: Vec::new(),
             rows_updated: 0,
             rows_removed: 0,
         }
@@ -181,67 +165,6 @@ impl WindowAggregate {
             row.set(spec.output.clone(), spec.function.finish(acc));
         }
         row
-    }
-
-    /// Adds a row's proto-session `window` to the key's sessions, merging
-    /// every session it overlaps or touches: sessions exactly one gap apart
-    /// merge, and one event may bridge two sessions. The key's sessions are
-    /// disjoint and sorted, so the ones a row reaches are contiguous.
-    fn add_to_session(&mut self, key: &[u8], window: TimeWindow, row: &Row) {
-        if !self.sessions.contains_key(key) {
-            let key_values = self
-                .keys
-                .iter()
-                .map(|k| row.get(k).cloned().unwrap_or(Value::Null))
-                .collect();
-            self.sessions.insert(
-                key.to_vec(),
-                SessionGroup {
-                    key_values,
-                    sessions: Vec::with_capacity(1),
-                },
-            );
-        }
-        let group = self.sessions.get_mut(key).expect("inserted above");
-        let aggregates = &self.aggregates;
-        let reaches = |s: &Session| s.window.start <= window.end && window.start <= s.window.end;
-        let Some(i) = group.sessions.iter().position(reaches) else {
-            let mut accumulators: Vec<Accumulator> =
-                aggregates.iter().map(|a| a.function.zero()).collect();
-            fold(aggregates, &mut accumulators, row);
-            let at = group
-                .sessions
-                .partition_point(|s| s.window.start < window.start);
-            group.sessions.insert(
-                at,
-                Session {
-                    window,
-                    accumulators,
-                    updated: true,
-                },
-            );
-            return;
-        };
-        let session = &mut group.sessions[i];
-        session.window.start = session.window.start.min(window.start);
-        session.window.end = session.window.end.max(window.end);
-        session.updated = true;
-        fold(aggregates, &mut session.accumulators, row);
-        while i + 1 < group.sessions.len()
-            && group.sessions[i + 1].window.start <= group.sessions[i].window.end
-        {
-            let next = group.sessions.remove(i + 1);
-            let session = &mut group.sessions[i];
-            session.window.end = session.window.end.max(next.window.end);
-            for ((spec, acc), other) in aggregates
-                .iter()
-                .zip(&mut session.accumulators)
-                .zip(&next.accumulators)
-            {
-                spec.function.merge(acc, other);
-            }
-            self.rows_removed += 1;
-        }
     }
 
     fn finish_fixed(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
@@ -266,67 +189,12 @@ impl WindowAggregate {
     }
 
     fn finish_sessions(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
-        let mut emitted = Vec::new();
-        let mut removed = 0u64;
-        let mut updated = 0u64;
-        let evict = self.mode != OutputMode::Complete;
-        let persist = self.persist;
-        let mut dirty = Vec::new();
-        self.sessions.retain(|key, group| {
-            if persist
-                && group
-                    .sessions
-                    .iter()
-                    .any(|s| s.updated || (evict && s.window.end <= ctx.watermark))
-            {
-                dirty.push(key.clone());
-            }
-            for s in &mut group.sessions {
-                let closed = evict && s.window.end <= ctx.watermark;
-                if s.updated {
-                    updated += 1;
-                }
-                let emit = match self.mode {
-                    OutputMode::Append => closed,
-                    OutputMode::Update => s.updated,
-                    OutputMode::Complete => true,
-                };
-                if emit {
-                    emitted.push((
-                        group.key_values.clone(),
-                        s.window,
-                        std::mem::take(&mut s.accumulators),
-                        closed,
-                    ));
-                }
-                s.updated = false;
-            }
-            let before = group.sessions.len();
-            group
-                .sessions
-                .retain(|s| !(evict && s.window.end <= ctx.watermark));
-            removed += (before - group.sessions.len()) as u64;
-            !group.sessions.is_empty()
-        });
-        self.rows_updated += updated;
-        self.rows_removed += removed;
-        self.dirty_sessions.extend(dirty);
-        emitted.sort_by_key(|a| (a.1.start, encode_key(&a.0)));
-        for (key_values, window, accumulators, closed) in emitted {
-            out.push(self.output_row(&key_values, window, &accumulators));
-            if !closed {
-                // Still open: the accumulators were moved out to build the
-                // row; put them back.
-                let key = encode_key(&key_values);
-                if let Some(s) = self
-                    .sessions
-                    .get_mut(&key)
-                    .and_then(|g| g.sessions.iter_mut().find(|s| s.window == window))
-                {
-                    s.accumulators = accumulators;
-                }
-            }
-        }
+        let mut sessions = std::mem::take(&mut self.sessions);
+        let settled = sessions.settle(self.mode, ctx.watermark, |k, w, a| self.output_row(k, w, a));
+        self.sessions = sessions;
+        self.rows_updated += settled.updated;
+        self.rows_removed += settled.removed;
+        out.extend(settled.rows);
     }
 
     /// Reads a key's windows from the store into memory, if it has any.
@@ -334,11 +202,22 @@ impl WindowAggregate {
         let Some(store) = self.store.as_ref() else {
             return Ok(());
         };
+        if self.window.is_session() {
+            return self.sessions.load(store.as_ref(), key, &self.aggregates);
+        }
         if let Some(bytes) = store.get(&state_key(key))? {
             let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
             self.fixed.insert_loaded(key.to_vec(), key_values, windows);
         }
         Ok(())
+    }
+
+    /// Whether the key's state is in memory.
+    fn is_cached(&self, key: &[u8]) -> bool {
+        match self.window.is_session() {
+            true => self.sessions.contains(key),
+            false => self.fixed.contains(key),
+        }
     }
 
     /// Finds, in the store's expiry index, the windows ending at or before
@@ -347,6 +226,11 @@ impl WindowAggregate {
         let Some(store) = self.store.as_ref() else {
             return Ok(());
         };
+        if self.window.is_session() {
+            return self
+                .sessions
+                .schedule_expiring(store.as_ref(), watermark, &self.aggregates);
+        }
         let expired = expired_by(store.as_ref(), watermark)?;
         for (index_key, _) in expired {
             let Some((end, key)) = parse_expiry_key(&index_key) else {
@@ -363,24 +247,21 @@ impl WindowAggregate {
     /// Writes changed keys and expiry index entries as one batch, then
     /// flushes the store.
     fn write_changes(&mut self, store: &mut dyn StateStore) -> Result<()> {
-        let mut entries = Vec::new();
         if self.window.is_session() {
-            let mut keys = std::mem::take(&mut self.dirty_sessions);
-            keys.sort();
-            keys.dedup();
-            for key in keys {
-                let value = self.sessions.get(&key).map(|g| {
-                    encode_key_state(
-                        &g.key_values,
-                        g.sessions
-                            .iter()
-                            .map(|s| (s.window, s.accumulators.as_slice())),
-                        &self.aggregates,
-                    )
-                });
-                entries.push((state_key(&key), value));
+            let changes = self.sessions.write_changes(store, &self.aggregates)?;
+            tracing::debug!(
+                changes,
+                open_sessions = self.sessions.len(),
+                "session state checkpoint"
+            );
+            store.flush()?;
+            if let Some(max_keys) = self.max_cached_keys {
+                self.sessions.shrink_to(max_keys);
             }
-        } else {
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        {
             let (opened, closed) = self.fixed.take_index_changes();
             for (end, key) in opened {
                 entries.push((expiry_key(end, &key), Some(Vec::new())));
@@ -409,12 +290,7 @@ impl WindowAggregate {
     }
 
     fn state_rows(&self) -> usize {
-        self.fixed.len()
-            + self
-                .sessions
-                .values()
-                .map(|g| g.sessions.len())
-                .sum::<usize>()
+        self.fixed.len() + self.sessions.len()
     }
 }
 
@@ -457,7 +333,7 @@ impl Operator for WindowAggregate {
         windows.clear();
         self.window.assign_into(t, Some(&row), &mut windows);
         // A key not in memory may have windows in the store.
-        if self.max_cached_keys.is_some() && !self.fixed.contains(&key_buffer) {
+        if self.max_cached_keys.is_some() && !self.is_cached(&key_buffer) {
             self.load_key(&key_buffer)?;
         }
         let (mut any_late, mut accepted) = (false, false);
@@ -476,7 +352,14 @@ impl Operator for WindowAggregate {
                     .collect()
             };
             if self.window.is_session() {
-                self.add_to_session(&key_buffer, window, &row);
+                let aggregates = &self.aggregates;
+                self.rows_removed += self.sessions.add(
+                    &key_buffer,
+                    key_values,
+                    window,
+                    aggregates,
+                    |accumulators| fold(aggregates, accumulators, &row),
+                );
                 continue;
             }
             let aggregates = &self.aggregates;
@@ -515,43 +398,37 @@ impl Operator for WindowAggregate {
         true
     }
 
-    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
-        self.persist = true;
+    fn open_state(
+        &mut self,
+        mut store: Box<dyn StateStore>,
+        cache_bytes: Option<usize>,
+    ) -> Result<()> {
         self.fixed.track_changes();
-        // Sessions merge across keys' neighbours in time and stay in memory;
-        // fixed windows can live in the store, a bounded set of keys cached.
-        let spill = !self.window.is_session() && self.mode != OutputMode::Complete;
+        self.sessions.track_changes();
+        // Complete mode emits every window every batch: it stays in memory.
+        // Otherwise a bounded set of keys is cached and the store answers
+        // for the rest.
+        let spill = self.mode != OutputMode::Complete;
         self.max_cached_keys = cache_bytes
             .filter(|_| spill)
             .map(|bytes| (bytes / (384 + 64 * self.aggregates.len())).max(16));
-        if self.max_cached_keys.is_some() {
+        match (self.max_cached_keys.is_some(), self.window.is_session()) {
+            (true, true) => {
+                // The store's index finds the keys to close.
+                self.sessions = SessionState::default();
+                self.sessions.track_changes();
+                self.sessions
+                    .open_stored(store.as_mut(), &self.aggregates)?
+            }
             // Every stored key has an expiry entry per window.
-            let stored_windows = store.approximate_len() / 2;
-            self.fixed.add_stored(stored_windows);
-            self.store = Some(store);
-            return Ok(());
-        }
-        for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
-            let key = key[STATE_KEY_PREFIX.len()..].to_vec();
-            let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
-            if self.window.is_session() {
-                let sessions = windows
-                    .into_iter()
-                    .map(|(window, accumulators)| Session {
-                        window,
-                        accumulators,
-                        updated: false,
-                    })
-                    .collect();
-                self.sessions.insert(
-                    key,
-                    SessionGroup {
-                        key_values,
-                        sessions,
-                    },
-                );
-            } else {
-                self.fixed.insert_key(key, key_values, windows);
+            (true, false) => self.fixed.add_stored(store.approximate_len() / 2),
+            (false, true) => self.sessions.load_all(store.as_ref(), &self.aggregates)?,
+            (false, false) => {
+                for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
+                    let key = key[STATE_KEY_PREFIX.len()..].to_vec();
+                    let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
+                    self.fixed.insert_key(key, key_values, windows);
+                }
             }
         }
         self.store = Some(store);
@@ -586,7 +463,9 @@ impl Operator for WindowAggregate {
             num_rows_dropped_by_watermark: self.late_in_batch.len() as u64,
             // With state in the store, memory holds the cached keys only.
             memory_used_bytes: match self.max_cached_keys {
-                Some(_) => self.fixed.cached_keys() as u64 * per_row as u64,
+                Some(_) => {
+                    (self.fixed.cached_keys() + self.sessions.cached_keys()) as u64 * per_row as u64
+                }
                 None => rows * per_row as u64,
             },
             custom_metrics: [("numLateInputRows".to_string(), self.late_input_rows)]
@@ -698,6 +577,91 @@ mod tests {
             assert_eq!(spilled, in_memory, "{mode:?}");
             assert!(all >= 200, "{all}");
             assert!(cached <= 16, "{mode:?}: {cached} keys cached");
+        }
+    }
+
+    /// How a session run treats its store between batches.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Between {
+        /// The same operator goes on.
+        Continue,
+        /// A new operator opens the same store after every checkpoint.
+        Restart,
+        /// Like `Restart`, once, after dropping the expiry index and the
+        /// count, as a store written before they existed.
+        RestartWithoutIndex,
+    }
+
+    /// Sessions with a 5-minute gap over 600 keys in eight batches, the
+    /// watermark behind the data: every row as text in emission order, the
+    /// open sessions after each batch, and the most keys cached.
+    fn run_sessions(
+        mode: OutputMode,
+        cache_bytes: Option<usize>,
+        between: Between,
+    ) -> (Vec<String>, Vec<u64>, usize) {
+        let store = crate::operators::test_store::SharedStore::default();
+        let open = |store: &crate::operators::test_store::SharedStore| {
+            let mut w = op(WindowSpec::session("5 minutes").unwrap(), mode);
+            w.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+            w
+        };
+        let mut w = open(&store);
+        let (mut out, mut totals, mut most_cached) = (Vec::new(), Vec::new(), 0);
+        let hhmm = |m: i64| format!("{:02}:{:02}", 10 + m / 60, m % 60);
+        for batch in 0..8i64 {
+            let (late, wm) = (hhmm(batch * 7), hhmm(batch * 7 + 3));
+            let c = ctx(&late, &wm);
+            for i in 0..300i64 {
+                let minute = batch * 7 + 2 + (i * 5 + batch) % 11;
+                // 300 of 600 keys: every batch leaves keys untouched,
+                // which only the store's expiry index brings back.
+                let key = format!("k{}", (i * 7 + batch * 113) % 600);
+                w.on_row(row(&hhmm(minute), &key), &c, &mut Vec::new())
+                    .unwrap();
+            }
+            w.on_batch_end(&c, &mut out).unwrap();
+            w.checkpoint().unwrap();
+            most_cached = most_cached.max(w.sessions.cached_keys());
+            totals.push(w.state_progress().unwrap().num_rows_total);
+            if between == Between::RestartWithoutIndex && batch == 3 {
+                use tidemark_state::StateStore;
+                let mut s = store.clone();
+                for (key, _) in s.prefix(b"E").unwrap() {
+                    s.delete(&key).unwrap();
+                }
+                s.delete(b"N").unwrap();
+            }
+            if between != Between::Continue {
+                w = open(&store);
+            }
+        }
+        let rows = out.iter().map(|r| r.to_json().to_string()).collect();
+        (rows, totals, most_cached)
+    }
+
+    #[test]
+    fn sessions_read_through_the_store_give_the_in_memory_results() {
+        for mode in [OutputMode::Append, OutputMode::Update] {
+            let (in_memory, totals, all) = run_sessions(mode, None, Between::Continue);
+            assert!(in_memory.len() > 600, "{mode:?}: {}", in_memory.len());
+            assert!(all >= 300, "{all}");
+            for between in [
+                Between::Continue,
+                Between::Restart,
+                Between::RestartWithoutIndex,
+            ] {
+                let (spilled, spilled_totals, cached) = run_sessions(mode, Some(1), between);
+                assert_eq!(spilled, in_memory, "{mode:?}");
+                assert_eq!(spilled_totals, totals, "{mode:?}");
+                assert!(cached <= 16, "{cached} keys cached");
+            }
+            let (restarted, restarted_totals, _) = run_sessions(mode, None, Between::Restart);
+            assert_eq!(
+                (restarted, restarted_totals),
+                (in_memory, totals),
+                "{mode:?}"
+            );
         }
     }
 
