@@ -13,7 +13,10 @@
 //! folded O(1) times on average. A key's events are dropped once they left
 //! every range; memory is proportional to the events inside the ranges.
 
-use super::state_codec::{corrupt, put_value, Reader};
+use super::state_codec::{
+    corrupt, expired_by, expiry_key, parse_expiry_key, put_value, state_key, Reader,
+    STATE_KEY_PREFIX,
+};
 use super::{encode_key_into, AggregateInput, AggregateSpec, BatchContext, Operator};
 use crate::aggregate::{Accumulator, AggregateFn, MomentsAcc};
 use crate::error::{Error, Result};
@@ -25,6 +28,16 @@ use std::sync::Arc;
 use tidemark_state::StateStore;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The store entry with the number of keys and of events stored.
+const COUNTS: &[u8] = b"N";
+
+/// The memory a cached key is reckoned to take, with `measures` measures
+/// (events inside the ranges come on top). Measured: about 860 bytes with
+/// two measures and one event (`bench/src/bin/state.rs --window rolling`).
+fn cached_key_bytes(measures: usize) -> usize {
+    768 + 64 * measures
+}
 
 /// Ranges longer than this log a warning (Databricks advises at most 7
 /// days: the events of a range are state).
@@ -370,6 +383,16 @@ struct KeyState {
     touched: bool,
     /// Listed in `dirty` (written at the next checkpoint).
     dirty: bool,
+    /// What the store holds for the key; `None`: nothing.
+    stored: Option<Stored>,
+}
+
+/// What the store holds for a key, as last written or read: the timer its
+/// index entry is under, and its number of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stored {
+    timer: Option<TimestampMicros>,
+    events: usize,
 }
 
 /// The rolling-window operator. Output mode update only; one row per key
@@ -388,6 +411,17 @@ pub struct RollingWindow {
     /// The key of the row at hand, reused.
     key_buffer: Vec<u8>,
     store: Option<Box<dyn StateStore>>,
+    /// Reading through the store: at most this many keys stay in memory
+    /// between batches; the store's index (`E` + timer + key) finds the
+    /// others whose timers are due.
+    max_cached_keys: Option<usize>,
+    /// Keys forgotten since the last checkpoint that the store still holds.
+    forgotten: HashMap<Vec<u8>, Stored>,
+    /// Keys and events in the store (with a store).
+    stored_keys: u64,
+    stored_events: u64,
+    /// The earliest timer in the store's index at the last checkpoint.
+    next_stored_timer: Option<TimestampMicros>,
     dropped_by_watermark: u64,
     late_rows: Vec<Row>,
     rows_updated: u64,
@@ -492,6 +526,11 @@ impl RollingWindow {
             dirty: Vec::new(),
             key_buffer: Vec::new(),
             store: None,
+            max_cached_keys: None,
+            forgotten: HashMap::default(),
+            stored_keys: 0,
+            stored_events: 0,
+            next_stored_timer: None,
             dropped_by_watermark: 0,
             late_rows: Vec::new(),
             rows_updated: 0,
@@ -559,14 +598,30 @@ impl RollingWindow {
                 .is_none_or(|v| same_values(v, &spec.empty));
         if forgettable {
             Self::mark_dirty(&mut self.dirty, state, key);
+            if let Some(stored) = state.stored {
+                self.forgotten.insert(key.to_vec(), stored);
+            }
             self.keys.remove(key);
             self.rows_removed += 1;
         }
     }
 
     /// Brings every key whose values change by `frontier` to it and emits
-    /// those that changed.
-    fn fire_timers(&mut self, frontier: TimestampMicros, out: &mut Vec<Row>) {
+    /// those that changed; reading through the store, first loads the keys
+    /// whose stored timers are due.
+    fn fire_timers(&mut self, frontier: TimestampMicros, out: &mut Vec<Row>) -> Result<()> {
+        if let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_ref()) {
+            for (index_key, _) in expired_by(store.as_ref(), frontier)? {
+                let Some((_, key)) = parse_expiry_key(&index_key) else {
+                    continue;
+                };
+                if !self.keys.contains_key(key) && !self.forgotten.contains_key(key) {
+                    if let Some(state) = self.read_key(key)? {
+                        self.cache_key(key.to_vec(), state);
+                    }
+                }
+            }
+        }
         while let Some((t, key)) = self.timers.first().cloned() {
             if t > frontier {
                 break;
@@ -579,7 +634,201 @@ impl RollingWindow {
                 self.settle(&key, out);
             }
         }
+        Ok(())
     }
+
+    /// Reads a key from the store; its timer is registered when cached.
+    fn read_key(&self, key: &[u8]) -> Result<Option<KeyState>> {
+        let Some(store) = self.store.as_ref() else {
+            return Ok(None);
+        };
+        let Some(bytes) = store.get(&state_key(key))? else {
+            return Ok(None);
+        };
+        let (mut state, indexed) = self.spec.decode_stored(&bytes)?;
+        state.stored = Some(Stored {
+            timer: indexed,
+            events: state.events.len(),
+        });
+        state.timer = self.spec.next_change(&state);
+        Ok(Some(state))
+    }
+
+    /// Puts a key read from the store in memory, with its timer.
+    fn cache_key(&mut self, key: Vec<u8>, state: KeyState) {
+        if let Some(t) = state.timer {
+            self.timers.insert((t, key.clone()));
+        }
+        self.keys.insert(key, Box::new(state));
+    }
+
+    /// Brings the row's key into memory: from the store when it holds it,
+    /// new otherwise (a key forgotten in this batch starts anew).
+    fn open_key(&mut self, key: &[u8], row: &Row) -> Result<()> {
+        let forgotten = self.forgotten.remove(key);
+        if forgotten.is_none() && self.max_cached_keys.is_some() {
+            if let Some(state) = self.read_key(key)? {
+                self.cache_key(key.to_vec(), state);
+                return Ok(());
+            }
+        }
+        let key_values = self
+            .spec
+            .partition_by
+            .iter()
+            .map(|c| row.get(c).cloned().unwrap_or(Value::Null))
+            .collect();
+        let mut state = self.spec.new_key(key_values);
+        state.stored = forgotten;
+        self.keys.insert(key.to_vec(), Box::new(state));
+        Ok(())
+    }
+
+    /// The store entries that write `key`'s state, or delete it, with its
+    /// index entry; keeps the stored counts.
+    fn stored_changes(&mut self, key: &[u8], entries: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+        let (old, new) = match self.keys.get_mut(key) {
+            Some(state) => {
+                state.dirty = false;
+                let new = Stored {
+                    timer: state.timer,
+                    events: state.events.len(),
+                };
+                let old = state.stored.replace(new);
+                entries.push((state_key(key), Some(self.spec.encode_stored(state))));
+                (old, Some(new))
+            }
+            None => match self.forgotten.remove(key) {
+                Some(old) => {
+                    entries.push((state_key(key), None));
+                    (Some(old), None)
+                }
+                None => return,
+            },
+        };
+        let (old_timer, new_timer) = (old.and_then(|o| o.timer), new.and_then(|n| n.timer));
+        if old_timer != new_timer {
+            if let Some(t) = old_timer {
+                entries.push((expiry_key(t, key), None));
+            }
+            if let Some(t) = new_timer {
+                entries.push((expiry_key(t, key), Some(Vec::new())));
+            }
+        }
+        self.stored_keys =
+            (self.stored_keys + new.is_some() as u64).saturating_sub(old.is_some() as u64);
+        self.stored_events = (self.stored_events + new.map_or(0, |n| n.events) as u64)
+            .saturating_sub(old.map_or(0, |o| o.events) as u64);
+    }
+
+    /// Keys and events held: the store's counts, with the changes not
+    /// yet written (progress is reported before the checkpoint).
+    fn live_counts(&self) -> (u64, u64) {
+        let mut dirty: Vec<&Vec<u8>> = self.dirty.iter().collect();
+        dirty.sort();
+        dirty.dedup();
+        let (mut keys, mut events) = (self.stored_keys as i64, self.stored_events as i64);
+        for key in dirty {
+            let state = self.keys.get(key);
+            let old = match state {
+                Some(state) => state.stored,
+                None => self.forgotten.get(key).copied(),
+            };
+            keys += state.is_some() as i64 - old.is_some() as i64;
+            events +=
+                state.map_or(0, |s| s.events.len()) as i64 - old.map_or(0, |o| o.events) as i64;
+        }
+        (keys.max(0) as u64, events.max(0) as u64)
+    }
+
+    /// The stored counts as one entry.
+    fn counts_entry(&self) -> (Vec<u8>, Option<Vec<u8>>) {
+        let mut value = self.stored_keys.to_le_bytes().to_vec();
+        value.extend(self.stored_events.to_le_bytes());
+        (COUNTS.to_vec(), Some(value))
+    }
+
+    /// After a checkpoint, when the store holds everything: keeps at most
+    /// `max_keys` keys in memory, with their timers, and notes the
+    /// store's earliest timer.
+    fn shrink_to(&mut self, max_keys: usize) -> Result<()> {
+        if self.keys.len() > max_keys {
+            super::shrink_cache(&mut self.keys, max_keys * 3 / 4, max_keys);
+            let keys = &self.keys;
+            self.timers.retain(|(_, key)| keys.contains_key(key));
+        }
+        self.next_stored_timer = match self.store.as_ref() {
+            Some(store) => first_timer(store.as_ref())?,
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// Restores state from the store: every key into memory, or (reading
+    /// through) the counts and the earliest timer only. A store written
+    /// before the `K`/`E`/`N` layout is rewritten into it first.
+    fn restore(&mut self, store: &mut dyn StateStore) -> Result<()> {
+        let counts = match store.get(COUNTS)? {
+            Some(bytes) => Some(bytes),
+            None => {
+                self.migrate(store)?;
+                store.get(COUNTS)?
+            }
+        };
+        (self.stored_keys, self.stored_events) = match counts {
+            Some(bytes) => {
+                let mut r = Reader(&bytes);
+                (r.i64()? as u64, r.i64()? as u64)
+            }
+            None => (0, 0),
+        };
+        if self.max_cached_keys.is_some() {
+            self.next_stored_timer = first_timer(store)?;
+            return Ok(());
+        }
+        for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
+            let key = key[STATE_KEY_PREFIX.len()..].to_vec();
+            let (mut state, indexed) = self.spec.decode_stored(&bytes)?;
+            state.stored = Some(Stored {
+                timer: indexed,
+                events: state.events.len(),
+            });
+            state.timer = self.spec.next_change(&state);
+            self.cache_key(key, state);
+        }
+        Ok(())
+    }
+
+    /// Rewrites a store of the first layout (each key's state under the
+    /// bare key) into `K` + key, the timer index and the counts.
+    fn migrate(&mut self, store: &mut dyn StateStore) -> Result<()> {
+        let old_entries = store.prefix(b"")?;
+        if old_entries.is_empty() {
+            // A new store: nothing to write until the first checkpoint.
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        for (key, bytes) in old_entries {
+            let mut state = self.spec.decode_state(&bytes)?;
+            state.timer = self.spec.next_change(&state);
+            entries.push((key.clone(), None));
+            self.keys.insert(key.clone(), Box::new(state));
+            self.stored_changes(&key, &mut entries);
+        }
+        entries.push(self.counts_entry());
+        store.write_batch(&entries)?;
+        self.keys.clear();
+        Ok(())
+    }
+}
+
+/// The earliest timer in a store's index.
+fn first_timer(store: &dyn StateStore) -> Result<Option<TimestampMicros>> {
+    let first = store.first_in_range(
+        &expiry_key(TimestampMicros::MIN, b""),
+        &expiry_key(TimestampMicros::MAX, b""),
+    )?;
+    Ok(first.and_then(|(k, _)| parse_expiry_key(&k).map(|(t, _)| t)))
 }
 
 impl RollingSpec {
@@ -615,6 +864,7 @@ impl RollingSpec {
             timer: None,
             touched: false,
             dirty: false,
+            stored: None,
         }
     }
 
@@ -780,6 +1030,31 @@ impl RollingSpec {
         out
     }
 
+    /// A key's state as stored: the timer its index entry is under (a
+    /// flag, then 8 bytes), then [`Self::encode_state`].
+    fn encode_stored(&self, state: &KeyState) -> Vec<u8> {
+        let mut out = Vec::new();
+        match state.timer {
+            Some(t) => {
+                out.push(1);
+                out.extend(t.to_le_bytes());
+            }
+            None => out.push(0),
+        }
+        out.extend(self.encode_state(state));
+        out
+    }
+
+    /// Reads what [`Self::encode_stored`] wrote.
+    fn decode_stored(&self, bytes: &[u8]) -> Result<(KeyState, Option<TimestampMicros>)> {
+        let mut r = Reader(bytes);
+        let timer = match r.u8()? {
+            0 => None,
+            _ => Some(r.i64()?),
+        };
+        Ok((self.decode_state(r.0)?, timer))
+    }
+
     fn decode_state(&self, bytes: &[u8]) -> Result<KeyState> {
         let mut r = Reader(bytes);
         if r.u8()? != 1 {
@@ -914,14 +1189,12 @@ impl Operator for RollingWindow {
         );
         let frontier = spec.frontier_at(ctx);
         if !self.keys.contains_key(&key) {
-            let key_values = spec
-                .partition_by
-                .iter()
-                .map(|c| row.get(c).cloned().unwrap_or(Value::Null))
-                .collect();
-            self.keys
-                .insert(key.clone(), Box::new(spec.new_key(key_values)));
+            if let Err(e) = self.open_key(&key, &row) {
+                self.key_buffer = key;
+                return Err(e);
+            }
         }
+        let spec = &self.spec;
         let state = self.keys.get_mut(&key).expect("inserted above");
         spec.advance(state, frontier);
         spec.accept(state, time, &row);
@@ -938,7 +1211,7 @@ impl Operator for RollingWindow {
 
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
         let frontier = self.spec.frontier_at(ctx);
-        self.fire_timers(frontier, out);
+        self.fire_timers(frontier, out)?;
         for key in std::mem::take(&mut self.touched) {
             if let Some(state) = self.keys.get_mut(&key) {
                 state.touched = false;
@@ -950,9 +1223,16 @@ impl Operator for RollingWindow {
     }
 
     fn wants_batch(&self, ctx: &BatchContext) -> bool {
+        let frontier = self.spec.frontier_at(ctx);
+        let stored = self
+            .next_stored_timer
+            .filter(|_| self.max_cached_keys.is_some());
         self.timers
             .first()
-            .is_some_and(|(t, _)| *t <= self.spec.frontier_at(ctx))
+            .map(|(t, _)| *t)
+            .into_iter()
+            .chain(stored)
+            .any(|t| t <= frontier)
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {
@@ -965,61 +1245,62 @@ impl Operator for RollingWindow {
 
     fn open_state(
         &mut self,
-        store: Box<dyn StateStore>,
-        _cache_bytes: Option<usize>,
+        mut store: Box<dyn StateStore>,
+        cache_bytes: Option<usize>,
     ) -> Result<()> {
         self.keys.clear();
         self.timers.clear();
         self.touched.clear();
         self.dirty.clear();
-        for (key, bytes) in store.prefix(b"")? {
-            let mut state = self.spec.decode_state(&bytes)?;
-            state.timer = self.spec.next_change(&state);
-            if let Some(t) = state.timer {
-                self.timers.insert((t, key.clone()));
-            }
-            self.keys.insert(key, Box::new(state));
-        }
+        self.forgotten.clear();
+        let key_bytes = cached_key_bytes(self.spec.measures.len());
+        self.max_cached_keys = cache_bytes.map(|bytes| (bytes / key_bytes).max(16));
+        self.restore(store.as_mut())?;
         self.store = Some(store);
         Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<()> {
         let dirty = std::mem::take(&mut self.dirty);
-        let Some(store) = self.store.as_mut() else {
+        if self.store.is_none() {
             for key in dirty {
                 if let Some(state) = self.keys.get_mut(&key) {
                     state.dirty = false;
                 }
             }
             return Ok(());
-        };
-        for key in dirty {
-            match self.keys.get_mut(&key) {
-                Some(state) => {
-                    state.dirty = false;
-                    store.put(&key, &self.spec.encode_state(state))?;
-                }
-                None => store.delete(&key)?,
-            }
-            self.rows_updated += 1;
         }
+        let mut entries = Vec::with_capacity(dirty.len() * 3 + 1);
+        for key in &dirty {
+            self.stored_changes(key, &mut entries);
+        }
+        self.rows_updated += dirty.len() as u64;
+        entries.push(self.counts_entry());
+        let store = self.store.as_mut().expect("checked above");
+        store.write_batch(&entries)?;
         store.flush()?;
+        if let Some(max_keys) = self.max_cached_keys {
+            self.shrink_to(max_keys)?;
+        }
         Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
-        let events: usize = self.keys.values().map(|s| s.events.len()).sum();
+        let cached_events: usize = self.keys.values().map(|s| s.events.len()).sum();
+        let (keys, events) = match self.max_cached_keys {
+            Some(_) => self.live_counts(),
+            None => (self.keys.len() as u64, cached_events as u64),
+        };
         let mut custom_metrics = std::collections::BTreeMap::new();
-        custom_metrics.insert("numEventsInRanges".to_string(), events as u64);
+        custom_metrics.insert("numEventsInRanges".to_string(), events);
         Some(StateOperatorProgress {
             operator_name: "rollingWindow".into(),
-            num_rows_total: self.keys.len() as u64,
+            num_rows_total: keys,
             num_rows_updated: std::mem::take(&mut self.rows_updated),
             num_rows_removed: std::mem::take(&mut self.rows_removed),
             num_rows_dropped_by_watermark: std::mem::take(&mut self.dropped_by_watermark),
             memory_used_bytes: (self.keys.len() * 256
-                + events * (32 + 24 * self.spec.measures.len()))
+                + cached_events * (32 + 24 * self.spec.measures.len()))
                 as u64,
             custom_metrics,
         })
@@ -1030,6 +1311,7 @@ impl Operator for RollingWindow {
 mod tests {
     use super::*;
     use crate::aggregate::Aggregator;
+    use crate::operators::test_store::SharedStore;
 
     /// A user aggregate: the number of even values.
     struct CountEven;
@@ -1072,6 +1354,131 @@ mod tests {
         }
         op.on_batch_end(&ctx, &mut out).unwrap();
         out
+    }
+
+    /// How a rolling run treats its store between batches.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Between {
+        /// The same operator goes on.
+        Continue,
+        /// A new operator opens the same store after every checkpoint.
+        Restart,
+        /// Like `Restart`, once, after rewriting the store into the first
+        /// layout (each key's state under the bare key).
+        RestartFromFirstLayout,
+    }
+
+    /// Rewrites a store into the layout before `K`/`E`/`N`.
+    fn to_first_layout(op: &RollingWindow, store: &mut SharedStore) {
+        let states = store.prefix(STATE_KEY_PREFIX).unwrap();
+        for (key, _) in store.prefix(b"").unwrap() {
+            store.delete(&key).unwrap();
+        }
+        for (key, bytes) in states {
+            let (state, _) = op.spec.decode_stored(&bytes).unwrap();
+            store.put(&key[1..], &op.spec.encode_state(&state)).unwrap();
+        }
+    }
+
+    /// Fourteen batches over 400 keys, 100 rows each for ten of them, then
+    /// none while the frontier moves on: every row as text, and per batch
+    /// whether the operator wanted it, its keys and its events held.
+    fn run_rolling(
+        cache_bytes: Option<usize>,
+        between: Between,
+    ) -> (Vec<String>, Vec<String>, usize) {
+        let store = SharedStore::default();
+        let open = |store: &SharedStore| {
+            let mut op = RollingWindow::new(
+                &["k"],
+                "t",
+                FrontierSpec::default(),
+                vec![
+                    RollingMeasure::of("sum", "v")
+                        .unwrap()
+                        .over("10 seconds")
+                        .unwrap(),
+                    RollingMeasure::of("max", "v")
+                        .unwrap()
+                        .over("5 seconds")
+                        .unwrap(),
+                ],
+            )
+            .unwrap();
+            op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+            op
+        };
+        let mut op = open(&store);
+        let (mut out, mut per_batch, mut most_cached) = (Vec::new(), Vec::new(), 0);
+        for b in 0..14i64 {
+            let now = if b < 10 {
+                100 + 3 * b
+            } else {
+                127 + 4 * (b - 9)
+            };
+            let ctx = BatchContext {
+                batch_id: b as u64,
+                processing_time: now * SECOND,
+                late_threshold: 0,
+                watermark: 0,
+                collect_late_rows: false,
+                real_time: false,
+            };
+            let wanted = op.wants_batch(&ctx);
+            for i in (0..100i64).filter(|_| b < 10) {
+                let mut row = Row::new();
+                row.set(
+                    "k",
+                    Value::from(format!("k{}", (i * 7 + b * 37) % 400).as_str()),
+                );
+                row.set("t", Value::Timestamp((now - i % 8) * SECOND));
+                row.set("v", Value::Long(i + b));
+                op.on_row(row, &ctx, &mut out).unwrap();
+            }
+            op.on_batch_end(&ctx, &mut out).unwrap();
+            let p = op.state_progress().unwrap();
+            let events = p.custom_metrics["numEventsInRanges"];
+            per_batch.push(format!(
+                "{b}: wanted {wanted}, {} keys, {events} events",
+                p.num_rows_total
+            ));
+            op.checkpoint().unwrap();
+            most_cached = most_cached.max(op.keys.len());
+            if between == Between::RestartFromFirstLayout && b == 4 {
+                to_first_layout(&op, &mut store.clone());
+            }
+            if between != Between::Continue {
+                op = open(&store);
+            }
+        }
+        let rows = out.iter().map(|r| r.to_json().to_string()).collect();
+        (rows, per_batch, most_cached)
+    }
+
+    #[test]
+    fn state_read_through_the_store_gives_the_in_memory_results() {
+        let (in_memory, per_batch, all) = run_rolling(None, Between::Continue);
+        assert!(all > 200, "{all} keys");
+        assert!(in_memory.len() > 1000, "{}", in_memory.len());
+        assert!(per_batch[11].contains("wanted true"), "{per_batch:?}");
+        assert!(per_batch[13].contains("0 keys, 0 events"), "{per_batch:?}");
+        for between in [
+            Between::Continue,
+            Between::Restart,
+            Between::RestartFromFirstLayout,
+        ] {
+            for cache_bytes in [None, Some(1)] {
+                if (cache_bytes, between) == (None, Between::Continue) {
+                    continue;
+                }
+                let run = run_rolling(cache_bytes, between);
+                assert_eq!(run.1, per_batch, "{between:?} {cache_bytes:?}");
+                assert_eq!(run.0, in_memory, "{between:?} {cache_bytes:?}");
+                if cache_bytes.is_some() {
+                    assert!(run.2 <= 16, "{between:?}: {} keys cached", run.2);
+                }
+            }
+        }
     }
 
     #[test]
