@@ -13,6 +13,8 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod nexmark;
+
 use tidemark::schema::{FieldType, Schema};
 use tidemark::time::TimestampMicros;
 
