@@ -645,13 +645,7 @@ impl RollingWindow {
         let Some(bytes) = store.get(&state_key(key))? else {
             return Ok(None);
         };
-        let (mut state, indexed) = self.spec.decode_stored(&bytes)?;
-        state.stored = Some(Stored {
-            timer: indexed,
-            events: state.events.len(),
-        });
-        state.timer = self.spec.next_change(&state);
-        Ok(Some(state))
+        Ok(Some(self.spec.read_stored(&bytes)?))
     }
 
     /// Puts a key read from the store in memory, with its timer.
@@ -788,12 +782,7 @@ impl RollingWindow {
         }
         for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
             let key = key[STATE_KEY_PREFIX.len()..].to_vec();
-            let (mut state, indexed) = self.spec.decode_stored(&bytes)?;
-            state.stored = Some(Stored {
-                timer: indexed,
-                events: state.events.len(),
-            });
-            state.timer = self.spec.next_change(&state);
+            let state = self.spec.read_stored(&bytes)?;
             self.cache_key(key, state);
         }
         Ok(())
@@ -1043,6 +1032,18 @@ impl RollingSpec {
         }
         out.extend(self.encode_state(state));
         out
+    }
+
+    /// A key read back from the store: what the store holds for it, and
+    /// its timer recomputed from its events.
+    fn read_stored(&self, bytes: &[u8]) -> Result<KeyState> {
+        let (mut state, indexed) = self.decode_stored(bytes)?;
+        state.stored = Some(Stored {
+            timer: indexed,
+            events: state.events.len(),
+        });
+        state.timer = self.next_change(&state);
+        Ok(state)
     }
 
     /// Reads what [`Self::encode_stored`] wrote.

@@ -38,6 +38,8 @@ struct SessionGroup {
     candidate: bool,
     /// The end under which the store's expiry index holds this key.
     indexed_end: Option<TimestampMicros>,
+    /// The end last noted for this key in the in-memory index of ends.
+    noted_end: Option<TimestampMicros>,
 }
 
 /// Rows a batch end emits, with what they sort by: window start, then key.
@@ -125,6 +127,7 @@ impl SessionState {
                 sessions: Vec::with_capacity(1),
                 candidate: false,
                 indexed_end: None,
+                noted_end: None,
             };
             self.groups.insert(key.to_vec(), group);
         }
@@ -148,7 +151,6 @@ impl SessionState {
             };
             group.sessions.insert(at, session);
             self.open += 1;
-            self.note_end(window.end, key);
             return 0;
         };
         let session = &mut group.sessions[i];
@@ -173,8 +175,6 @@ impl SessionState {
             merged += 1;
         }
         self.open -= merged as usize;
-        let end = group.sessions[i].window.end;
-        self.note_end(end, key);
         merged
     }
 
@@ -232,9 +232,14 @@ impl SessionState {
         }
         for key in &changed {
             self.remove_if_empty(key);
-            // Its next session is now its first.
-            let next_end = self.groups.get(key).and_then(|g| g.sessions.first());
-            if let Some(end) = next_end.map(|s| s.window.end) {
+            // Once per changed key and batch, not per row: its first
+            // session may have grown, closed, or been preceded by a new one.
+            let Some(group) = self.groups.get_mut(key) else {
+                continue;
+            };
+            let first_end = group.sessions.first().map(|s| s.window.end);
+            if let Some(end) = first_end.filter(|_| first_end != group.noted_end) {
+                group.noted_end = first_end;
                 self.note_end(end, key);
             }
         }
@@ -294,6 +299,7 @@ impl SessionState {
         let group = SessionGroup {
             key_values,
             indexed_end: first_end,
+            noted_end: first_end,
             sessions,
             candidate: false,
         };
