@@ -25,7 +25,7 @@
 //! // The 00:00-00:01 window closed once the watermark passed its end.
 //! assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
 //! ```
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod aggregate;
 pub mod decode;

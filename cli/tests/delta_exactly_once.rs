@@ -44,7 +44,10 @@ fn abort_between_the_delta_commit_and_the_offset_commit_loses_and_duplicates_not
     );
 
     let done = tidemark_run(&file, None, Stdio::piped())
-        .env("RUST_LOG", "warn,tidemark=info,tidemark_connectors=info")
+        .env(
+            "RUST_LOG",
+            "warn,tidemark=info,tidemark_connectors=info,tidemark_delta=info,tidemark_kafka=info",
+        )
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&done.stderr);

@@ -16,7 +16,7 @@ const PARTITIONS: i32 = 2;
 /// Runs the pipeline to the end of its input; returns its stderr.
 fn run_to_end(file: &std::path::Path) -> String {
     let done = tidemark_run(file, None, Stdio::piped())
-        .env("RUST_LOG", "tidemark_connectors=info")
+        .env("RUST_LOG", "tidemark_kafka=info")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&done.stderr).to_string();

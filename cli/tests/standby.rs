@@ -32,7 +32,7 @@ fn a_killed_instances_partitions_resume_from_the_survivors_warm_copies() {
             std::fs::write(&file, with_standby).unwrap();
             let log = std::fs::File::create(d.path().join("stderr.log")).unwrap();
             tidemark_run(&file, Some(&format!("s{i}")), Stdio::from(log))
-                .env("RUST_LOG", "tidemark_connectors=info")
+                .env("RUST_LOG", "tidemark_kafka=info")
                 .spawn()
                 .unwrap()
         })

@@ -328,10 +328,8 @@ fn build_state_backend(
                     let topics = file.input_topics();
                     let mut partitions = 1;
                     for topic in &topics {
-                        partitions = partitions.max(crate::state_backend::partition_count(
-                            source_bootstrap,
-                            topic,
-                        )?);
+                        partitions =
+                            partitions.max(crate::kafka::partition_count(source_bootstrap, topic)?);
                     }
                     Some(crate::state_backend::ChangelogConfig {
                         bootstrap: source_bootstrap.to_string(),
@@ -369,7 +367,7 @@ fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
     for topic in topics {
         counts.push((
             topic.clone(),
-            crate::state_backend::partition_count(bootstrap, topic)?,
+            crate::kafka::partition_count(bootstrap, topic)?,
         ));
     }
     if counts.windows(2).any(|w| w[0].1 != w[1].1) {
@@ -392,7 +390,7 @@ fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
 fn input_partitions(bootstrap: &str, topics: &[String]) -> Result<Vec<String>> {
     let mut origins = Vec::new();
     for topic in topics {
-        let count = crate::state_backend::partition_count(bootstrap, topic)?;
+        let count = crate::kafka::partition_count(bootstrap, topic)?;
         origins.extend((0..count).map(|p| format!("{topic}/{p}")));
     }
     Ok(origins)
@@ -408,7 +406,7 @@ fn repartition_sink(
     let topic = file.sink.topic.as_deref().unwrap_or_default();
     let inputs = file.source.topic.clone().map(|t| t.0).unwrap_or_default();
     let origins = input_partitions(bootstrap, &inputs)?;
-    let partitions = crate::state_backend::partition_count(bootstrap, topic)?;
+    let partitions = crate::kafka::partition_count(bootstrap, topic)?;
     let sink = KafkaSink::new(
         bootstrap,
         topic,
@@ -437,7 +435,7 @@ pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages)
         // A repartitioned join's two topics get the same count: the widest
         // input's, so that the reader's tasks join partition n of each.
         for topic in file.input_topics() {
-            partitions = partitions.max(crate::state_backend::partition_count(&bootstrap, &topic)?);
+            partitions = partitions.max(crate::kafka::partition_count(&bootstrap, &topic)?);
         }
     }
     crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)?;
@@ -461,7 +459,7 @@ pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
         .unwrap_or_else(default_bootstrap);
     let mut counts = std::collections::BTreeSet::new();
     for topic in file.input_topics() {
-        counts.insert(crate::state_backend::partition_count(&bootstrap, &topic)?);
+        counts.insert(crate::kafka::partition_count(&bootstrap, &topic)?);
     }
     Ok(counts.len() > 1)
 }

@@ -1,18 +1,20 @@
-//! Sources, sinks, decoders and dead-letter outputs for tidemark: Kafka
-//! (rdkafka), Delta Lake tables, a directory of batch files, JSON-lines
-//! files, stdout, and the Avro format in the Confluent wire format.
+//! Wires a pipeline file to its connectors, and re-exports each connector
+//! crate under one roof: Kafka ([`kafka`], with the changelog-backed state
+//! and the instance identity), Delta Lake tables ([`delta`]), a directory of
+//! batch files, JSON-lines files and stdout ([`files`]), and Avro in the
+//! Confluent wire format ([`avro`]).
+#![deny(missing_docs)]
 
-pub mod avro;
-pub mod delta;
-pub mod files;
+pub use tidemark_avro as avro;
+pub use tidemark_delta as delta;
+pub use tidemark_files as files;
+pub use tidemark_kafka as kafka;
+pub use tidemark_kafka::{instance, state_backend};
+
 mod from_pipeline;
-pub mod instance;
-pub mod kafka;
-mod standby;
-pub mod state_backend;
 
 pub use from_pipeline::{
     connect, connect_as, ensure_repartition_topic, instance_identity, join_needs_repartition,
     Connected,
 };
-pub use state_backend::split_memory_budget;
+pub use tidemark_kafka::split_memory_budget;

@@ -7,6 +7,7 @@
 //! [`ChangeLoggingStore`] (the latest value per key to a changelog) over
 //! [`RocksDbStore`] (one RocksDB per task, a column family per store), with
 //! [`InMemoryStore`] for unit tests and small state.
+#![deny(missing_docs)]
 
 mod caching;
 mod changelog;

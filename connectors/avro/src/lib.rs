@@ -1,6 +1,7 @@
 //! Avro in the Confluent wire format: magic byte 0, a 4-byte big-endian
 //! schema id, then the Avro binary datum. Schemas come from a schema registry
 //! (`GET /schemas/ids/{id}`) or local `.avsc` files.
+#![deny(missing_docs)]
 
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::schema::Schema as AvroSchema;

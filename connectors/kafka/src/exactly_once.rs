@@ -9,8 +9,8 @@
 //! visible to `read_committed` readers and the batch is replayed from the
 //! last committed offsets.
 
-use super::sink::{send_with_backpressure, DeliveryTracker};
 use crate::instance::InstanceIdentity;
+use crate::producer::{send_with_backpressure, DeliveryTracker};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::ToBytes;

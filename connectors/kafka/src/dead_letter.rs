@@ -1,7 +1,7 @@
 //! The dead-letter topic: failed records with the error and their position
 //! in headers.
 
-use super::sink::{producer, send_with_backpressure, DeliveryTracker};
+use crate::producer::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
@@ -80,7 +80,7 @@ impl DeadLetter for KafkaDeadLetter {
     }
 
     fn flush(&mut self) -> Result<()> {
-        super::sink::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
+        crate::producer::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
         })?;
         if let Some(first) = self.tracker.take_failures().first() {

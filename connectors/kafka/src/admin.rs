@@ -1,19 +1,5 @@
-//! Kafka: a consumer-group source, a producer sink, a dead-letter topic and
-//! topic administration, on rdkafka.
-
-mod changelog;
-mod dead_letter;
-mod exactly_once;
-mod sink;
-mod source;
-mod table_feed;
-
-pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
-pub use dead_letter::KafkaDeadLetter;
-pub use exactly_once::SharedTransactions;
-pub use sink::{KafkaSink, KeyColumns, ValueFormat};
-pub use source::{KafkaSource, KafkaSourceConfig};
-pub use table_feed::KafkaTableFeed;
+//! Topic administration and metadata: the default broker, creating
+//! topics, reading partition counts.
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -67,4 +53,23 @@ pub fn ensure_topic_with_config(
         }
     }
     Ok(())
+}
+
+/// The partition count of `topic`.
+pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| Error::Source(format!("metadata client: {e}")))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), std::time::Duration::from_secs(10))
+        .map_err(|e| Error::Source(format!("metadata of `{topic}`: {e}")))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .map(|t| t.partitions().len() as i32)
+        .max()
+        .unwrap_or(1)
+        .max(1))
 }

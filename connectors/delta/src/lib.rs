@@ -12,6 +12,7 @@
 //!
 //! In real-time mode rows are committed every `commit_interval` instead of
 //! at the batch's end (at-least-once, as the trigger's output).
+#![deny(missing_docs)]
 
 mod columns;
 mod compaction;

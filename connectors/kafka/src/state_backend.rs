@@ -1,9 +1,10 @@
 //! The production state backend: RocksDB per task, with each store's
 //! changes logged to a compacted Kafka changelog topic and restored from it.
 
-use crate::kafka::{
-    changelog_topic, ensure_topic_with_config, read_changelog, KafkaChangelogWriter,
+use crate::local_checkpoint::{
+    take_local_checkpoint, write_local_checkpoint, LocalCheckpoint, CHECKPOINT_FILE,
 };
+use crate::{changelog_topic, ensure_topic_with_config, read_changelog, KafkaChangelogWriter};
 use std::path::PathBuf;
 use tidemark::error::{Error, Result};
 use tidemark::runtime::{PendingStore, StateBackend};
@@ -78,7 +79,7 @@ impl RocksDbStateBackend {
     }
 
     /// Appends changelog records inside `transactions` (exactly-once).
-    pub fn with_transactions(mut self, transactions: crate::kafka::SharedTransactions) -> Self {
+    pub fn with_transactions(mut self, transactions: crate::SharedTransactions) -> Self {
         self.changelog = self
             .changelog
             .take()
@@ -280,47 +281,6 @@ impl StateBackend for RocksDbStateBackend {
     }
 }
 
-/// The file a cleanly closed task leaves next to its RocksDB files.
-pub(crate) const CHECKPOINT_FILE: &str = ".checkpoint";
-
-/// Changelog offset (exclusive) each store's local files reflect.
-pub(crate) type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
-
-/// Reads and deletes the task's checkpoint file: from now on the local
-/// files change, and a crash before the next clean close must not trust
-/// them. Missing or unreadable: empty.
-fn take_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
-    let Ok(text) = std::fs::read_to_string(file) else {
-        return LocalCheckpoint::new();
-    };
-    let _ = std::fs::remove_file(file);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        tracing::warn!(file = %file.display(), error = %e, "unreadable local checkpoint ignored");
-        LocalCheckpoint::new()
-    })
-}
-
-/// Reads a checkpoint file without deleting it; missing or unreadable:
-/// empty.
-pub(crate) fn read_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
-    std::fs::read_to_string(file)
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or_default()
-}
-
-/// Writes the checkpoint file atomically (temporary file, then rename).
-pub(crate) fn write_local_checkpoint(
-    file: &std::path::Path,
-    checkpoint: &LocalCheckpoint,
-) -> Result<()> {
-    let text = serde_json::to_string(checkpoint).map_err(|e| Error::Source(e.to_string()))?;
-    let temporary = file.with_extension("tmp");
-    std::fs::write(&temporary, text)
-        .and_then(|_| std::fs::rename(&temporary, file))
-        .map_err(|e| Error::io(format!("writing {}", file.display()), e))
-}
-
 /// The end offset of a changelog partition (after its last commit marker).
 fn changelog_end(bootstrap: &str, topic: &str, partition: i32) -> Result<i64> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -351,30 +311,11 @@ impl std::fmt::Debug for RocksDbStateBackend {
 /// size in resident memory.
 ///
 /// ```
-/// let (rocksdb, per_task) = tidemark_connectors::split_memory_budget(512 << 20, 4);
+/// let (rocksdb, per_task) = tidemark_kafka::split_memory_budget(512 << 20, 4);
 /// assert_eq!(rocksdb, 128 << 20);
 /// assert_eq!(per_task, 32 << 20);
 /// ```
 pub fn split_memory_budget(total_bytes: usize, tasks: usize) -> (usize, usize) {
     let share = total_bytes / 4;
     (share, (share / tasks.max(1)).max(1 << 20))
-}
-
-/// The partition count of `topic`.
-pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| Error::Source(format!("metadata client: {e}")))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), std::time::Duration::from_secs(10))
-        .map_err(|e| Error::Source(format!("metadata of `{topic}`: {e}")))?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .map(|t| t.partitions().len() as i32)
-        .max()
-        .unwrap_or(1)
-        .max(1))
 }

@@ -45,7 +45,7 @@ impl KafkaTableFeed {
         let consumer: BaseConsumer = config
             .create()
             .map_err(|e| Error::config("table_join", format!("Kafka consumer: {e}")))?;
-        let count = crate::state_backend::partition_count(bootstrap, topic)?;
+        let count = crate::partition_count(bootstrap, topic)?;
         let partitions: Vec<i32> = (0..count).collect();
         let mut tpl = TopicPartitionList::new();
         for p in &partitions {

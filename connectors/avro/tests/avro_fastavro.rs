@@ -5,7 +5,7 @@ use std::process::Command;
 use tidemark::record::{Record, SourcePosition};
 use tidemark::row::{Row, Value};
 use tidemark::runtime::Decoder;
-use tidemark_connectors::avro::{AvroDecoder, AvroEncoder};
+use tidemark_avro::{AvroDecoder, AvroEncoder};
 
 const SCHEMA: &str = r#"{"type":"record","name":"Order","fields":[
   {"name":"id","type":"string"},

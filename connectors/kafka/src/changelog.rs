@@ -2,7 +2,7 @@
 //! partition per task partition. The writer appends each store change; the
 //! reader replays a partition up to its end to restore a task's state.
 
-use super::sink::{producer, send_with_backpressure, DeliveryTracker};
+use crate::producer::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -55,7 +55,7 @@ impl KafkaChangelogWriter {
             // Committed with the transaction.
             return Ok(());
         }
-        super::sink::flush_producer(&self.producer, Duration::from_secs(60))
+        crate::producer::flush_producer(&self.producer, Duration::from_secs(60))
             .map_err(|e| Error::Sink(format!("flushing changelogs: {e}")))?;
         match self.tracker.take_failures().first() {
             Some(e) => Err(Error::Sink(format!(

@@ -1,117 +1,17 @@
 //! The Kafka sink: an idempotent producer; `commit` waits until every record
 //! of the batch is acknowledged.
 
-use crate::avro::AvroEncoder;
-use rdkafka::config::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
-use rdkafka::ClientContext;
+use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::row::{Row, Value};
 use tidemark::runtime::{Sink, WatermarkMarker, WATERMARK_MARKER_HEADER};
 use tidemark::time::TimestampMicros;
+use tidemark_avro::AvroEncoder;
 
-/// Collects delivery failures reported by the producer's thread.
-#[derive(Clone, Default)]
-pub(crate) struct DeliveryTracker {
-    failures: Arc<Mutex<Vec<String>>>,
-}
-
-impl DeliveryTracker {
-    pub(crate) fn take_failures(&self) -> Vec<String> {
-        std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
-
-impl ClientContext for DeliveryTracker {}
-
-impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.failures
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(e.to_string());
-        }
-    }
-}
-
-/// An idempotent producer with its delivery tracker.
-pub(crate) fn producer(
-    bootstrap: &str,
-    properties: &BTreeMap<String, String>,
-    key: &str,
-) -> Result<(ThreadedProducer<DeliveryTracker>, DeliveryTracker)> {
-    let tracker = DeliveryTracker::default();
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5");
-    for (k, v) in properties {
-        config.set(k, v);
-    }
-    let producer = config
-        .create_with_context(tracker.clone())
-        .map_err(|e| Error::config(key, format!("Kafka producer: {e}")))?;
-    Ok((producer, tracker))
-}
-
-/// Waits until every record sent so far is acknowledged. librdkafka's
-/// flush, with rust-rdkafka's threaded producer serving delivery reports,
-/// slept out a 100 ms poll interval at most checkpoints (measured in the
-/// real-time latency bench: every record arriving meanwhile waited);
-/// watching the in-flight count reacts within a fraction of a millisecond.
-pub(crate) fn flush_producer(
-    producer: &ThreadedProducer<DeliveryTracker>,
-    timeout: Duration,
-) -> std::result::Result<(), String> {
-    use rdkafka::producer::Producer;
-    let deadline = std::time::Instant::now() + timeout;
-    if producer.in_flight_count() > 0 {
-        // Sends what lingers at once; it cannot finish in no time.
-        let _ = producer.flush(Duration::ZERO);
-    }
-    while producer.in_flight_count() > 0 {
-        if std::time::Instant::now() >= deadline {
-            return Err(format!(
-                "{} record(s) not acknowledged after {timeout:?}",
-                producer.in_flight_count()
-            ));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    Ok(())
-}
-
-/// Sends one record, waiting for deliveries while the local queue is full.
-pub(crate) fn send_with_backpressure<K, P>(
-    producer: &ThreadedProducer<DeliveryTracker>,
-    record: BaseRecord<'_, K, P>,
-) -> std::result::Result<(), rdkafka::error::KafkaError>
-where
-    K: rdkafka::message::ToBytes + ?Sized,
-    P: rdkafka::message::ToBytes + ?Sized,
-{
-    let mut pending = record;
-    loop {
-        match producer.send(pending) {
-            Ok(()) => return Ok(()),
-            Err((e, back))
-                if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-            {
-                std::thread::sleep(Duration::from_millis(5));
-                pending = back;
-            }
-            Err((e, _)) => return Err(e),
-        }
-    }
-}
+use crate::producer::{flush_producer, producer, send_with_backpressure, DeliveryTracker};
 
 /// How the sink encodes row values.
 pub enum ValueFormat {

@@ -1,5 +1,6 @@
 //! The files source (one file = one micro-batch), the JSON-lines and stdout
 //! sinks, and the file dead-letter output.
+#![deny(missing_docs)]
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -14,7 +15,7 @@ use tidemark::runtime::{BatchRequest, DeadLetter, Sink, Source, SourceBatch};
 /// next batch (micro-batch trigger).
 ///
 /// ```no_run
-/// let source = tidemark_connectors::files::FilesSource::new("batches/").unwrap();
+/// let source = tidemark_files::FilesSource::new("batches/").unwrap();
 /// ```
 #[derive(Debug)]
 pub struct FilesSource {

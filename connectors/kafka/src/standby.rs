@@ -10,7 +10,7 @@
 //! offset it has applied up to, so the active task that later opens it
 //! trusts it exactly as a cleanly closed task's files.
 
-use crate::kafka::changelog_topic;
+use crate::changelog_topic;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, HashMap};
@@ -68,7 +68,7 @@ impl Standbys {
         self.state_dir
             .join(&self.application_id)
             .join(partition.to_string())
-            .join(super::state_backend::CHECKPOINT_FILE)
+            .join(crate::local_checkpoint::CHECKPOINT_FILE)
     }
 
     /// Stops keeping `partition` warm (it becomes active here): its files
@@ -76,7 +76,7 @@ impl Standbys {
     pub(crate) fn release(&mut self, partition: i32) -> Result<()> {
         if let Some((db, offsets)) = self.warm.remove(&partition) {
             drop(db);
-            super::state_backend::write_local_checkpoint(
+            crate::local_checkpoint::write_local_checkpoint(
                 &self.checkpoint_file(partition),
                 &offsets,
             )?;
@@ -109,7 +109,7 @@ impl Standbys {
             }
             let task = partition.to_string();
             let saved =
-                super::state_backend::read_local_checkpoint(&self.checkpoint_file(partition));
+                crate::local_checkpoint::read_local_checkpoint(&self.checkpoint_file(partition));
             let trusted = self.stores.values().all(|s| saved.contains_key(s));
             if !trusted {
                 TaskDb::destroy(&self.state_dir, &self.application_id, &task)?;
@@ -164,7 +164,7 @@ impl Standbys {
         touched.dedup();
         for partition in touched {
             if let Some((_, offsets)) = self.warm.get(&partition) {
-                super::state_backend::write_local_checkpoint(
+                crate::local_checkpoint::write_local_checkpoint(
                     &self.checkpoint_file(partition),
                     offsets,
                 )?;

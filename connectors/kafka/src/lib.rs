@@ -1,0 +1,29 @@
+//! Kafka: a consumer-group source, a producer sink, a dead-letter topic and
+//! topic administration, on rdkafka; with the state that lives beside it:
+//! RocksDB stores backed by changelog topics, standby replicas, and the
+//! instance identity transactional ids derive from.
+#![deny(missing_docs)]
+
+mod changelog;
+mod dead_letter;
+mod exactly_once;
+mod producer;
+mod sink;
+mod source;
+mod table_feed;
+
+pub mod instance;
+mod local_checkpoint;
+mod standby;
+pub mod state_backend;
+pub use state_backend::split_memory_budget;
+
+pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
+pub use dead_letter::KafkaDeadLetter;
+pub use exactly_once::SharedTransactions;
+pub use sink::{KafkaSink, KeyColumns, ValueFormat};
+pub use source::{KafkaSource, KafkaSourceConfig};
+pub use table_feed::KafkaTableFeed;
+
+mod admin;
+pub use admin::{default_bootstrap, ensure_topic, ensure_topic_with_config, partition_count};
