@@ -143,3 +143,51 @@ fn available_now_runs_the_writer_to_the_end_then_the_reader() {
         Duration::from_secs(10),
     ));
 }
+
+#[test]
+fn the_library_runs_a_repartitioned_pipeline_file_in_process_as_the_cli_does() {
+    let (input, output, app) = (unique("rpl-in"), unique("rpl-out"), unique("rpl-app"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, 1);
+    produce_events(&input);
+    let dir = tempfile::tempdir().unwrap();
+    let text = pipeline(&app, &input, &output, "available_now").replace(
+        "state_dir: state",
+        &format!("state_dir: {}", dir.path().join("state").display()),
+    );
+    let file = tidemark::pipeline::PipelineFile::parse(&text).unwrap();
+    let sink_stage = file.name.clone();
+    let stages_seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let seen = stages_seen.clone();
+    let runner = tidemark_connectors::PipelineRunner::new(file, dir.path()).on_progress(
+        move |stage: &str, p: &tidemark::progress::QueryProgress| {
+            *seen
+                .lock()
+                .unwrap()
+                .entry(stage.to_string())
+                .or_insert(0u64) += p.num_input_rows;
+        },
+    );
+    let stages = runner
+        .repartition_stages()
+        .unwrap()
+        .expect("a repartitioned pipeline");
+    assert_eq!(stages.keys, ["region"]);
+    let summary = runner.run().unwrap();
+    assert_one_row_per_region_and_window(&consume_all(
+        &output,
+        REGIONS.len() * 9,
+        Duration::from_secs(10),
+    ));
+    assert_eq!(summary.output_rows, REGIONS.len() as u64 * 9);
+    // Both stages ran in this process and read every event: the writer from
+    // the input topic, the reader (the pipeline's own name) from the
+    // repartition topic.
+    let seen = stages_seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[&sink_stage], PARTITIONS as u64 * 600, "{seen:?}");
+    assert!(
+        seen.iter().all(|(_, n)| *n == PARTITIONS as u64 * 600),
+        "{seen:?}"
+    );
+}

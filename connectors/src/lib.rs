@@ -12,9 +12,11 @@ pub use tidemark_kafka as kafka;
 pub use tidemark_kafka::{instance, state_backend};
 
 mod from_pipeline;
+mod runner;
 
 pub use from_pipeline::{
     connect, connect_as, ensure_repartition_topic, instance_identity, join_needs_repartition,
     Connected,
 };
+pub use runner::{is_transient, PipelineRunner};
 pub use tidemark_kafka::split_memory_budget;
