@@ -102,6 +102,7 @@ pub fn read_changelog(
         .set("group.id", format!("{application_id}-restore"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
+        .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS)
         .create()
         .map_err(|e| Error::Source(format!("restore consumer: {e}")))?;
     let (low, high) = consumer

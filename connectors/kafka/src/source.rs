@@ -144,7 +144,8 @@ impl KafkaSource {
             )
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "100");
+            .set("fetch.wait.max.ms", "100")
+            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS);
         for (k, v) in &config.properties {
             client.set(k, v);
         }

@@ -44,6 +44,7 @@ impl Standbys {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "50")
+            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS)
             .create()
             .map_err(|e| Error::Source(format!("standby consumer: {e}")))?;
         Ok(Standbys {

@@ -38,7 +38,8 @@ impl KafkaTableFeed {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed");
+            .set("isolation.level", "read_committed")
+            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS);
         for (k, v) in properties {
             config.set(k, v);
         }
