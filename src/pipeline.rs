@@ -129,6 +129,16 @@ impl<'de> Deserialize<'de> for DurationSpec {
     }
 }
 
+/// Whether grouping by `group_keys` keeps every group inside one partition
+/// of an input partitioned by `partition_keys`: when the grouping includes
+/// every partitioning column, rows of one group share those columns and so
+/// their partition (Spark's `ClusteredDistribution` is likewise satisfied
+/// by hash partitioning on a subset of its keys). No partitioning column, no
+/// such guarantee.
+fn groups_stay_in_partition(group_keys: &[String], partition_keys: &[String]) -> bool {
+    !partition_keys.is_empty() && partition_keys.iter().all(|k| group_keys.contains(k))
+}
+
 fn strip_config_prefix(e: &Error) -> String {
     match e {
         Error::Config { reason, .. } => reason.clone(),
@@ -1231,13 +1241,11 @@ impl PipelineFile {
             StepSpec::Dedup(d) => Some((i, d.keys.clone())),
             _ => None,
         })?;
-        let on_record_key = self.source.keyed_by.as_ref().is_some_and(|k| {
-            let mut a = k.clone();
-            let mut b = keys.clone();
-            a.sort();
-            b.sort();
-            a == b
-        });
+        let on_record_key = self
+            .source
+            .keyed_by
+            .as_ref()
+            .is_some_and(|k| groups_stay_in_partition(&keys, k));
         if on_record_key {
             return None;
         }
@@ -1489,7 +1497,7 @@ impl PipelineFile {
     }
 
     /// A pipeline with joins runs each task on one partition number of
-    /// every topic: its groupings must be on a join's keys (or the record
+    /// every topic: its groupings must include a join's keys (or the record
     /// key), else a key's rows would be spread over tasks.
     pub fn check_join_partitioning(&self) -> Result<()> {
         let joined = self.joined_inputs();
@@ -1508,15 +1516,11 @@ impl PipelineFile {
                 "one stream-stream join per pipeline: chain a second join in a second pipeline",
             ));
         }
-        let sorted = |mut k: Vec<String>| {
-            k.sort();
-            k
-        };
         let mut allowed: Vec<Vec<String>> = joined
             .iter()
-            .map(|j| sorted(j.keys.iter().map(|k| k.left.clone()).collect()))
+            .map(|j| j.keys.iter().map(|k| k.left.clone()).collect())
             .collect();
-        allowed.extend(self.source.keyed_by.clone().map(sorted));
+        allowed.extend(self.source.keyed_by.clone());
         for step in &self.steps {
             let keys = match step {
                 StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
@@ -1524,12 +1528,14 @@ impl PipelineFile {
                 StepSpec::Dedup(d) => Some(d.keys.clone()),
                 _ => None,
             };
-            if let Some(keys) = keys.map(sorted) {
-                if self.source.kind == SourceKind::Kafka && !allowed.contains(&keys) {
+            if let Some(keys) = keys {
+                if self.source.kind == SourceKind::Kafka
+                    && !allowed.iter().any(|p| groups_stay_in_partition(&keys, p))
+                {
                     return Err(Error::config(
                         "steps",
                         format!(
-                            "a grouping in a pipeline with a join must be on the join keys {:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet",
+                            "a grouping in a pipeline with a join must include the join keys {:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet",
                             allowed[0]
                         ),
                     ));
@@ -2018,11 +2024,54 @@ processing_guarantee: exactly_once
         let keyed = text.replace("group: g,", "group: g, keyed_by: [region],");
         let file = PipelineFile::parse(&keyed).unwrap();
         assert!(file.repartition_stages().is_none());
+        // Grouping by the record key and more: each group is still in one
+        // partition. By part of a composite key: it is not.
+        let wider = keyed.replace("keys: [region]", "keys: [region, event_time]");
+        assert!(PipelineFile::parse(&wider)
+            .unwrap()
+            .repartition_stages()
+            .is_none());
+        let narrower = text.replace("group: g,", "group: g, keyed_by: [region, shop],");
+        let stages = PipelineFile::parse(&narrower)
+            .unwrap()
+            .repartition_stages()
+            .unwrap();
+        assert_eq!(stages.keys, ["region"]);
         let both = format!("{text}state: {{dir: s}}\n");
         assert!(PipelineFile::parse(&both)
             .unwrap_err()
             .message
             .contains("state_dir"));
+    }
+
+    #[test]
+    fn a_grouping_after_a_join_must_include_the_join_keys() {
+        let text = r#"
+name: q8
+source: {kind: kafka, topic: persons, schema: {id: long, name: string, dateTime: timestamp}}
+event_time: dateTime
+watermark: 4 seconds
+steps:
+  - join:
+      topic: auctions
+      on: [{left: id, right: seller}]
+      event_time: dateTime
+      watermark: 4 seconds
+      window: 10 seconds
+      schema: {seller: long, dateTime: timestamp}
+  - dedup: {keys: [id, window_start]}
+sink: {kind: kafka, topic: out}
+"#;
+        let file = PipelineFile::parse(text).unwrap();
+        assert!(file.check_join_partitioning().is_ok());
+        file.query_builder().unwrap();
+        let off_key = text.replace("keys: [id, window_start]", "keys: [name, window_start]");
+        let err = PipelineFile::parse(&off_key)
+            .unwrap()
+            .check_join_partitioning()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must include the join keys [\"id\"]"), "{err}");
     }
 
     #[test]
