@@ -38,18 +38,23 @@ const QUERIES: &[(&str, &[Kind], &str)] = &[
         &[Kind::Auction, Kind::Person],
         include_str!("../../nexmark/q3.yaml"),
     ),
+    (
+        "q8",
+        &[Kind::Person, Kind::Auction],
+        include_str!("../../nexmark/q8.yaml"),
+    ),
     ("q11", &[Kind::Bid], include_str!("../../nexmark/q11.yaml")),
 ];
 
 /// Flink's published events/s per core (Nexmark on Flink), where known.
-const FLINK_PER_CORE: &[(&str, u64)] = &[("q11", 40_000)];
+const FLINK_PER_CORE: &[(&str, u64)] = &[("q8", 146_000), ("q11", 40_000)];
 
 #[derive(Parser)]
 struct Args {
     /// Events to generate per query.
     #[arg(long, default_value_t = 10_000_000)]
     events: u64,
-    /// One query (`q0`, `q1`, `q2`, `q3`, `q11`); all when omitted.
+    /// One query (`q0`, `q1`, `q2`, `q3`, `q8`, `q11`); all when omitted.
     #[arg(long)]
     query: Option<String>,
     /// Event-time rate of the generator (Nexmark's default: 10M/s).
@@ -288,7 +293,7 @@ fn main() -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(
         !selected.is_empty(),
-        "unknown query; known: q0, q1, q2, q3, q11"
+        "unknown query; known: q0, q1, q2, q3, q8, q11"
     );
     let topics = if args.through_kafka {
         let bootstrap = args
@@ -350,6 +355,50 @@ mod tests {
             "--batch",
             "5000",
         ])
+    }
+
+    /// Nexmark q8's rows for the first `events` events at `rate`, worked
+    /// out from the generator's JSON: distinct (person, 10 s window) where
+    /// the person also sold an auction in that window.
+    fn q8_expected(events: u64, rate: u64) -> usize {
+        let mut generator = Generator::new(rate);
+        let window = |v: &serde_json::Value| {
+            let t = tidemark::time::parse_rfc3339(v["dateTime"].as_str().unwrap()).unwrap();
+            t.div_euclid(10_000_000)
+        };
+        let (mut persons, mut sellers) = (Vec::new(), std::collections::HashSet::new());
+        while generator.generated() < events {
+            let (kind, value) = generator.next_event();
+            let v: serde_json::Value = serde_json::from_slice(&value).unwrap();
+            match kind {
+                Kind::Person => persons.push((v["id"].as_i64().unwrap(), window(&v))),
+                Kind::Auction => {
+                    sellers.insert((v["seller"].as_i64().unwrap(), window(&v)));
+                }
+                Kind::Bid => {}
+            }
+        }
+        let rows: std::collections::HashSet<_> = persons
+            .into_iter()
+            .filter(|p| sellers.contains(p))
+            .collect();
+        rows.len()
+    }
+
+    #[test]
+    fn q8_writes_one_row_per_new_seller_and_window() {
+        let (_, kinds, text) = QUERIES.iter().find(|(q, _, _)| *q == "q8").unwrap();
+        let mut args = args(100_000);
+        // 100 µs apart: the events span 10 s of event time, over two
+        // windows, so an auction in the window after its seller's
+        // registration must not count.
+        args.rate = 10_000;
+        let expected = q8_expected(args.events, args.rate);
+        assert!(expected > 1_000, "{expected}");
+        assert_eq!(
+            run_in_process("q8", kinds, text, &args).unwrap(),
+            expected as u64
+        );
     }
 
     /// The bids of the first `events` generator events, as JSON.
