@@ -139,6 +139,33 @@ fn groups_stay_in_partition(group_keys: &[String], partition_keys: &[String]) ->
     !partition_keys.is_empty() && partition_keys.iter().all(|k| group_keys.contains(k))
 }
 
+/// The names the partitioning columns `partition_keys` have after `steps`:
+/// a `select` may rename them; `None` when a step drops or rewrites one (a
+/// `with_column` of that name, a `select` without it), since the rows are
+/// then no longer partitioned by the values those names hold.
+fn partition_columns_after(partition_keys: &[String], steps: &[StepSpec]) -> Option<Vec<String>> {
+    let mut columns = partition_keys.to_vec();
+    for step in steps {
+        match step {
+            StepSpec::WithColumn(w) if columns.contains(&w.name) => return None,
+            StepSpec::Select(select) => {
+                columns = columns
+                    .iter()
+                    .map(|c| {
+                        select
+                            .0
+                            .iter()
+                            .find(|(source, _)| source == c)
+                            .map(|(_, output)| output.clone())
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+            }
+            _ => {}
+        }
+    }
+    Some(columns)
+}
+
 fn strip_config_prefix(e: &Error) -> String {
     match e {
         Error::Config { reason, .. } => reason.clone(),
@@ -1245,7 +1272,8 @@ impl PipelineFile {
             .source
             .keyed_by
             .as_ref()
-            .is_some_and(|k| groups_stay_in_partition(&keys, k));
+            .and_then(|k| partition_columns_after(k, &self.steps[..at]))
+            .is_some_and(|k| groups_stay_in_partition(&keys, &k));
         if on_record_key {
             return None;
         }
@@ -1516,12 +1544,19 @@ impl PipelineFile {
                 "one stream-stream join per pipeline: chain a second join in a second pipeline",
             ));
         }
-        let mut allowed: Vec<Vec<String>> = joined
+        // Each partitioning, with the step it holds from: the join's keys
+        // after the join, the record key from the start.
+        let join_at = self
+            .steps
             .iter()
-            .map(|j| j.keys.iter().map(|k| k.left.clone()).collect())
+            .position(|s| matches!(s, StepSpec::Join(_)))
+            .map_or(0, |i| i + 1);
+        let mut allowed: Vec<(Vec<String>, usize)> = joined
+            .iter()
+            .map(|j| (j.keys.iter().map(|k| k.left.clone()).collect(), join_at))
             .collect();
-        allowed.extend(self.source.keyed_by.clone());
-        for step in &self.steps {
+        allowed.extend(self.source.keyed_by.clone().map(|k| (k, 0)));
+        for (at, step) in self.steps.iter().enumerate() {
             let keys = match step {
                 StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
                 StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
@@ -1529,14 +1564,16 @@ impl PipelineFile {
                 _ => None,
             };
             if let Some(keys) = keys {
-                if self.source.kind == SourceKind::Kafka
-                    && !allowed.iter().any(|p| groups_stay_in_partition(&keys, p))
-                {
+                let partitioned = |(columns, from): &(Vec<String>, usize)| {
+                    partition_columns_after(columns, &self.steps[(*from).min(at)..at])
+                        .is_some_and(|p| groups_stay_in_partition(&keys, &p))
+                };
+                if self.source.kind == SourceKind::Kafka && !allowed.iter().any(partitioned) {
                     return Err(Error::config(
                         "steps",
                         format!(
                             "a grouping in a pipeline with a join must include the join keys {:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet",
-                            allowed[0]
+                            allowed[0].0
                         ),
                     ));
                 }
@@ -2031,6 +2068,35 @@ processing_guarantee: exactly_once
             .unwrap()
             .repartition_stages()
             .is_none());
+        // A step that rewrites the key column before the grouping: the rows
+        // are no longer partitioned by what the grouping reads.
+        let rewritten = keyed.replace(
+            "  - filter: \"region is not null\"",
+            "  - with_column: {name: region, expr: \"'all'\"}",
+        );
+        assert!(PipelineFile::parse(&rewritten)
+            .unwrap()
+            .repartition_stages()
+            .is_some());
+        let renamed = keyed
+            .replace(
+                "schema: {event_time: timestamp, region: string}",
+                "schema: {event_time: timestamp, region: string, shop: string}",
+            )
+            .replace(
+                "  - filter: \"region is not null\"",
+                "  - select: {event_time: event_time, area: region, region: shop}",
+            );
+        let stages = PipelineFile::parse(&renamed)
+            .unwrap()
+            .repartition_stages()
+            .expect("region now holds the shop");
+        assert_eq!(stages.keys, ["region"]);
+        let carried = renamed.replace("keys: [region]", "keys: [area]");
+        assert!(PipelineFile::parse(&carried)
+            .unwrap()
+            .repartition_stages()
+            .is_none());
         let narrower = text.replace("group: g,", "group: g, keyed_by: [region, shop],");
         let stages = PipelineFile::parse(&narrower)
             .unwrap()
@@ -2072,6 +2138,14 @@ sink: {kind: kafka, topic: out}
             .unwrap_err()
             .to_string();
         assert!(err.contains("must include the join keys [\"id\"]"), "{err}");
+        let rewritten = text.replace(
+            "  - dedup:",
+            "  - with_column: {name: id, expr: \"id % 10\"}\n  - dedup:",
+        );
+        assert!(PipelineFile::parse(&rewritten)
+            .unwrap()
+            .check_join_partitioning()
+            .is_err());
     }
 
     #[test]

@@ -1,8 +1,11 @@
-//! Runs a pipeline file to its end: one query, or — when a grouping is not
-//! on the record key, or joined topics are not co-partitioned — the stages
+//! Runs a pipeline file to its end: one query, or — when a grouping does not
+//! include the record key's columns, or joined topics are not co-partitioned
+//! — the stages
 //! of its repartitioning joined by repartition topics, as Kafka Streams runs
-//! sub-topologies. The CLI's `tidemark run` is this and a status line; a
-//! library user gets the same stages, restarts and stop handling.
+//! sub-topologies. The CLI's `tidemark run` is this plus a status line, the
+//! `metrics.prometheus` endpoint and Ctrl-C; a library user gets the same
+//! stages, restarts and stop handling, and serves metrics and signals as
+//! the application does.
 //!
 //! ```no_run
 //! use tidemark::pipeline::PipelineFile;
@@ -55,6 +58,8 @@ impl PipelineRunner {
     }
 
     /// Stops every stage after its current batch when `stop` is stopped.
+    /// The runner stops it too when a stage fails for good, so that the
+    /// other stages end.
     pub fn stop_handle(mut self, stop: StopHandle) -> Self {
         self.stop = stop;
         self
@@ -110,11 +115,15 @@ impl PipelineRunner {
                 .map(|writer| {
                     let identity = &identity;
                     scope.spawn(move || {
-                        let result = self.run_stage(writer, identity);
-                        if result.is_err() {
+                        // A writer that fails or panics stops the reader,
+                        // which would otherwise wait for its rows forever.
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            self.run_stage(writer, identity)
+                        }));
+                        if !matches!(result, Ok(Ok(_))) {
                             self.stop.stop();
                         }
-                        result
+                        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
                     })
                 })
                 .collect();
@@ -123,9 +132,10 @@ impl PipelineRunner {
                 self.stop.stop();
             }
             for writer in running {
+                // A writer's panic is this run's panic, not a batch to retry.
                 writer
                     .join()
-                    .map_err(|_| Error::BatchAborted("a repartition writer panicked".into()))??;
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
             }
             reader
         })

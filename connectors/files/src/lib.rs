@@ -258,10 +258,16 @@ impl Sink for JsonlSink {
 
 /// Syncs `file` to disk. A special file such as `/dev/null` cannot be
 /// synced (`EINVAL`, which std reports as `InvalidInput`): there is nothing
-/// to make durable, so that is not an error.
+/// to make durable, so that is not an error. A regular file that cannot be
+/// synced still is.
 fn sync_if_supported(file: &File) -> std::io::Result<()> {
     match file.sync_data() {
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            match file.metadata()?.file_type().is_file() {
+                true => Err(e),
+                false => Ok(()),
+            }
+        }
         other => other,
     }
 }
