@@ -1544,16 +1544,11 @@ impl PipelineFile {
                 "one stream-stream join per pipeline: chain a second join in a second pipeline",
             ));
         }
-        // Each partitioning, with the step it holds from: the join's keys
-        // after the join, the record key from the start.
-        let join_at = self
-            .steps
-            .iter()
-            .position(|s| matches!(s, StepSpec::Join(_)))
-            .map_or(0, |i| i + 1);
+        // Each partitioning, with the step it holds from: a join's keys
+        // after that join, the record key from the start.
         let mut allowed: Vec<(Vec<String>, usize)> = joined
             .iter()
-            .map(|j| (j.keys.iter().map(|k| k.left.clone()).collect(), join_at))
+            .flat_map(|j| self.join_partitionings(j.step))
             .collect();
         allowed.extend(self.source.keyed_by.clone().map(|k| (k, 0)));
         for (at, step) in self.steps.iter().enumerate() {
@@ -1580,6 +1575,41 @@ impl PipelineFile {
             }
         }
         Ok(())
+    }
+
+    /// The column sets that partition the rows after the join at `step`.
+    /// Its left keys do, except for the right rows of a right or full outer
+    /// join that found no match: their left keys are null, and a key named
+    /// differently on the right (written as itself, or `<stream>_<name>`
+    /// when the left has that name too) is what still partitions them — a
+    /// grouping must then include it as well.
+    fn join_partitionings(&self, step: usize) -> Vec<(Vec<String>, usize)> {
+        use crate::operators::JoinType;
+        let (keys, outer_right_name) = match &self.steps[step] {
+            StepSpec::Join(j) => (
+                &j.on,
+                matches!(j.join_type, JoinType::RightOuter | JoinType::FullOuter)
+                    .then(|| j.stream_name()),
+            ),
+            StepSpec::TableJoin(t) => (&t.on, None),
+            _ => return Vec::new(),
+        };
+        let left: Vec<String> = keys.iter().map(|k| k.left.clone()).collect();
+        let renamed: Vec<&JoinKeyYaml> = keys.iter().filter(|k| k.left != k.right).collect();
+        match outer_right_name {
+            Some(stream) if !renamed.is_empty() => {
+                let with = |name: &dyn Fn(&str) -> String| {
+                    let mut columns = left.clone();
+                    columns.extend(renamed.iter().map(|k| name(&k.right)));
+                    (columns, step + 1)
+                };
+                vec![
+                    with(&|right| right.to_string()),
+                    with(&|right| format!("{stream}_{right}")),
+                ]
+            }
+            _ => vec![(left, step + 1)],
+        }
     }
 
     /// The state settings from `state:` or `state_dir:`, if any.
@@ -2146,6 +2176,23 @@ sink: {kind: kafka, topic: out}
             .unwrap()
             .check_join_partitioning()
             .is_err());
+        // A right outer join's unmatched auctions have a null `id`: only
+        // their `seller` keeps them in one partition.
+        let outer = text.replace("on: [{left: id", "type: right_outer\n      on: [{left: id");
+        let check = |t: &str| PipelineFile::parse(t).unwrap().check_join_partitioning();
+        assert!(check(&outer).is_err());
+        assert!(check(&outer.replace(
+            "keys: [id, window_start]",
+            "keys: [id, seller, window_start]"
+        ))
+        .is_ok());
+        let same_name = outer
+            .replace("{left: id, right: seller}", "id")
+            .replace("{seller: long,", "{id: long,");
+        assert!(
+            check(&same_name).is_ok(),
+            "a key named alike is filled from the right"
+        );
     }
 
     #[test]
