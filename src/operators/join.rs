@@ -857,7 +857,18 @@ impl StreamJoin {
         for side in [Side::Left, Side::Right] {
             self.state[side as usize].len =
                 stored::read_u64(store.as_ref(), &stored::count_key(side as u8))? as usize;
-            for column in stored::read_columns(store.as_ref(), side as u8)? {
+        }
+        self.restore_columns(store.as_ref())?;
+        self.next_id = stored::read_next_id(store.as_ref())?;
+        self.batch_first_id = self.next_id;
+        self.store = Some(store);
+        Ok(())
+    }
+
+    /// Adds each side's stored columns to those it has seen.
+    fn restore_columns(&mut self, store: &dyn StateStore) -> Result<()> {
+        for side in [Side::Left, Side::Right] {
+            for column in stored::read_columns(store, side as u8)? {
                 let seen = match side {
                     Side::Left => &mut self.left_columns_seen,
                     Side::Right => &mut self.right_columns_seen,
@@ -867,9 +878,6 @@ impl StreamJoin {
                 }
             }
         }
-        self.next_id = stored::read_next_id(store.as_ref())?;
-        self.batch_first_id = self.next_id;
-        self.store = Some(store);
         Ok(())
     }
 
@@ -1090,6 +1098,9 @@ impl Operator for StreamJoin {
             return self.open_reading_through(store);
         }
         for (key, value) in store.prefix(b"")? {
+            if stored::is_columns_key(&key) {
+                continue;
+            }
             let (side, id) = match key.as_slice() {
                 [s, rest @ ..] if rest.len() == 8 => (
                     if *s == 0 { Side::Left } else { Side::Right },
@@ -1103,6 +1114,9 @@ impl Operator for StreamJoin {
             self.remember_columns(side, &buffered.row);
             self.insert(side, &join_key, buffered);
         }
+        // The columns of rows evicted before the restart still shape an
+        // outer row's nulls.
+        self.restore_columns(store.as_ref())?;
         self.batch_first_id = self.next_id;
         self.store = Some(store);
         Ok(())
@@ -1121,7 +1135,17 @@ impl Operator for StreamJoin {
             .map(|((side, id), value)| (store_key(side, id), value));
         super::state_codec::write_changes(store.as_mut(), changes, |(join_key, b)| {
             encode_buffered(join_key, b)
-        })
+        })?;
+        for side in [Side::Left, Side::Right] {
+            if std::mem::take(&mut self.columns_changed[side as usize]) {
+                let columns = match side {
+                    Side::Left => &self.left_columns_seen,
+                    Side::Right => &self.right_columns_seen,
+                };
+                stored::write_columns(store.as_mut(), side as u8, columns)?;
+            }
+        }
+        Ok(())
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {

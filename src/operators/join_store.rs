@@ -8,7 +8,8 @@
 //!   id → empty: an expiry index, scanned up to a side's state watermark;
 //! * `N` + side → how many rows the side holds;
 //! * `I` → the next row id;
-//! * `C` + side → the side's columns seen (the nulls of an outer row).
+//! * `C` + side → the side's columns seen (the nulls of an outer row); the
+//!   in-memory layout (side + id → row) keeps them under the same key.
 
 use super::state_codec::corrupt;
 use crate::error::{Error, Result};
@@ -125,6 +126,11 @@ pub(super) fn read_next_id(store: &dyn StateStore) -> Result<u64> {
 /// Stores the next row id.
 pub(super) fn write_next_id(store: &mut dyn StateStore, next_id: u64) -> Result<()> {
     Ok(store.put(NEXT_ID, &next_id.to_le_bytes())?)
+}
+
+/// Whether `key` holds a side's columns (both layouts keep them there).
+pub(super) fn is_columns_key(key: &[u8]) -> bool {
+    matches!(key, [COLUMNS, 0 | 1])
 }
 
 /// The columns stored for `side`.
