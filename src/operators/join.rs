@@ -471,12 +471,17 @@ impl StreamJoin {
         true
     }
 
-    fn remember_columns(&mut self, side: Side, row: &Row) {
-        let seen = match side {
+    /// The columns `side`'s rows have shown (or its declared schema).
+    fn columns_seen_mut(&mut self, side: Side) -> &mut Vec<Arc<str>> {
+        match side {
             Side::Left => &mut self.left_columns_seen,
             Side::Right => &mut self.right_columns_seen,
-        };
+        }
+    }
+
+    fn remember_columns(&mut self, side: Side, row: &Row) {
         for (name, _) in row.columns() {
+            let seen = self.columns_seen_mut(side);
             if !seen.iter().any(|c| c.as_ref() == name) {
                 seen.push(Arc::from(name));
                 self.columns_changed[side as usize] = true;
@@ -869,10 +874,7 @@ impl StreamJoin {
     fn restore_columns(&mut self, store: &dyn StateStore) -> Result<()> {
         for side in [Side::Left, Side::Right] {
             for column in stored::read_columns(store, side as u8)? {
-                let seen = match side {
-                    Side::Left => &mut self.left_columns_seen,
-                    Side::Right => &mut self.right_columns_seen,
-                };
+                let seen = self.columns_seen_mut(side);
                 if !seen.contains(&column) {
                     seen.push(column);
                 }
@@ -881,13 +883,12 @@ impl StreamJoin {
         Ok(())
     }
 
-    /// Stores the counts, next id and new columns, flushes, and drops the
-    /// cached rows if over their bound.
-    fn checkpoint_reading_through(&mut self) -> Result<()> {
-        let store = self.store.as_deref_mut().expect("reading through a store");
+    /// Stores each side's columns when they changed since the last time.
+    fn write_changed_columns(&mut self) -> Result<()> {
+        let Some(store) = self.store.as_deref_mut() else {
+            return Ok(());
+        };
         for side in [Side::Left, Side::Right] {
-            let len = self.state[side as usize].len as u64;
-            store.put(&stored::count_key(side as u8), &len.to_le_bytes())?;
             if std::mem::take(&mut self.columns_changed[side as usize]) {
                 let columns = match side {
                     Side::Left => &self.left_columns_seen,
@@ -895,6 +896,18 @@ impl StreamJoin {
                 };
                 stored::write_columns(store, side as u8, columns)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Stores the counts, next id and new columns, flushes, and drops the
+    /// cached rows if over their bound.
+    fn checkpoint_reading_through(&mut self) -> Result<()> {
+        self.write_changed_columns()?;
+        let store = self.store.as_deref_mut().expect("reading through a store");
+        for side in [Side::Left, Side::Right] {
+            let len = self.state[side as usize].len as u64;
+            store.put(&stored::count_key(side as u8), &len.to_le_bytes())?;
         }
         stored::write_next_id(store, self.next_id)?;
         store.flush()?;
@@ -1136,16 +1149,7 @@ impl Operator for StreamJoin {
         super::state_codec::write_changes(store.as_mut(), changes, |(join_key, b)| {
             encode_buffered(join_key, b)
         })?;
-        for side in [Side::Left, Side::Right] {
-            if std::mem::take(&mut self.columns_changed[side as usize]) {
-                let columns = match side {
-                    Side::Left => &self.left_columns_seen,
-                    Side::Right => &self.right_columns_seen,
-                };
-                stored::write_columns(store.as_mut(), side as u8, columns)?;
-            }
-        }
-        Ok(())
+        self.write_changed_columns()
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {

@@ -25,7 +25,7 @@
 //!     --kafka-streams "$(bench/peers/build.sh)"
 //! ```
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -34,7 +34,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -443,17 +442,9 @@ fn produce(
     for i in 0..records {
         let key = tidemark_bench::id(i);
         let value = tidemark_bench::payload(i, value_bytes);
-        let mut pending = BaseRecord::to(topic).key(&key).payload(&value);
-        loop {
-            match producer.send(pending) {
-                Ok(()) => break,
-                Err((e, back)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    pending = back;
-                }
-                Err((e, _)) => bail!("producing to `{topic}`: {e}"),
-            }
-        }
+        let record = BaseRecord::to(topic).key(&key).payload(&value);
+        tidemark_connectors::kafka::send_with_backpressure(&producer, record)
+            .with_context(|| format!("producing to `{topic}`"))?;
     }
     producer
         .flush(Duration::from_secs(120))

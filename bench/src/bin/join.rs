@@ -181,16 +181,10 @@ fn produce(
         .set("queue.buffering.max.messages", "1000000")
         .create()?;
     for (key, value) in records {
-        let mut pending = BaseRecord::to(topic).key(&key).payload(&value);
-        loop {
-            match producer.send(pending) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                    pending = back;
-                }
-            }
-        }
+        tidemark_connectors::kafka::send_with_backpressure(
+            &producer,
+            BaseRecord::to(topic).key(&key).payload(&value),
+        )?;
     }
     producer.flush(std::time::Duration::from_secs(120))?;
     Ok(())

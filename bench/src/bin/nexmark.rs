@@ -243,18 +243,10 @@ impl KafkaTopics {
                 Kind::Person => "id",
             }]
             .to_string();
-            let mut record = BaseRecord::to(&names[kind.topic()])
+            let record = BaseRecord::to(&names[kind.topic()])
                 .key(&key)
                 .payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        std::thread::sleep(std::time::Duration::from_millis(2));
-                        record = back;
-                    }
-                }
-            }
+            tidemark_connectors::kafka::send_with_backpressure(&producer, record)?;
             *topics.produced.entry(kind.topic()).or_default() += 1;
         }
         producer.flush(std::time::Duration::from_secs(60))?;

@@ -21,6 +21,7 @@ pub use state_backend::split_memory_budget;
 pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
+pub use producer::send_with_backpressure;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};
 pub use table_feed::KafkaTableFeed;

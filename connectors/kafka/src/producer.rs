@@ -85,12 +85,14 @@ pub(crate) fn flush_producer(
     Ok(())
 }
 
-/// Sends one record, waiting for deliveries while the local queue is full.
-pub(crate) fn send_with_backpressure<K, P>(
-    producer: &ThreadedProducer<DeliveryTracker>,
+/// Sends one record, waiting for deliveries while the local queue is full;
+/// any other error is returned.
+pub fn send_with_backpressure<C, K, P>(
+    producer: &ThreadedProducer<C>,
     record: BaseRecord<'_, K, P>,
 ) -> std::result::Result<(), rdkafka::error::KafkaError>
 where
+    C: ProducerContext<DeliveryOpaque = ()> + 'static,
     K: rdkafka::message::ToBytes + ?Sized,
     P: rdkafka::message::ToBytes + ?Sized,
 {
