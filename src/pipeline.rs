@@ -8,7 +8,10 @@ use crate::aggregate::AggregateFn;
 use crate::duration::parse_duration;
 use crate::error::{Error, Result};
 use crate::operators::{AggregateInput, AggregateSpec, OutputMode};
-use crate::runtime::{Clock, QueryBuilder, Trigger};
+use crate::runtime::stages::{
+    groups_stay_in_partition, partition_columns_after, Grouping, StepShape,
+};
+use crate::runtime::{Clock, QueryBuilder, Topology, Trigger};
 use crate::schema::{FieldType, Schema};
 use crate::watermark::WatermarkPolicy;
 use crate::window::WindowSpec;
@@ -81,32 +84,6 @@ pub struct PipelineFile {
     /// `{prometheus: "127.0.0.1:9000"}` serves metrics over HTTP.
     #[serde(default)]
     pub metrics: Option<MetricsSpec>,
-    /// Set on the reading stage of a repartition: the watermark comes from
-    /// markers (not settable in a file).
-    #[serde(skip)]
-    pub watermark_from_markers: bool,
-    /// Set on the reading stage of a repartitioned join: the main stream's
-    /// name in progress reports (its topics before the repartition).
-    #[serde(skip)]
-    pub main_stream_name: Option<String>,
-}
-
-/// A pipeline split at a grouping that is not on the record key: the
-/// writing stage runs the steps before the grouping and writes rows keyed
-/// by the grouping columns to an internal topic; the reading stage consumes
-/// that topic, so that each key's state lives in exactly one task.
-#[derive(Debug, Clone)]
-pub struct RepartitionStages {
-    /// The internal topic, `<name>-op<index>-repartition`.
-    pub topic: String,
-    /// The grouping columns the rows are keyed by.
-    pub keys: Vec<String>,
-    /// Input → steps before the grouping → the repartition topic.
-    pub writer: PipelineFile,
-    /// A repartitioned join: the second stream's writer and its topic.
-    pub side_writer: Option<(String, PipelineFile)>,
-    /// The repartition topic → the grouping and later steps → the sink.
-    pub reader: PipelineFile,
 }
 
 /// A duration written as a Spark interval string; checked on read.
@@ -127,43 +104,6 @@ impl<'de> Deserialize<'de> for DurationSpec {
             .map(DurationSpec)
             .map_err(|e| de::Error::custom(strip_config_prefix(&e)))
     }
-}
-
-/// Whether grouping by `group_keys` keeps every group inside one partition
-/// of an input partitioned by `partition_keys`: when the grouping includes
-/// every partitioning column, rows of one group share those columns and so
-/// their partition (Spark's `ClusteredDistribution` is likewise satisfied
-/// by hash partitioning on a subset of its keys). No partitioning column, no
-/// such guarantee.
-fn groups_stay_in_partition(group_keys: &[String], partition_keys: &[String]) -> bool {
-    !partition_keys.is_empty() && partition_keys.iter().all(|k| group_keys.contains(k))
-}
-
-/// The names the partitioning columns `partition_keys` have after `steps`:
-/// a `select` may rename them; `None` when a step drops or rewrites one (a
-/// `with_column` of that name, a `select` without it), since the rows are
-/// then no longer partitioned by the values those names hold.
-fn partition_columns_after(partition_keys: &[String], steps: &[StepSpec]) -> Option<Vec<String>> {
-    let mut columns = partition_keys.to_vec();
-    for step in steps {
-        match step {
-            StepSpec::WithColumn(w) if columns.contains(&w.name) => return None,
-            StepSpec::Select(select) => {
-                columns = columns
-                    .iter()
-                    .map(|c| {
-                        select
-                            .0
-                            .iter()
-                            .find(|(source, _)| source == c)
-                            .map(|(_, output)| output.clone())
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-            }
-            _ => {}
-        }
-    }
-    Some(columns)
 }
 
 fn strip_config_prefix(e: &Error) -> String {
@@ -370,6 +310,31 @@ pub enum StepSpec {
     TableJoin(TableJoinYaml),
 }
 
+impl StepSpec {
+    /// What the step does to the columns rows are partitioned by, as the
+    /// builder records it.
+    pub(crate) fn shape(&self) -> StepShape {
+        let groups = |keys: &[String], kind| StepShape::Groups {
+            keys: keys.to_vec(),
+            kind,
+        };
+        match self {
+            StepSpec::Filter(_) => StepShape::Keeps,
+            StepSpec::Select(s) => StepShape::Selects(s.0.clone()),
+            StepSpec::WithColumn(w) => StepShape::Writes(w.name.clone()),
+            StepSpec::WindowAggregate(w) if w.window.0.is_session() => {
+                groups(&w.keys, Grouping::SessionAggregation)
+            }
+            StepSpec::WindowAggregate(w) => groups(&w.keys, Grouping::Aggregation),
+            StepSpec::RollingWindow(r) => groups(&r.partition_by, Grouping::Rolling),
+            StepSpec::Dedup(d) => groups(&d.keys, Grouping::Dedup),
+            StepSpec::Distinct(_) => StepShape::Distinct,
+            StepSpec::TableJoin(t) if t.global => StepShape::Keeps,
+            StepSpec::Join(_) | StepSpec::TableJoin(_) => StepShape::Joins,
+        }
+    }
+}
+
 const STEP_NAMES: &str =
     "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join";
 
@@ -477,10 +442,12 @@ impl TableJoinYaml {
 }
 
 /// What a pipeline's joins read besides the source's own topics.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct JoinedInput<'a> {
     /// The step's index.
     pub step: usize,
+    /// The stream's (or table's) name.
+    pub name: String,
     /// Its topics.
     pub topics: &'a TopicList,
     /// Its column types.
@@ -958,10 +925,6 @@ pub struct SinkSpec {
     /// delta: compact once this many small files exist (default: never).
     #[serde(default)]
     pub compact_min_files: Option<usize>,
-    /// Set on the writing stage of a repartition: the sink also sends
-    /// watermark markers (not settable in a file).
-    #[serde(skip)]
-    pub repartition_markers: bool,
 }
 
 /// Where bad records go.
@@ -1250,227 +1213,33 @@ impl PipelineFile {
             .unwrap_or_default()
     }
 
-    /// The two stages this pipeline runs as, when its first grouping is not
-    /// on the Kafka record key (`source.keyed_by`); `None` when it runs as
-    /// one stage.
-    pub fn repartition_stages(&self) -> Option<RepartitionStages> {
-        if self.source.kind == SourceKind::Kafka && self.join_keys_differ() {
-            return self.join_repartition_stages();
+    /// The stages this pipeline runs in (see [`QueryBuilder::into_topology`]):
+    /// a Kafka source whose first grouping is not on the record key
+    /// (`source.keyed_by`), or whose stream join's topics are keyed by
+    /// other columns or not `co_partitioned`, is split at repartition
+    /// topics; any other runs as one stage.
+    pub fn topology(&self, co_partitioned: bool) -> Result<Topology> {
+        let mut query = self.query_builder()?;
+        if self.source.kind != SourceKind::Kafka {
+            return Ok(Topology {
+                stages: vec![query.single_stage()],
+            });
         }
-        if self.source.kind != SourceKind::Kafka || !self.joined_inputs().is_empty() {
-            // A join reads co-partitioned topics where they are; its
-            // checks live in `check_join_partitioning`.
-            return None;
+        if let Some(keys) = &self.source.keyed_by {
+            query = query.keyed_by(keys);
         }
-        let (at, keys) = self.steps.iter().enumerate().find_map(|(i, s)| match s {
-            StepSpec::WindowAggregate(w) => Some((i, w.keys.clone())),
-            StepSpec::RollingWindow(r) => Some((i, r.partition_by.clone())),
-            StepSpec::Dedup(d) => Some((i, d.keys.clone())),
-            _ => None,
-        })?;
-        let on_record_key = self
-            .source
-            .keyed_by
-            .as_ref()
-            .and_then(|k| partition_columns_after(k, &self.steps[..at]))
-            .is_some_and(|k| groups_stay_in_partition(&keys, &k));
-        if on_record_key {
-            return None;
+        if !co_partitioned {
+            query = query.repartition_joins();
         }
-        let topic = format!("{}-op{at}-repartition", self.name);
-        let writer = self.repartition_writer(
-            "repartition-writer",
-            self.source.group.clone(),
-            self.steps[..at].to_vec(),
-            &topic,
-            &keys,
-        );
-        let reader = self.repartition_reader(&topic, &keys, self.steps[at..].to_vec());
-        Some(RepartitionStages {
-            topic,
-            keys,
-            writer,
-            side_writer: None,
-            reader,
-        })
-    }
-
-    fn group(&self) -> String {
-        self.source
-            .group
-            .clone()
-            .unwrap_or_else(|| self.name.clone())
-    }
-
-    fn internal_dead_letter(&self) -> Option<DeadLetterSpec> {
-        self.dead_letter.clone().or_else(|| {
-            Some(DeadLetterSpec {
-                kind: DeadLetterKind::Kafka,
-                topic: Some(format!("{}-dlq", self.name)),
-                path: None,
-            })
-        })
-    }
-
-    /// The writing stage of a repartition: this file's source (as `group`)
-    /// → `steps` → `topic`, keyed by `keys`, with watermark markers.
-    fn repartition_writer(
-        &self,
-        role: &str,
-        group: Option<String>,
-        steps: Vec<StepSpec>,
-        topic: &str,
-        keys: &[String],
-    ) -> PipelineFile {
-        let mut writer = self.clone();
-        writer.name = format!("{}-{role}", self.name);
-        writer.source.group = Some(group.unwrap_or_else(|| self.group()));
-        writer.steps = steps;
-        writer.watermark = None;
-        writer.output_mode = OutputMode::Append;
-        writer.sink = SinkSpec {
-            kind: SinkKind::Kafka,
-            path: None,
-            topic: Some(topic.to_string()),
-            bootstrap: self.source.bootstrap.clone(),
-            format: Format::Json,
-            key: keys.to_vec(),
-            avro_schema: None,
-            avro_schema_id: None,
-            properties: BTreeMap::new(),
-            mode: None,
-            partition_by: Vec::new(),
-            table_properties: BTreeMap::new(),
-            storage_options: BTreeMap::new(),
-            merge_schema: false,
-            commit_interval: None,
-            checkpoint_interval: None,
-            compact_min_files: None,
-            repartition_markers: true,
-        };
-        writer.dead_letter = self.internal_dead_letter();
-        writer.late_data = None;
-        writer.state = None;
-        writer.state_dir = None;
-        writer.metrics = None;
-        writer
-    }
-
-    /// The reading stage of a repartition: `topic` (keyed by `keys`) →
-    /// `steps` → this file's sink, its watermark from the markers.
-    fn repartition_reader(
-        &self,
-        topic: &str,
-        keys: &[String],
-        steps: Vec<StepSpec>,
-    ) -> PipelineFile {
-        let mut reader = self.clone();
-        reader.source = SourceSpec {
-            kind: SourceKind::Kafka,
-            path: None,
-            bootstrap: self.source.bootstrap.clone(),
-            topic: Some(TopicList(vec![topic.to_string()])),
-            group: Some(format!("{}-repartition", self.group())),
-            starting_offsets: Some(StartingOffsets::Earliest),
-            format: Format::Json,
-            schema: SchemaSpec::default(),
-            schema_registry: None,
-            avro_schemas: BTreeMap::new(),
-            properties: self.source.properties.clone(),
-            keyed_by: Some(keys.to_vec()),
-        };
-        reader.steps = steps;
-        reader.dead_letter = self.internal_dead_letter();
-        reader.watermark_from_markers = true;
-        reader
-    }
-
-    /// Whether the stream join's inputs declare record keys other than the
-    /// join keys (`source.keyed_by`, the join's `keyed_by`): they must be
-    /// repartitioned.
-    pub fn join_keys_differ(&self) -> bool {
-        let Some(join) = self.join() else {
-            return false;
-        };
-        let sorted = |mut k: Vec<String>| {
-            k.sort();
-            k
-        };
-        let left = sorted(join.on.iter().map(|k| k.left.clone()).collect());
-        let right = sorted(join.on.iter().map(|k| k.right.clone()).collect());
-        self.source
-            .keyed_by
-            .clone()
-            .is_some_and(|k| sorted(k) != left)
-            || join.keyed_by.clone().is_some_and(|k| sorted(k) != right)
-    }
-
-    /// The stages of a stream join whose inputs are not co-partitioned by
-    /// the join key (Kafka Streams repartitions both sides of such a join):
-    /// each stream is written, after its own steps, to a repartition topic
-    /// keyed by its join columns (`<name>-left-repartition`,
-    /// `<name>-right-repartition`, created with as many partitions as the
-    /// widest input), and the reader joins the two. `None` without a
-    /// stream join, or with a stateful step before it.
-    pub fn join_repartition_stages(&self) -> Option<RepartitionStages> {
-        let at = self
-            .steps
-            .iter()
-            .position(|s| matches!(s, StepSpec::Join(_)))?;
-        let join = self.join()?;
-        if self.source.kind != SourceKind::Kafka
-            || self.steps[..at].iter().any(|s| {
-                !matches!(
-                    s,
-                    StepSpec::Filter(_) | StepSpec::Select(_) | StepSpec::WithColumn(_)
-                )
-            })
-        {
-            return None;
+        let topology = query.into_topology();
+        if let (true, Some(join)) = (topology.is_repartitioned(), self.join()) {
+            // The join's reader reads rows keyed by the left join keys, not
+            // by `source.keyed_by`: its groupings must hold on those.
+            let mut reader = self.clone();
+            reader.source.keyed_by = Some(join.on.iter().map(|k| k.left.clone()).collect());
+            reader.check_join_partitioning()?;
         }
-        let left_keys: Vec<String> = join.on.iter().map(|k| k.left.clone()).collect();
-        let right_keys: Vec<String> = join.on.iter().map(|k| k.right.clone()).collect();
-        let left_topic = format!("{}-left-repartition", self.name);
-        let right_topic = format!("{}-right-repartition", self.name);
-        let writer = self.repartition_writer(
-            "left-repartition-writer",
-            None,
-            self.steps[..at].to_vec(),
-            &left_topic,
-            &left_keys,
-        );
-        let mut side = self.clone();
-        side.source.topic = Some(join.topic.clone());
-        side.source.schema = join.schema.clone();
-        side.source.keyed_by = join.keyed_by.clone();
-        side.event_time = Some(join.event_time.clone());
-        let side_writer = side.repartition_writer(
-            "right-repartition-writer",
-            Some(format!("{}-right", self.group())),
-            join.steps.clone(),
-            &right_topic,
-            &right_keys,
-        );
-        let mut steps = self.steps[at..].to_vec();
-        if let StepSpec::Join(j) = &mut steps[0] {
-            let mut j = j.as_ref().clone();
-            j.name = Some(j.stream_name());
-            j.topic = TopicList(vec![right_topic.clone()]);
-            j.keyed_by = Some(right_keys.clone());
-            j.steps = Vec::new();
-            steps[0] = StepSpec::Join(Box::new(j));
-        }
-        let mut reader = self.repartition_reader(&left_topic, &left_keys, steps);
-        reader.source.schema = self.source.schema.clone();
-        // The main stream keeps its name in progress reports.
-        reader.main_stream_name = self.source.topic.as_ref().map(|t| t.0.join(","));
-        Some(RepartitionStages {
-            topic: left_topic,
-            keys: left_keys,
-            writer,
-            side_writer: Some((right_topic, side_writer)),
-            reader,
-        })
+        Ok(topology)
     }
 
     /// The join step, if any.
@@ -1489,12 +1258,14 @@ impl PipelineFile {
             .filter_map(|(step, s)| match s {
                 StepSpec::Join(j) => Some(JoinedInput {
                     step,
+                    name: j.stream_name(),
                     topics: &j.topic,
                     schema: &j.schema,
                     keys: &j.on,
                 }),
                 StepSpec::TableJoin(t) if !t.global => Some(JoinedInput {
                     step,
+                    name: t.table_name(),
                     topics: &t.topic,
                     schema: &t.schema,
                     keys: &t.on,
@@ -1560,7 +1331,11 @@ impl PipelineFile {
             };
             if let Some(keys) = keys {
                 let partitioned = |(columns, from): &(Vec<String>, usize)| {
-                    partition_columns_after(columns, &self.steps[(*from).min(at)..at])
+                    let shapes: Vec<StepShape> = self.steps[(*from).min(at)..at]
+                        .iter()
+                        .map(StepSpec::shape)
+                        .collect();
+                    partition_columns_after(columns, &shapes)
                         .is_some_and(|p| groups_stay_in_partition(&keys, &p))
                 };
                 if self.source.kind == SourceKind::Kafka && !allowed.iter().any(partitioned) {
@@ -1654,15 +1429,11 @@ impl PipelineFile {
         if let Some(m) = self.max_records_per_batch {
             b = b.max_records_per_batch(m);
         }
-        if self.watermark_from_markers {
-            b = b.watermark_from_markers();
-        }
         if !self.joined_inputs().is_empty() {
             self.check_join_partitioning()?;
-            let main = match (&self.main_stream_name, &self.source.topic) {
-                (Some(name), _) => name.clone(),
-                (None, Some(t)) => t.0.join(","),
-                (None, None) => "main".to_string(),
+            let main = match &self.source.topic {
+                Some(t) => t.0.join(","),
+                None => "main".to_string(),
             };
             b = b
                 .main_stream(&main)
@@ -1704,6 +1475,9 @@ impl PipelineFile {
                         .columns(&j.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
                     if let Some(w) = j.watermark {
                         input = input.watermark(&w.to_spark_string())?;
+                    }
+                    if let Some(keys) = &j.keyed_by {
+                        input = input.keyed_by(keys);
                     }
                     for step in &j.steps {
                         input = match step {
@@ -1800,6 +1574,7 @@ fn split_yaml_message(raw: &str) -> (Option<String>, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::{StageInput, StageOutput};
 
     const GOOD: &str = r#"name: tumbling-count
 source:
@@ -1911,31 +1686,79 @@ sink: {kind: jsonl, path: out.jsonl}
                 "      watermark: 2 hours\n      keyed_by: [clickId]\n",
             );
         let file = PipelineFile::parse(&text).unwrap();
-        assert!(file.join_keys_differ());
-        let stages = file.repartition_stages().unwrap();
-        assert_eq!(stages.topic, "ad-clicks-left-repartition");
-        assert_eq!(stages.writer.sink.key, vec!["impressionAdId".to_string()]);
-        assert_eq!(stages.writer.source.group.as_deref(), Some("g"));
-        let (side_topic, side) = stages.side_writer.as_ref().unwrap();
-        assert_eq!(side_topic, "ad-clicks-right-repartition");
-        assert_eq!(side.source.topic, Some(TopicList(vec!["clicks".into()])));
-        assert_eq!(side.source.group.as_deref(), Some("g-right"));
-        assert_eq!(side.event_time.as_deref(), Some("clickTime"));
-        assert_eq!(side.sink.key, vec!["clickAdId".to_string()]);
-        assert!(side.steps.is_empty());
-        let reader = &stages.reader;
-        assert!(reader.watermark_from_markers);
+        let mut stages = file.topology(true).unwrap().stages;
+        assert_eq!(stages.len(), 3);
+        let reader = stages.pop().unwrap();
+        let (left, right) = (&stages[0], &stages[1]);
+        assert_eq!(left.name, "ad-clicks-left-repartition-writer");
+        assert_eq!(left.input, StageInput::Source);
         assert_eq!(
-            reader.input_topics(),
-            vec![stages.topic.clone(), side_topic.clone()]
+            left.output,
+            StageOutput::Repartition {
+                topic: "ad-clicks-left-repartition".into(),
+                keys: vec!["impressionAdId".into()]
+            }
         );
-        assert_eq!(reader.main_stream_name.as_deref(), Some("impressions"));
-        assert!(
-            reader.repartition_stages().is_none(),
-            "the reader is co-partitioned"
+        assert_eq!(
+            right.input,
+            StageInput::Joined {
+                stream: "clicks".into(),
+                topics: vec!["clicks".into()]
+            }
         );
-        let described = reader.query_builder().unwrap().build().unwrap().describe();
+        assert_eq!(
+            right.output,
+            StageOutput::Repartition {
+                topic: "ad-clicks-right-repartition".into(),
+                keys: vec!["clickAdId".into()]
+            }
+        );
+        assert!(right.query.joined_topics().is_empty());
+        assert_eq!(reader.name, "ad-clicks");
+        assert_eq!(reader.output, StageOutput::Sink);
+        assert_eq!(
+            reader.input,
+            StageInput::Repartition {
+                topic: "ad-clicks-left-repartition".into(),
+                keys: vec!["impressionAdId".into()]
+            }
+        );
+        assert_eq!(
+            reader.query.joined_topics(),
+            vec![(
+                "clicks".to_string(),
+                vec!["ad-clicks-right-repartition".to_string()]
+            )]
+        );
+        let described = reader.query.build().unwrap().describe();
         assert!(described[0].contains("clicks."), "{described:?}");
+        // Keyed by the join keys and co-partitioned: one stage. Not
+        // co-partitioned (the broker says so): repartitioned all the same.
+        let keyed = JOIN.replace(
+            "source: {kind: files, path: batches/, topic: impressions}",
+            "source: {kind: kafka, topic: impressions, keyed_by: [impressionAdId]}",
+        );
+        let file = PipelineFile::parse(&keyed).unwrap();
+        assert_eq!(file.topology(true).unwrap().stages.len(), 1);
+        assert_eq!(file.topology(false).unwrap().stages.len(), 3);
+        // After a repartitioned join the rows are keyed by the join keys,
+        // not by the source's record key: grouping by the record key alone
+        // would spread its groups over tasks.
+        let grouped = text.replace("sink:", "  - dedup: {keys: [impressionId]}\nsink:");
+        let e = PipelineFile::parse(&grouped)
+            .unwrap()
+            .topology(true)
+            .err()
+            .expect("a grouping off the join keys after a repartitioned join");
+        assert!(e.to_string().contains("join keys"), "{e}");
+        let by_join_key = grouped.replace(
+            "keys: [impressionId]",
+            "keys: [impressionAdId, impressionId]",
+        );
+        assert!(PipelineFile::parse(&by_join_key)
+            .unwrap()
+            .topology(true)
+            .is_ok());
     }
 
     #[test]
@@ -2075,39 +1898,50 @@ processing_guarantee: exactly_once
         let file = PipelineFile::parse(text).unwrap();
         assert_eq!(file.name, "orders");
         assert_eq!(file.state_spec().unwrap().dir, "state");
-        let stages = file.repartition_stages().unwrap();
-        assert_eq!(stages.topic, "orders-op1-repartition");
-        assert_eq!(stages.writer.steps.len(), 1);
-        assert_eq!(stages.writer.sink.key, vec!["region".to_string()]);
-        assert!(stages.writer.sink.repartition_markers);
-        assert!(stages.writer.state_spec().is_none());
-        assert_eq!(stages.writer.source.group.as_deref(), Some("g"));
-        assert_eq!(stages.reader.name, "orders");
-        assert_eq!(stages.reader.steps.len(), 1);
-        assert!(stages.reader.watermark_from_markers);
-        assert_eq!(stages.reader.source.group.as_deref(), Some("g-repartition"));
-        assert!(stages.reader.repartition_stages().is_none());
+        let mut stages = file.topology(true).unwrap().stages;
+        assert_eq!(stages.len(), 2);
+        let reader = stages.pop().unwrap();
+        let writer = stages.pop().unwrap();
+        assert_eq!(writer.name, "orders-repartition-writer");
+        assert_eq!(writer.input, StageInput::Source);
+        assert_eq!(writer.query.build().unwrap().describe().len(), 1);
+        assert_eq!(reader.name, "orders");
+        assert_eq!(reader.output, StageOutput::Sink);
+        assert_eq!(
+            reader.input,
+            StageInput::Repartition {
+                topic: "orders-op1-repartition".into(),
+                keys: vec!["region".into()]
+            }
+        );
+        let described = reader.query.build().unwrap().describe();
+        assert_eq!(described.len(), 1, "{described:?}");
+        let split_keys = |text: &str| {
+            let stages = PipelineFile::parse(text)
+                .unwrap()
+                .topology(true)
+                .unwrap()
+                .stages;
+            match &stages[0].output {
+                StageOutput::Repartition { keys, .. } => Some(keys.clone()),
+                StageOutput::Sink => None,
+            }
+        };
+        assert_eq!(split_keys(text), Some(vec!["region".to_string()]));
 
         let keyed = text.replace("group: g,", "group: g, keyed_by: [region],");
-        let file = PipelineFile::parse(&keyed).unwrap();
-        assert!(file.repartition_stages().is_none());
+        assert_eq!(split_keys(&keyed), None);
         // Grouping by the record key and more: each group is still in one
         // partition. By part of a composite key: it is not.
         let wider = keyed.replace("keys: [region]", "keys: [region, event_time]");
-        assert!(PipelineFile::parse(&wider)
-            .unwrap()
-            .repartition_stages()
-            .is_none());
+        assert_eq!(split_keys(&wider), None);
         // A step that rewrites the key column before the grouping: the rows
         // are no longer partitioned by what the grouping reads.
         let rewritten = keyed.replace(
             "  - filter: \"region is not null\"",
             "  - with_column: {name: region, expr: \"'all'\"}",
         );
-        assert!(PipelineFile::parse(&rewritten)
-            .unwrap()
-            .repartition_stages()
-            .is_some());
+        assert!(split_keys(&rewritten).is_some());
         let renamed = keyed
             .replace(
                 "schema: {event_time: timestamp, region: string}",
@@ -2117,22 +1951,23 @@ processing_guarantee: exactly_once
                 "  - filter: \"region is not null\"",
                 "  - select: {event_time: event_time, area: region, region: shop}",
             );
-        let stages = PipelineFile::parse(&renamed)
-            .unwrap()
-            .repartition_stages()
-            .expect("region now holds the shop");
-        assert_eq!(stages.keys, ["region"]);
+        assert_eq!(
+            split_keys(&renamed),
+            Some(vec!["region".to_string()]),
+            "region now holds the shop"
+        );
         let carried = renamed.replace("keys: [region]", "keys: [area]");
-        assert!(PipelineFile::parse(&carried)
-            .unwrap()
-            .repartition_stages()
-            .is_none());
+        assert_eq!(split_keys(&carried), None);
         let narrower = text.replace("group: g,", "group: g, keyed_by: [region, shop],");
-        let stages = PipelineFile::parse(&narrower)
-            .unwrap()
-            .repartition_stages()
-            .unwrap();
-        assert_eq!(stages.keys, ["region"]);
+        assert_eq!(split_keys(&narrower), Some(vec!["region".to_string()]));
+        // The files source has one partition: never split.
+        let files = text
+            .replace(
+                "{kind: kafka, topic: in, group: g,",
+                "{kind: files, path: in,",
+            )
+            .replace("exactly_once", "at_least_once");
+        assert_eq!(split_keys(&files), None);
         let both = format!("{text}state: {{dir: s}}\n");
         assert!(PipelineFile::parse(&both)
             .unwrap_err()

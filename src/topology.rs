@@ -22,6 +22,7 @@
 
 use crate::error::Result;
 use crate::pipeline::PipelineFile;
+use crate::runtime::{Stage, StageInput, StageOutput};
 use std::fmt;
 
 /// Every sub-topology of a query, in the order records flow through them.
@@ -122,64 +123,55 @@ fn describe_pipeline(file: &PipelineFile) -> Result<TopologyDescription> {
         file.output_mode,
         file.trigger.0
     );
-    // A join's (or table join's) second input is read with the main one.
-    let sources = |f: &PipelineFile| {
-        let mut topics = vec![source_target(f)];
-        topics.extend(f.joined_inputs().iter().flat_map(|j| j.topics.0.clone()));
-        topics
-    };
-    let Some(stages) = file.repartition_stages() else {
-        let mut processors = watermark;
-        processors.extend(stage_processors(file)?);
-        let sub = SubTopologyDescription {
-            sources: sources(file),
+    let co_partitioned = true;
+    let topology = file.topology(co_partitioned)?;
+    let mut subs = Vec::new();
+    for stage in topology.stages {
+        let mut sources = match &stage.input {
+            StageInput::Source => vec![source_target(file)],
+            StageInput::Joined { topics, .. } => topics.clone(),
+            StageInput::Repartition { topic, .. } => vec![topic.clone()],
+        };
+        sources.extend(stage.query.joined_topics().into_iter().flat_map(|(_, t)| t));
+        let mut processors = match stage.input {
+            StageInput::Source => std::mem::take(&mut watermark),
+            _ => Vec::new(),
+        };
+        let sink = match &stage.output {
+            StageOutput::Sink => sink.clone(),
+            StageOutput::Repartition { topic, keys } => {
+                format!("(topic: {topic}) keyed by [{}]", keys.join(", "))
+            }
+        };
+        let keeps_state = stage.output == StageOutput::Sink;
+        processors.extend(stage_processors(file, stage, keeps_state)?);
+        subs.push(SubTopologyDescription {
+            sources,
             processors,
             sink,
-        };
-        return Ok(TopologyDescription {
-            sub_topologies: vec![sub],
         });
-    };
-    let mut writer = watermark;
-    writer.extend(stage_processors(&stages.writer)?);
-    let mut subs = vec![SubTopologyDescription {
-        sources: sources(file),
-        processors: writer,
-        sink: format!(
-            "(topic: {}) keyed by [{}]",
-            stages.topic,
-            stages.keys.join(", ")
-        ),
-    }];
-    let mut reader_sources = vec![stages.topic.clone()];
-    if let Some((topic, side)) = &stages.side_writer {
-        subs.push(SubTopologyDescription {
-            sources: sources(side),
-            processors: stage_processors(side)?,
-            sink: format!("(topic: {topic}) keyed by [{}]", side.sink.key.join(", ")),
-        });
-        reader_sources.push(topic.clone());
     }
-    subs.push(SubTopologyDescription {
-        sources: reader_sources,
-        processors: stage_processors(&stages.reader)?,
-        sink,
-    });
     Ok(TopologyDescription {
         sub_topologies: subs,
     })
 }
 
 /// A stage's processors, each store named with the changelog topic it is
-/// restored from when the stage keeps one (`<name>-<store>-changelog`).
-fn stage_processors(stage: &PipelineFile) -> Result<Vec<NodeDescription>> {
-    let mut processors = stage.query_builder()?.build()?.processors();
-    let kafka = stage.source.kind == crate::pipeline::SourceKind::Kafka;
+/// restored from when the stage keeps one (`<stage>-<store>-changelog`).
+fn stage_processors(
+    file: &PipelineFile,
+    stage: Stage,
+    keeps_state: bool,
+) -> Result<Vec<NodeDescription>> {
+    let kafka = file.source.kind == crate::pipeline::SourceKind::Kafka;
+    let state = file.state_spec().filter(|_| keeps_state);
+    let name = stage.name;
+    let mut processors = stage.query.build()?.processors();
     for store in processors.iter_mut().flat_map(|p| p.stores.iter_mut()) {
-        let kept = match &stage.state_spec() {
+        let kept = match &state {
             None => "in memory".to_string(),
             Some(s) if s.changelog.unwrap_or(kafka) => {
-                format!("RocksDB, changelog: {}-{store}-changelog", stage.name)
+                format!("RocksDB, changelog: {name}-{store}-changelog")
             }
             Some(_) => "RocksDB, no changelog".to_string(),
         };

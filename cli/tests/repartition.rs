@@ -168,11 +168,15 @@ fn the_library_runs_a_repartitioned_pipeline_file_in_process_as_the_cli_does() {
                 .or_insert(0u64) += p.num_input_rows;
         },
     );
-    let stages = runner
-        .repartition_stages()
-        .unwrap()
-        .expect("a repartitioned pipeline");
-    assert_eq!(stages.keys, ["region"]);
+    let topology = runner.topology().unwrap();
+    assert!(topology.is_repartitioned(), "a repartitioned pipeline");
+    assert_eq!(
+        topology.stages[0].output,
+        tidemark::runtime::StageOutput::Repartition {
+            topic: format!("{}-op1-repartition", sink_stage),
+            keys: vec!["region".to_string()]
+        }
+    );
     let summary = runner.run().unwrap();
     assert_one_row_per_region_and_window(&consume_all(
         &output,
@@ -189,5 +193,82 @@ fn the_library_runs_a_repartitioned_pipeline_file_in_process_as_the_cli_does() {
     assert!(
         seen.iter().all(|(_, n)| *n == PARTITIONS as u64 * 600),
         "{seen:?}"
+    );
+}
+
+/// The same query built in Rust, keyed by nothing it groups on: the
+/// library splits it at a repartition topic and runs both stages, as it
+/// does for a pipeline file.
+#[test]
+fn a_rust_built_query_grouping_off_the_record_key_is_repartitioned_by_the_library() {
+    use tidemark::prelude::*;
+    use tidemark::schema::{FieldType, Schema};
+    use tidemark_connectors::kafka::{KafkaSink, KafkaSourceConfig, KeyColumns, ValueFormat};
+    let (input, output, app) = (unique("rpb-in"), unique("rpb-out"), unique("rpb-app"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, 1);
+    produce_events(&input);
+    let name = app.clone();
+    let query = move || {
+        Ok(Query::builder(&name)
+            .decoder(tidemark::decode::JsonDecoder::new(Schema::new([
+                ("event_time", FieldType::Long),
+                ("region", FieldType::String),
+                ("amount", FieldType::Double),
+            ])))
+            .event_time("event_time")
+            .watermark("30 seconds")?
+            .keyed_by(&["seq"])
+            .filter("amount > 0")?
+            .window_aggregate(
+                ["region"],
+                WindowSpec::tumbling("1 minute")?,
+                vec![
+                    AggregateSpec::count().alias("n"),
+                    AggregateSpec::of("sum", "amount")?.alias("total"),
+                ],
+            )
+            .output_mode(OutputMode::Append)
+            .trigger(Trigger::AvailableNow)
+            .max_records_per_batch(200))
+    };
+    let source = KafkaSourceConfig {
+        bootstrap: bootstrap(),
+        topics: vec![input.clone()],
+        group: app.clone(),
+        earliest: true,
+        properties: Default::default(),
+    };
+    let sink_topic = output.clone();
+    let runner = tidemark_connectors::TopologyRunner::new(query, source, move || {
+        let sink = KafkaSink::new(
+            &bootstrap(),
+            &sink_topic,
+            KeyColumns(Vec::new()),
+            ValueFormat::Json,
+            &Default::default(),
+        )?;
+        Ok(Box::new(sink) as Box<dyn tidemark::runtime::Sink>)
+    });
+    assert_eq!(
+        runner.stage_names().unwrap(),
+        [format!("{app}-repartition-writer"), app.clone()]
+    );
+    let summary = runner.run().unwrap();
+    assert_eq!(summary.output_rows, REGIONS.len() as u64 * 9);
+    assert_one_row_per_region_and_window(&consume_all(
+        &output,
+        REGIONS.len() * 9,
+        Duration::from_secs(10),
+    ));
+    // The rows went through the internal topic the library created.
+    let internal = consume_all(
+        &format!("{app}-op1-repartition"),
+        PARTITIONS as usize * 600,
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        internal.iter().filter(|r| r.key.is_some()).count(),
+        PARTITIONS as usize * 600
     );
 }

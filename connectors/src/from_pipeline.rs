@@ -14,10 +14,13 @@ use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
 use tidemark::error::Result;
 use tidemark::pipeline::{
-    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, RepartitionStages,
-    SinkKind, SinkSpec, SourceKind, StartingOffsets,
+    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SchemaSpec, SinkKind,
+    SinkSpec, SourceKind, StartingOffsets, TopicList,
 };
-use tidemark::runtime::{DeadLetter, Decoder, QueryBuilder, Sink, Source, StateBackend};
+use tidemark::runtime::{
+    DeadLetter, Decoder, QueryBuilder, Sink, Source, Stage, StageInput, StageOutput, StateBackend,
+    Topology,
+};
 
 /// The connected parts of a pipeline.
 pub struct Connected {
@@ -76,10 +79,10 @@ fn resolve(base: &Path, path: &str) -> PathBuf {
     }
 }
 
-/// Connects what `file` describes; relative paths are resolved against
-/// `base_dir` (the pipeline file's directory). The instance identity is
-/// acquired for this connection (see [`connect_as`] to keep one across
-/// reconnections).
+/// Connects what `file` describes, run as one stage; relative paths are
+/// resolved against `base_dir` (the pipeline file's directory). The
+/// instance identity is acquired for this connection (see [`connect_as`]
+/// to keep one across reconnections).
 pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     connect_as(
         file,
@@ -109,8 +112,26 @@ pub fn connect_as(
     base_dir: &Path,
     identity: &Arc<InstanceIdentity>,
 ) -> Result<Connected> {
-    let src = &file.source;
-    let source_bootstrap = src.bootstrap.clone().unwrap_or_else(default_bootstrap);
+    let stage = file.query_builder()?.single_stage();
+    connect_stage(file, &stage, base_dir, identity)
+}
+
+/// Connects one stage of `file`'s topology ([`PipelineFile::topology`]):
+/// what it reads (the file's source, a joined stream's topics or a
+/// repartition topic), where it writes (the file's sink or a repartition
+/// topic, with watermark markers), its decoders, dead-letter output and,
+/// for the stage writing the sink, its late-data sink and state.
+pub fn connect_stage(
+    file: &PipelineFile,
+    stage: &Stage,
+    base_dir: &Path,
+    identity: &Arc<InstanceIdentity>,
+) -> Result<Connected> {
+    let source_bootstrap = file
+        .source
+        .bootstrap
+        .clone()
+        .unwrap_or_else(default_bootstrap);
     let transactions = match file.processing_guarantee {
         ProcessingGuarantee::AtLeastOnce => None,
         ProcessingGuarantee::ExactlyOnce => {
@@ -118,29 +139,41 @@ pub fn connect_as(
             // back, fences the old process and aborts what it left open.
             Some(SharedTransactions::for_instance(
                 &source_bootstrap,
-                &file.name,
+                &stage.name,
                 identity.clone(),
             )?)
         }
     };
-    let source = build_source(file, base_dir, &source_bootstrap, transactions.as_ref())?;
-    let decoder = build_decoder(file, base_dir)?;
-    let table_feeds = build_table_feeds(file, base_dir, &source_bootstrap)?;
+    let source = build_source(
+        file,
+        stage,
+        base_dir,
+        &source_bootstrap,
+        transactions.as_ref(),
+    )?;
+    let decoder = build_decoder(file, stage, base_dir)?;
+    let table_feeds = build_table_feeds(file, stage, base_dir, &source_bootstrap)?;
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
-    let sink = if file.sink.repartition_markers {
-        repartition_sink(file, &source_bootstrap, transactions.as_ref())?
-    } else {
-        build_sink(
+    let writes_sink = stage.output == StageOutput::Sink;
+    let sink = match &stage.output {
+        StageOutput::Repartition { topic, keys } => repartition_sink(
+            &source_bootstrap,
+            topic,
+            keys,
+            &stage_main_topics(file, stage),
+            transactions.as_ref(),
+        )?,
+        StageOutput::Sink => build_sink(
             &file.sink,
             file,
             base_dir,
             &source_bootstrap,
             transactions.as_ref(),
             real_time,
-        )?
+        )?,
     };
     let late_data = match &file.late_data {
-        Some(spec) => Some(build_sink(
+        Some(spec) if writes_sink => Some(build_sink(
             spec,
             file,
             base_dir,
@@ -148,11 +181,19 @@ pub fn connect_as(
             None,
             real_time,
         )?),
-        None => None,
+        _ => None,
     };
     let dead_letter = build_dead_letter(file, base_dir, &source_bootstrap)?;
-    let state_backend =
-        build_state_backend(file, base_dir, &source_bootstrap, transactions.as_ref())?;
+    let state_backend = match writes_sink {
+        true => build_state_backend(
+            file,
+            stage,
+            base_dir,
+            &source_bootstrap,
+            transactions.as_ref(),
+        )?,
+        false => None,
+    };
     Ok(Connected {
         table_feeds,
         source,
@@ -164,69 +205,138 @@ pub fn connect_as(
     })
 }
 
-/// The source `file` reads: a directory of batch files or Kafka topics
+/// The topics a stage reads its own rows from (not its joined streams').
+fn stage_main_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
+    match &stage.input {
+        StageInput::Source => file.source.topic.clone().map(|t| t.0).unwrap_or_default(),
+        StageInput::Joined { topics, .. } => topics.clone(),
+        StageInput::Repartition { topic, .. } => vec![topic.clone()],
+    }
+}
+
+/// The file's global tables (name, topics, schema) whose joins run in
+/// `stage`.
+fn stage_global_tables<'a>(
+    file: &'a PipelineFile,
+    stage: &Stage,
+) -> Vec<(String, &'a TopicList, &'a SchemaSpec)> {
+    let in_stage = stage.query.global_table_names();
+    file.global_tables()
+        .into_iter()
+        .filter(|(name, _, _)| in_stage.contains(name))
+        .collect()
+}
+
+/// Every topic a stage reads: its own and its joined streams'.
+fn stage_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
+    let mut topics = stage_main_topics(file, stage);
+    topics.extend(stage.query.joined_topics().into_iter().flat_map(|(_, t)| t));
+    topics
+}
+
+/// The source a stage reads: a directory of batch files, or Kafka topics
 /// (joined streams' topics too), in `transactions` under exactly-once.
 fn build_source(
     file: &PipelineFile,
+    stage: &Stage,
     base_dir: &Path,
     source_bootstrap: &str,
     transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn Source>> {
     let src = &file.source;
-    let joined = file.joined_inputs();
-    Ok(match src.kind {
-        SourceKind::Files => {
-            let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
-            match joined.first() {
-                None => Box::new(FilesSource::new(dir)?),
-                Some(_) if src.topic.is_none() => {
-                    return Err(tidemark::error::Error::config(
-                        "source.topic",
-                        "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
-                    ))
-                }
-                Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
+    let joined = stage.query.joined_topics();
+    if src.kind == SourceKind::Files {
+        let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
+        return Ok(match joined.first() {
+            None => Box::new(FilesSource::new(dir)?),
+            Some(_) if src.topic.is_none() => {
+                return Err(tidemark::error::Error::config(
+                    "source.topic",
+                    "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
+                ))
             }
-        }
-        SourceKind::Kafka => {
-            let mut properties = src.properties.clone();
-            if !joined.is_empty() {
-                check_co_partitioned(source_bootstrap, &file.input_topics())?;
-                // Partition n of every topic to the same instance: the
-                // range assignor splits each topic alike.
-                properties
-                    .entry("partition.assignment.strategy".into())
-                    .or_insert_with(|| "range".into());
-            }
-            // Static membership: an instance restarted within the session
-            // timeout gets its partitions back without a rebalance.
-            if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
-                properties
-                    .entry("group.instance.id".into())
-                    .or_insert_with(|| format!("{}-{instance}", file.name));
-            }
-            let source = KafkaSource::new(KafkaSourceConfig {
-                bootstrap: source_bootstrap.to_string(),
-                topics: file.input_topics(),
-                group: src.group.clone().unwrap_or_else(|| file.name.clone()),
-                earliest: src.starting_offsets != Some(StartingOffsets::Latest),
-                properties,
-            })?;
-            match transactions {
-                Some(t) => Box::new(source.with_transactions(t.clone())),
-                None => Box::new(source),
-            }
-        }
+            Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
+        });
+    }
+    let topics = stage_topics(file, stage);
+    let mut properties = src.properties.clone();
+    if !joined.is_empty() {
+        check_co_partitioned(source_bootstrap, &topics)?;
+        // Partition n of every topic to the same instance: the range
+        // assignor splits each topic alike.
+        properties
+            .entry("partition.assignment.strategy".into())
+            .or_insert_with(|| "range".into());
+    }
+    // Static membership: an instance restarted within the session timeout
+    // gets its partitions back without a rebalance.
+    if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
+        properties
+            .entry("group.instance.id".into())
+            .or_insert_with(|| format!("{}-{instance}", stage.name));
+    }
+    let group = src.group.clone().unwrap_or_else(|| file.name.clone());
+    let source = KafkaSource::new(stage_source_config(
+        KafkaSourceConfig {
+            bootstrap: source_bootstrap.to_string(),
+            topics,
+            group,
+            earliest: src.starting_offsets != Some(StartingOffsets::Latest),
+            properties,
+        },
+        &stage.input,
+    ))?;
+    Ok(match transactions {
+        Some(t) => Box::new(source.with_transactions(t.clone())),
+        None => Box::new(source),
     })
 }
 
-/// The decoder of the source's format; with joins or global tables, one
-/// per topic.
-fn build_decoder(file: &PipelineFile, base_dir: &Path) -> Result<Box<dyn Decoder>> {
+/// The consumer settings of a stage reading `input`, from those of the
+/// query's own input: a joined stream's writer reads as `<group>-right`, a
+/// reader of a repartition topic as `<group>-repartition` from the
+/// earliest offset (everything a writer wrote is its input).
+pub(crate) fn stage_source_config(
+    mut config: KafkaSourceConfig,
+    input: &StageInput,
+) -> KafkaSourceConfig {
+    match input {
+        StageInput::Source => {}
+        StageInput::Joined { .. } => config.group = format!("{}-right", config.group),
+        StageInput::Repartition { .. } => {
+            config.group = format!("{}-repartition", config.group);
+            config.earliest = true;
+        }
+    }
+    config
+}
+
+/// A stage's decoder: the source's format and schema for the file's own
+/// input, the stream's schema for a joined stream, JSON for a repartition
+/// topic (typed by the file's schema when a join reads it, inferred after
+/// a grouping's writer, whose steps may have changed the columns); with
+/// joins or global tables, one per topic.
+fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<Box<dyn Decoder>> {
     let src = &file.source;
     let joined = file.joined_inputs();
-    let decoder: Box<dyn Decoder> = match src.format {
-        Format::Json => Box::new(JsonDecoder::new(file.schema())),
+    let schema_of = |stream: &str| {
+        joined
+            .iter()
+            .find(|j| j.name == stream)
+            .map(|j| j.schema.0.clone())
+            .unwrap_or_default()
+    };
+    let stage_joins = stage.query.joined_topics();
+    let (format, schema) = match &stage.input {
+        StageInput::Source => (src.format, file.schema()),
+        StageInput::Joined { stream, .. } => (src.format, schema_of(stream)),
+        StageInput::Repartition { .. } if stage_joins.is_empty() => {
+            (Format::Json, Default::default())
+        }
+        StageInput::Repartition { .. } => (Format::Json, file.schema()),
+    };
+    let decoder: Box<dyn Decoder> = match format {
+        Format::Json => Box::new(JsonDecoder::new(schema)),
         Format::Avro => {
             let mut schemas = std::collections::HashMap::new();
             for (id, path) in &src.avro_schemas {
@@ -235,33 +345,36 @@ fn build_decoder(file: &PipelineFile, base_dir: &Path) -> Result<Box<dyn Decoder
             Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
         }
     };
-    let global_tables = file.global_tables();
-    Ok(match src.format {
-        Format::Json if !joined.is_empty() || !global_tables.is_empty() => {
-            let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
-            let topics = joined
+    let global_tables = stage_global_tables(file, stage);
+    if format != Format::Json || (stage_joins.is_empty() && global_tables.is_empty()) {
+        return Ok(decoder);
+    }
+    let mut by_topic = tidemark::decode::ByTopicDecoder::new(decoder);
+    let topics = stage_joins
+        .into_iter()
+        .map(|(stream, topics)| (topics, schema_of(&stream)))
+        .chain(
+            global_tables
                 .iter()
-                .map(|j| (j.topics, j.schema))
-                .chain(global_tables.iter().map(|(_, t, s)| (*t, *s)));
-            for (list, schema) in topics {
-                for topic in &list.0 {
-                    by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(schema.0.clone())));
-                }
-            }
-            Box::new(by_topic)
+                .map(|(_, t, s)| (t.0.clone(), s.0.clone())),
+        );
+    for (list, schema) in topics {
+        for topic in &list {
+            by_topic = by_topic.topic(topic, Box::new(JsonDecoder::new(schema.clone())));
         }
-        _ => decoder,
-    })
+    }
+    Ok(Box::new(by_topic))
 }
 
 /// The feeds of the global tables, by table name.
 fn build_table_feeds(
     file: &PipelineFile,
+    stage: &Stage,
     base_dir: &Path,
     source_bootstrap: &str,
 ) -> Result<Vec<(String, Box<dyn tidemark::runtime::TableFeed>)>> {
     let src = &file.source;
-    let global_tables = file.global_tables();
+    let global_tables = stage_global_tables(file, stage);
     let mut table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)> = Vec::new();
     for (name, topics, _) in &global_tables {
         let [topic] = topics.0.as_slice() else {
@@ -314,6 +427,7 @@ fn build_dead_letter(
 /// RocksDB state with its changelog, when the file asks for state.
 fn build_state_backend(
     file: &PipelineFile,
+    stage: &Stage,
     base_dir: &Path,
     source_bootstrap: &str,
     transactions: Option<&SharedTransactions>,
@@ -325,7 +439,7 @@ fn build_state_backend(
             let changelog = match spec.changelog.unwrap_or(src.kind == SourceKind::Kafka) {
                 false => None,
                 true => {
-                    let topics = file.input_topics();
+                    let topics = stage_topics(file, stage);
                     let mut partitions = 1;
                     for topic in &topics {
                         partitions =
@@ -345,7 +459,7 @@ fn build_state_backend(
             );
             let backend = crate::state_backend::RocksDbStateBackend::new(
                 resolve(base_dir, &spec.dir),
-                &file.name,
+                &stage.name,
                 rocksdb_bytes,
                 operator_bytes,
                 changelog,
@@ -362,7 +476,7 @@ fn build_state_backend(
 /// A join's topics must have as many partitions each: task `n` joins
 /// partition `n` of every topic (records keyed by the join key, with the
 /// same partitioner).
-fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
+pub(crate) fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
     let mut counts = Vec::new();
     for topic in topics {
         counts.push((
@@ -396,23 +510,23 @@ fn input_partitions(bootstrap: &str, topics: &[String]) -> Result<Vec<String>> {
     Ok(origins)
 }
 
-/// The writing stage's sink: rows keyed by the grouping columns, plus
-/// watermark markers for every input partition.
-fn repartition_sink(
-    file: &PipelineFile,
+/// A writing stage's sink: rows keyed by the grouping columns, plus
+/// watermark markers for every partition of the stage's `inputs`.
+pub(crate) fn repartition_sink(
     bootstrap: &str,
+    topic: &str,
+    keys: &[String],
+    inputs: &[String],
     transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn Sink>> {
-    let topic = file.sink.topic.as_deref().unwrap_or_default();
-    let inputs = file.source.topic.clone().map(|t| t.0).unwrap_or_default();
-    let origins = input_partitions(bootstrap, &inputs)?;
+    let origins = input_partitions(bootstrap, inputs)?;
     let partitions = crate::kafka::partition_count(bootstrap, topic)?;
     let sink = KafkaSink::new(
         bootstrap,
         topic,
-        KeyColumns(file.sink.key.clone()),
+        KeyColumns(keys.to_vec()),
         ValueFormat::Json,
-        &file.sink.properties,
+        &BTreeMap::new(),
     )?
     .with_watermark_markers(origins, partitions);
     Ok(match transactions {
@@ -421,33 +535,29 @@ fn repartition_sink(
     })
 }
 
-/// Creates the repartition topic of `stages` if missing: as many
-/// partitions as the widest input topic, or one for a grouping without
-/// keys (a global aggregate runs in one task).
-pub fn ensure_repartition_topic(file: &PipelineFile, stages: &RepartitionStages) -> Result<()> {
+/// Creates the repartition topics of `topology` if missing: as many
+/// partitions as the widest input topic (a repartitioned join's two topics
+/// alike, so that the reader's tasks join partition n of each), or one for
+/// a grouping without keys (a global aggregate runs in one task).
+pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Result<()> {
     let bootstrap = file
         .source
         .bootstrap
         .clone()
         .unwrap_or_else(default_bootstrap);
-    let mut partitions = 1;
-    if !stages.keys.is_empty() {
-        // A repartitioned join's two topics get the same count: the widest
-        // input's, so that the reader's tasks join partition n of each.
-        for topic in file.input_topics() {
-            partitions = partitions.max(crate::kafka::partition_count(&bootstrap, &topic)?);
-        }
+    let mut widest = 1;
+    for topic in file.input_topics() {
+        widest = widest.max(crate::kafka::partition_count(&bootstrap, &topic)?);
     }
-    crate::kafka::ensure_topic(&bootstrap, &stages.topic, partitions)?;
-    if let Some((side_topic, _)) = &stages.side_writer {
-        crate::kafka::ensure_topic(&bootstrap, side_topic, partitions)?;
+    for (topic, keyed) in topology.repartition_topics() {
+        crate::kafka::ensure_topic(&bootstrap, topic, if keyed { widest } else { 1 })?;
     }
     Ok(())
 }
 
 /// Whether `file`'s stream join reads Kafka topics that are not
 /// co-partitioned (different partition counts): it then runs repartitioned
-/// ([`PipelineFile::join_repartition_stages`]) rather than being refused.
+/// (see [`PipelineFile::topology`]) rather than being refused.
 pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
     if file.source.kind != SourceKind::Kafka || file.join().is_none() {
         return Ok(false);

@@ -13,10 +13,12 @@ pub use tidemark_kafka::{instance, state_backend};
 
 mod from_pipeline;
 mod runner;
+mod topology_runner;
 
 pub use from_pipeline::{
-    connect, connect_as, ensure_repartition_topic, instance_identity, join_needs_repartition,
-    Connected,
+    connect, connect_as, connect_stage, ensure_repartition_topics, instance_identity,
+    join_needs_repartition, Connected,
 };
 pub use runner::{is_transient, PipelineRunner};
 pub use tidemark_kafka::split_memory_budget;
+pub use topology_runner::TopologyRunner;

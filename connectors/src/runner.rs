@@ -25,9 +25,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{PipelineFile, RepartitionStages};
+use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
-use tidemark::runtime::{RunSummary, StopHandle, Trigger};
+use tidemark::runtime::{RunSummary, Stage, StopHandle, Topology, Trigger};
 
 /// Told of each batch's progress, with the name of the stage that ran it.
 type StageProgress = Arc<dyn Fn(&str, &QueryProgress) + Send + Sync>;
@@ -75,16 +75,12 @@ impl PipelineRunner {
         self
     }
 
-    /// The stages this pipeline runs as, if it is repartitioned. Joined
-    /// topics with different partition counts are looked up on the broker.
-    pub fn repartition_stages(&self) -> Result<Option<RepartitionStages>> {
-        Ok(match self.file.repartition_stages() {
-            Some(stages) => Some(stages),
-            None if crate::join_needs_repartition(&self.file)? => {
-                self.file.join_repartition_stages()
-            }
-            None => None,
-        })
+    /// The stages this pipeline runs in ([`PipelineFile::topology`]).
+    /// Joined topics with different partition counts are looked up on the
+    /// broker: such a join is repartitioned.
+    pub fn topology(&self) -> Result<Topology> {
+        self.file
+            .topology(!crate::join_needs_repartition(&self.file)?)
     }
 
     /// Runs until the input ends (`available_now`) or a stop; returns the
@@ -94,54 +90,18 @@ impl PipelineRunner {
         // every stage's transactional id derives from it.
         let identity = Arc::new(crate::instance_identity(&self.file, &self.base)?);
         tracing::info!(instance = identity.id(), origin = ?identity.origin(), "instance identity");
-        let Some(stages) = self.repartition_stages()? else {
-            return self.run_stage(&self.file, &identity);
-        };
-        crate::ensure_repartition_topic(&self.file, &stages)?;
-        let writers: Vec<&PipelineFile> = std::iter::once(&stages.writer)
-            .chain(stages.side_writer.as_ref().map(|(_, w)| w))
-            .collect();
-        if self.file.trigger.0 == Trigger::AvailableNow {
-            // The reader's end offsets must include everything the writers
-            // wrote: run the writers to the end first.
-            for writer in writers {
-                self.run_stage(writer, &identity)?;
-            }
-            return self.run_stage(&stages.reader, &identity);
+        let co_partitioned = !crate::join_needs_repartition(&self.file)?;
+        let topology = self.file.topology(co_partitioned)?;
+        if topology.is_repartitioned() {
+            crate::ensure_repartition_topics(&self.file, &topology)?;
         }
-        std::thread::scope(|scope| {
-            let running: Vec<_> = writers
-                .into_iter()
-                .map(|writer| {
-                    let identity = &identity;
-                    scope.spawn(move || {
-                        // A writer that fails or panics stops the reader,
-                        // which would otherwise wait for its rows forever.
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            self.run_stage(writer, identity)
-                        }));
-                        if !matches!(result, Ok(Ok(_))) {
-                            self.stop.stop();
-                        }
-                        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                    })
-                })
-                .collect();
-            let reader = self.run_stage(&stages.reader, &identity);
-            if reader.is_err() {
-                self.stop.stop();
-            }
-            for writer in running {
-                // A writer's panic is this run's panic, not a batch to retry.
-                writer
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-            }
-            reader
+        let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
+        run_stages(&names, self.file.trigger.0, &self.stop, |index| {
+            self.run_stage(&names[index], index, co_partitioned, &identity)
         })
     }
 
-    /// Runs one stage until it ends or a stop. A failed batch is never
+    /// Runs stage `index` until it ends or a stop. A failed batch is never
     /// half-committed: rebuilding the query resumes from the last commit
     /// (state from the changelog, offsets from the group). Transient
     /// failures — a broker restart, a fenced transaction (this process was
@@ -150,43 +110,111 @@ impl PipelineRunner {
     /// errors are not.
     fn run_stage(
         &self,
-        stage: &PipelineFile,
+        name: &str,
+        index: usize,
+        co_partitioned: bool,
         identity: &Arc<InstanceIdentity>,
     ) -> Result<RunSummary> {
-        let mut failures = 0u32;
-        loop {
-            let started = Instant::now();
-            match self.run_once(stage, identity) {
-                Ok(summary) => return Ok(summary),
-                Err(e) if is_transient(&e) && !self.stop.is_stopped() => {
-                    // A run that lasted is a fresh start: a failure hours
-                    // later is not the seventh in a row.
-                    if started.elapsed() > FAILURE_STREAK_RESET {
-                        failures = 0;
-                    }
-                    failures += 1;
-                    let backoff = Duration::from_millis(500 * 2u64.pow(failures.min(6)));
-                    tracing::warn!(stage = %stage.name, error = %e, failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
-                    std::thread::sleep(backoff);
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retry_transient(name, &self.stop, || {
+            // The stage is planned afresh for each run: its operators and
+            // connectors are built anew from the file.
+            let stage = self
+                .file
+                .topology(co_partitioned)?
+                .stages
+                .swap_remove(index);
+            self.run_once(stage, identity)
+        })
     }
 
-    fn run_once(
-        &self,
-        stage: &PipelineFile,
-        identity: &Arc<InstanceIdentity>,
-    ) -> Result<RunSummary> {
-        let connected = crate::connect_as(stage, &self.base, identity)?;
+    fn run_once(&self, stage: Stage, identity: &Arc<InstanceIdentity>) -> Result<RunSummary> {
+        let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
         let (progress, name) = (self.progress.clone(), stage.name.clone());
-        let (query, mut source, mut sink) = connected.wire(stage.query_builder()?);
+        let (query, mut source, mut sink) = connected.wire(stage.query);
         let query = query
             .on_progress(move |p: &QueryProgress| progress(&name, p))
             .build()?
             .with_stop_handle(self.stop.clone());
         query.run(source.as_mut(), sink.as_mut())
+    }
+}
+
+/// Runs `stages` (writers first, the stage writing the sink last) with
+/// `run_stage(index)`; returns the last one's summary. Under
+/// `available_now` the writers run to their end first, so that the
+/// reader's end offsets include everything they wrote; otherwise all run
+/// at once, each on its own thread, and one failing for good (or
+/// panicking) stops the others.
+pub(crate) fn run_stages(
+    stages: &[String],
+    trigger: Trigger,
+    stop: &StopHandle,
+    run_stage: impl Fn(usize) -> Result<RunSummary> + Sync,
+) -> Result<RunSummary> {
+    let reader = stages.len().saturating_sub(1);
+    if trigger == Trigger::AvailableNow {
+        for writer in 0..reader {
+            run_stage(writer)?;
+        }
+        return run_stage(reader);
+    }
+    std::thread::scope(|scope| {
+        let run_stage = &run_stage;
+        let running: Vec<_> = (0..reader)
+            .map(|writer| {
+                scope.spawn(move || {
+                    // A writer that fails or panics stops the reader, which
+                    // would otherwise wait for its rows forever.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_stage(writer)
+                    }));
+                    if !matches!(result, Ok(Ok(_))) {
+                        stop.stop();
+                    }
+                    result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+            })
+            .collect();
+        let result = run_stage(reader);
+        if result.is_err() {
+            stop.stop();
+        }
+        for writer in running {
+            // A writer's panic is this run's panic, not a batch to retry.
+            writer
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        }
+        result
+    })
+}
+
+/// Calls `run` until it succeeds, fails for good, or `stop` is stopped,
+/// backing off between transient failures (500 ms doubling to 32 s; a run
+/// that lasted a minute starts a new streak).
+pub(crate) fn retry_transient(
+    stage: &str,
+    stop: &StopHandle,
+    mut run: impl FnMut() -> Result<RunSummary>,
+) -> Result<RunSummary> {
+    let mut failures = 0u32;
+    loop {
+        let started = Instant::now();
+        match run() {
+            Ok(summary) => return Ok(summary),
+            Err(e) if is_transient(&e) && !stop.is_stopped() => {
+                // A run that lasted is a fresh start: a failure hours later
+                // is not the seventh in a row.
+                if started.elapsed() > FAILURE_STREAK_RESET {
+                    failures = 0;
+                }
+                failures += 1;
+                let backoff = Duration::from_millis(500 * 2u64.pow(failures.min(6)));
+                tracing::warn!(stage, error = %e, failures, backoff_ms = backoff.as_millis() as u64, "query failed; restarting from the last commit");
+                std::thread::sleep(backoff);
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

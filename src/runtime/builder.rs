@@ -1,6 +1,7 @@
 //! Building a query: its steps, inputs, watermarks and checks.
 
 use super::query::{default_query_id, Query, StopHandle};
+use super::stages::{Grouping, Step, StepShape};
 use super::{Clock, DeadLetter, Decoder, Sink, Trigger};
 use crate::error::{Error, Result};
 use crate::operators::{Operator, OutputMode};
@@ -45,7 +46,13 @@ pub struct QueryBuilder {
     pub(super) watermark: Option<Duration>,
     pub(super) policy: WatermarkPolicy,
     pub(super) idle_timeout: Option<Duration>,
-    pub(super) steps: Vec<OperatorFactory>,
+    pub(super) steps: Vec<Step>,
+    /// The columns the main input's records are partitioned by (its
+    /// record key), when known.
+    pub(super) keyed_by: Option<Vec<String>>,
+    /// Repartition a stream join's inputs even when their record keys are
+    /// the join keys (their topics are not co-partitioned).
+    pub(super) repartition_joins: bool,
     /// The second streams of joins.
     pub(super) side_inputs: Vec<SideInput>,
     /// Global tables: their shared rows, key columns and feeds.
@@ -54,12 +61,6 @@ pub struct QueryBuilder {
     pub(super) main_stream: Arc<str>,
     /// The main stream's declared columns (a right outer join's nulls).
     pub(super) main_columns: Vec<Arc<str>>,
-    pub(super) stateful_steps: usize,
-    /// Window aggregations (what Spark's output-mode rules call
-    /// aggregations; deduplication is stateful but is not one).
-    pub(super) aggregations: usize,
-    pub(super) rolling_windows: usize,
-    pub(super) session_windows: usize,
     pub(super) output_mode: OutputMode,
     pub(super) trigger: Trigger,
     pub(super) clock: Clock,
@@ -88,6 +89,8 @@ pub struct JoinInput {
     pub(super) watermark: Option<Duration>,
     pub(super) steps: Vec<OperatorFactory>,
     pub(super) columns: Vec<Arc<str>>,
+    /// The columns its records are keyed by, when known.
+    pub(super) keyed_by: Option<Vec<String>>,
 }
 
 impl JoinInput {
@@ -102,6 +105,7 @@ impl JoinInput {
             watermark: None,
             steps: Vec::new(),
             columns: Vec::new(),
+            keyed_by: None,
         }
     }
 
@@ -119,6 +123,13 @@ impl JoinInput {
     /// main stream's).
     pub fn topics<S: AsRef<str>>(mut self, topics: &[S]) -> Self {
         self.topics = topics.iter().map(|t| t.as_ref().to_string()).collect();
+        self
+    }
+
+    /// The columns the stream's records are keyed by (partitioned on):
+    /// a join on other columns repartitions the stream.
+    pub fn keyed_by<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.keyed_by = Some(columns.iter().map(|c| c.as_ref().to_string()).collect());
         self
     }
 
@@ -192,11 +203,13 @@ fn table_join_spec(
 }
 
 /// A global table of the query.
-pub(super) struct GlobalTable {
+pub(crate) struct GlobalTable {
     pub(super) name: Arc<str>,
     pub(super) keys: Vec<Arc<str>>,
     pub(super) rows: crate::operators::SharedTable,
     pub(super) feed: Option<Box<dyn super::TableFeed>>,
+    /// The index of its join among the steps.
+    pub(super) step: usize,
 }
 
 impl GlobalTable {
@@ -252,12 +265,16 @@ impl GlobalTable {
 }
 
 /// A join's second stream within the query.
-pub(super) struct SideInput {
+pub(crate) struct SideInput {
     /// The input index its records are routed by.
     pub(super) input: usize,
     /// The index of its join in the steps.
     pub(super) join_at: usize,
     pub(super) stream: JoinInput,
+    /// The join's key columns on the main side.
+    pub(super) left_keys: Vec<String>,
+    /// The join's key columns on this side.
+    pub(super) right_keys: Vec<String>,
 }
 
 impl Query {
@@ -271,14 +288,12 @@ impl Query {
             policy: WatermarkPolicy::Min,
             idle_timeout: None,
             steps: Vec::new(),
+            keyed_by: None,
+            repartition_joins: false,
             side_inputs: Vec::new(),
             global_tables: Vec::new(),
             main_stream: Arc::from("main"),
             main_columns: Vec::new(),
-            stateful_steps: 0,
-            aggregations: 0,
-            rolling_windows: 0,
-            session_windows: 0,
             output_mode: OutputMode::Append,
             trigger: Trigger::default(),
             clock: Clock::System,
@@ -358,6 +373,48 @@ impl QueryBuilder {
         self
     }
 
+    /// The columns the main input's records are keyed by (Kafka: the record
+    /// key the producer partitioned on). A grouping that includes them runs
+    /// where the records arrive; any other grouping is repartitioned (see
+    /// [`QueryBuilder::into_topology`]). Unset: every grouping is.
+    pub fn keyed_by<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
+        self.keyed_by = Some(columns.iter().map(|c| c.as_ref().to_string()).collect());
+        self
+    }
+
+    /// Repartitions a stream join's two inputs by the join keys even when
+    /// each is keyed by them: their topics have different partition counts.
+    pub fn repartition_joins(mut self) -> Self {
+        self.repartition_joins = true;
+        self
+    }
+
+    /// The query's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The topics of the joined streams and tables, by stream name.
+    pub fn joined_topics(&self) -> Vec<(String, Vec<String>)> {
+        self.side_inputs
+            .iter()
+            .map(|s| (s.stream.name.to_string(), s.stream.topics.clone()))
+            .collect()
+    }
+
+    /// Counts the groupings of a kind.
+    fn count_groupings(&self, kind: impl Fn(Grouping) -> bool) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s.shape, StepShape::Groups { kind: k, .. } if kind(k)))
+            .count()
+    }
+
+    /// Whether any step keeps state.
+    pub(super) fn has_stateful_steps(&self) -> bool {
+        self.steps.iter().any(|s| s.shape.is_stateful())
+    }
+
     /// After this long without records, an input stops holding the
     /// watermark back.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
@@ -366,8 +423,28 @@ impl QueryBuilder {
     }
 
     /// Appends a step built by `factory` once per task.
-    pub fn step(mut self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
-        self.steps.push(Arc::new(move |_| factory()));
+    pub fn step(self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
+        // What the step does to the columns is unknown: a grouping after
+        // it is repartitioned.
+        self.push_step(StepShape::Opaque, Arc::new(move |_| factory()))
+    }
+
+    /// Appends a join with the second input `side` on `on`, its records
+    /// routed as the next input.
+    fn push_join(mut self, side: JoinInput, on: &[(&str, &str)], build: OperatorFactory) -> Self {
+        self.side_inputs.push(SideInput {
+            input: self.side_inputs.len() + 1,
+            join_at: self.steps.len(),
+            stream: side,
+            left_keys: on.iter().map(|(l, _)| l.to_string()).collect(),
+            right_keys: on.iter().map(|(_, r)| r.to_string()).collect(),
+        });
+        self.push_step(StepShape::Joins, build)
+    }
+
+    /// Appends a step whose effect on the partitioning is `shape`.
+    fn push_step(mut self, shape: StepShape, build: OperatorFactory) -> Self {
+        self.steps.push(Step { build, shape });
         self
     }
 
@@ -375,8 +452,12 @@ impl QueryBuilder {
     pub fn filter(self, condition: &str) -> Result<Self> {
         crate::operators::Filter::new(condition)?;
         let condition = condition.to_string();
-        Ok(self
-            .step(move || Box::new(crate::operators::Filter::new(&condition).expect("validated"))))
+        Ok(self.push_step(
+            StepShape::Keeps,
+            Arc::new(move |_| {
+                Box::new(crate::operators::Filter::new(&condition).expect("validated"))
+            }),
+        ))
     }
 
     /// Keeps `(column, output name)` pairs, in order.
@@ -385,15 +466,22 @@ impl QueryBuilder {
             .iter()
             .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
             .collect();
-        self.step(move || Box::new(crate::operators::Select::new(cols.clone())))
+        self.push_step(
+            StepShape::Selects(cols.clone()),
+            Arc::new(move |_| Box::new(crate::operators::Select::new(cols.clone()))),
+        )
     }
 
     /// Adds a computed column.
     pub fn with_column(self, name: &str, expression: &str) -> Result<Self> {
         crate::operators::WithColumn::new(name, expression)?;
         let (n, e) = (name.to_string(), expression.to_string());
-        Ok(self
-            .step(move || Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))))
+        Ok(self.push_step(
+            StepShape::Writes(name.to_string()),
+            Arc::new(move |_| {
+                Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))
+            }),
+        ))
     }
 
     /// A typed filter over the user's serde type; rows that do not
@@ -438,7 +526,7 @@ impl QueryBuilder {
     /// Groups by `keys` and a window over the event-time column (or
     /// processing time when no event time is set) and folds `aggregates`.
     pub fn window_aggregate<K: AsRef<str>>(
-        mut self,
+        self,
         keys: impl IntoIterator<Item = K>,
         window: crate::window::WindowSpec,
         aggregates: Vec<crate::operators::AggregateSpec>,
@@ -448,28 +536,33 @@ impl QueryBuilder {
             Some(c) => crate::operators::TimeColumn::EventTime(c.clone()),
             None => crate::operators::TimeColumn::ProcessingTime,
         };
-        self.stateful_steps += 1;
-        self.aggregations += 1;
-        if window.is_session() {
-            self.session_windows += 1;
-        }
-        self.steps.push(Arc::new(move |mode| {
-            Box::new(crate::operators::WindowAggregate::new(
-                keys.clone(),
-                time.clone(),
-                window.clone(),
-                aggregates.clone(),
-                mode,
-            ))
-        }));
-        self
+        let shape = StepShape::Groups {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            kind: if window.is_session() {
+                Grouping::SessionAggregation
+            } else {
+                Grouping::Aggregation
+            },
+        };
+        self.push_step(
+            shape,
+            Arc::new(move |mode| {
+                Box::new(crate::operators::WindowAggregate::new(
+                    keys.clone(),
+                    time.clone(),
+                    window.clone(),
+                    aggregates.clone(),
+                    mode,
+                ))
+            }),
+        )
     }
 
     /// A rolling window (Databricks' `rollingWindow`) grouped by
     /// `partition_by` over the timestamp column `order_by` (default: the
     /// event-time column). Update output mode only.
     pub fn rolling_window<K: AsRef<str>>(
-        mut self,
+        self,
         partition_by: &[K],
         order_by: Option<&str>,
         frontier: crate::operators::FrontierSpec,
@@ -495,20 +588,27 @@ impl QueryBuilder {
         let keys: Vec<Arc<str>> = partition_by.iter().map(|k| Arc::from(k.as_ref())).collect();
         // Checked once here so that the step factory cannot fail.
         crate::operators::RollingWindow::new(&keys, &order_by, frontier.clone(), measures.clone())?;
-        self.stateful_steps += 1;
-        self.rolling_windows += 1;
-        self.steps.push(Arc::new(move |_| {
-            Box::new(
-                crate::operators::RollingWindow::new(
-                    &keys,
-                    &order_by,
-                    frontier.clone(),
-                    measures.clone(),
+        let shape = StepShape::Groups {
+            keys: partition_by
+                .iter()
+                .map(|k| k.as_ref().to_string())
+                .collect(),
+            kind: Grouping::Rolling,
+        };
+        Ok(self.push_step(
+            shape,
+            Arc::new(move |_| {
+                Box::new(
+                    crate::operators::RollingWindow::new(
+                        &keys,
+                        &order_by,
+                        frontier.clone(),
+                        measures.clone(),
+                    )
+                    .expect("checked when the step was added"),
                 )
-                .expect("checked when the step was added"),
-            )
-        }));
-        Ok(self)
+            }),
+        ))
     }
 
     /// Spark's `dropDuplicates(keys)`: the first row of each key passes.
@@ -543,7 +643,7 @@ impl QueryBuilder {
         })
     }
 
-    fn deduplicate(mut self, spec: crate::operators::DedupSpec) -> Result<Self> {
+    fn deduplicate(self, spec: crate::operators::DedupSpec) -> Result<Self> {
         let event_time = self.event_time.clone().filter(|_| self.watermark.is_some());
         let probe = crate::operators::Deduplicate::new(spec.clone(), event_time.clone())?;
         if !probe.evicts() {
@@ -552,14 +652,23 @@ impl QueryBuilder {
                 "deduplication without the event-time column in its key (or without a watermark) keeps every key for ever: its state grows without bound"
             );
         }
-        self.stateful_steps += 1;
-        self.steps.push(Arc::new(move |_| {
-            Box::new(
-                crate::operators::Deduplicate::new(spec.clone(), event_time.clone())
-                    .expect("checked when the step was added"),
-            )
-        }));
-        Ok(self)
+        let shape = match &spec {
+            crate::operators::DedupSpec::Distinct => StepShape::Distinct,
+            crate::operators::DedupSpec::Keys(keys)
+            | crate::operators::DedupSpec::WithinWatermark { keys, .. } => StepShape::Groups {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+                kind: Grouping::Dedup,
+            },
+        };
+        Ok(self.push_step(
+            shape,
+            Arc::new(move |_| {
+                Box::new(
+                    crate::operators::Deduplicate::new(spec.clone(), event_time.clone())
+                        .expect("checked when the step was added"),
+                )
+            }),
+        ))
     }
 
     /// Names the main stream (the query's own input) in progress reports
@@ -605,7 +714,7 @@ impl QueryBuilder {
     /// assert!(query.describe()[0].contains("LeftOuter"));
     /// ```
     pub fn join(
-        mut self,
+        self,
         right: JoinInput,
         join_type: crate::operators::JoinType,
         on: &[(&str, &str)],
@@ -658,20 +767,16 @@ impl QueryBuilder {
                 "a join without a time condition and watermarks keeps every row of both streams for ever: its state grows without bound"
             );
         }
-        let input = self.side_inputs.len() + 1;
-        self.side_inputs.push(SideInput {
-            input,
-            join_at: self.steps.len(),
-            stream: right,
-        });
-        self.stateful_steps += 1;
-        self.steps.push(Arc::new(move |_| {
-            Box::new(
-                crate::operators::StreamJoin::new(spec.clone())
-                    .expect("checked when the step was added"),
-            )
-        }));
-        Ok(self)
+        Ok(self.push_join(
+            right,
+            on,
+            Arc::new(move |_| {
+                Box::new(
+                    crate::operators::StreamJoin::new(spec.clone())
+                        .expect("checked when the step was added"),
+                )
+            }),
+        ))
     }
 
     /// Kafka Streams' stream–table join (`KStream#join(KTable)`, or
@@ -682,7 +787,7 @@ impl QueryBuilder {
     /// nothing. The table is operator state: checkpointed, restored, and
     /// in the changelog like any other.
     pub fn join_table(
-        mut self,
+        self,
         table: JoinInput,
         keep_unmatched: bool,
         on: &[(&str, &str)],
@@ -698,20 +803,16 @@ impl QueryBuilder {
         }
         let spec = table_join_spec(&table, keep_unmatched, on);
         crate::operators::TableJoin::new(spec.clone())?;
-        let input = self.side_inputs.len() + 1;
-        self.side_inputs.push(SideInput {
-            input,
-            join_at: self.steps.len(),
-            stream: table,
-        });
-        self.stateful_steps += 1;
-        self.steps.push(Arc::new(move |_| {
-            Box::new(
-                crate::operators::TableJoin::new(spec.clone())
-                    .expect("checked when the step was added"),
-            )
-        }));
-        Ok(self)
+        Ok(self.push_join(
+            table,
+            on,
+            Arc::new(move |_| {
+                Box::new(
+                    crate::operators::TableJoin::new(spec.clone())
+                        .expect("checked when the step was added"),
+                )
+            }),
+        ))
     }
 
     /// Kafka Streams' `KStream#join(GlobalKTable)` (`leftJoin` with
@@ -735,14 +836,18 @@ impl QueryBuilder {
             keys: spec.table_keys.clone(),
             rows: rows.clone(),
             feed: None,
+            step: self.steps.len(),
         });
-        self.steps.push(Arc::new(move |_| {
-            Box::new(
-                crate::operators::TableJoin::global(spec.clone(), rows.clone())
-                    .expect("checked when the step was added"),
-            )
-        }));
-        Ok(self)
+        // Rows keep their columns and gain the table's.
+        Ok(self.push_step(
+            StepShape::Keeps,
+            Arc::new(move |_| {
+                Box::new(
+                    crate::operators::TableJoin::global(spec.clone(), rows.clone())
+                        .expect("checked when the step was added"),
+                )
+            }),
+        ))
     }
 
     /// Where the global table `name` reads its topic from.
@@ -805,7 +910,9 @@ impl QueryBuilder {
 
     /// Checks the query as Spark's analyzer would and builds it.
     pub fn build(self) -> Result<Query> {
-        if self.rolling_windows > 0 && self.output_mode != OutputMode::Update {
+        if self.count_groupings(|g| g == Grouping::Rolling) > 0
+            && self.output_mode != OutputMode::Update
+        {
             return Err(Error::config(
                 "output_mode",
                 "rolling windows emit each key's current values as they change: only update output mode is supported (as in Databricks); set `output_mode: update`",
@@ -819,22 +926,23 @@ impl QueryBuilder {
                 "the real-time trigger supports update output mode only (as in Databricks); set `output_mode: update`",
             ));
         }
-        if self.aggregations == 0 && self.output_mode == OutputMode::Complete {
+        let aggregations = self
+            .count_groupings(|g| matches!(g, Grouping::Aggregation | Grouping::SessionAggregation));
+        if aggregations == 0 && self.output_mode == OutputMode::Complete {
             return Err(Error::config(
                 "output_mode",
                 "complete mode needs an aggregation (as in Spark); use append or update",
             ));
         }
-        if self.aggregations > 0
-            && self.output_mode == OutputMode::Append
-            && self.watermark.is_none()
-        {
+        if aggregations > 0 && self.output_mode == OutputMode::Append && self.watermark.is_none() {
             return Err(Error::config(
                 "output_mode",
                 "append mode with an aggregation needs a watermark (as in Spark): set `watermark`, or use update or complete",
             ));
         }
-        if self.session_windows > 0 && self.output_mode == OutputMode::Update {
+        if self.count_groupings(|g| g == Grouping::SessionAggregation) > 0
+            && self.output_mode == OutputMode::Update
+        {
             return Err(Error::config(
                 "output_mode",
                 "update output mode is not supported for session windows (as in Spark); use append or complete",

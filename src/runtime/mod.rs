@@ -8,6 +8,7 @@ mod markers;
 mod query;
 mod reporter;
 mod router;
+pub(crate) mod stages;
 mod task;
 mod task_manager;
 pub mod testing;
@@ -15,6 +16,7 @@ pub mod testing;
 pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
+pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use task::checkpoint_batch_id;
 
 use crate::error::{Error, Result};

@@ -113,7 +113,7 @@ impl Query {
                     });
                 }
             }
-            let op = f(b.output_mode);
+            let op = (f.build)(b.output_mode);
             nodes.push(NodeDescription {
                 name: op.describe(),
                 stores: op
@@ -390,7 +390,7 @@ impl<'a> TriggerLoop<'a> {
     fn batch_due(&mut self, batch: &SourceBatch) -> bool {
         let real_time = self.cadence.real_time();
         let evicts_by_watermark =
-            self.builder.stateful_steps > 0 && self.builder.output_mode != OutputMode::Complete;
+            self.builder.has_stateful_steps() && self.builder.output_mode != OutputMode::Complete;
         let watermark_pending = evicts_by_watermark && self.tasks.watermark_pending();
         let has_records = self.tasks.has_records_for_tasks(&batch.records);
         let timers_due = !has_records && !real_time && {

@@ -21,7 +21,7 @@ pub(super) fn pending_task(
     let operators: Vec<Box<dyn Operator>> = builder
         .steps
         .iter()
-        .map(|f| f(builder.output_mode))
+        .map(|step| (step.build)(builder.output_mode))
         .collect();
     let mut stores = Vec::new();
     let mut cache_bytes = None;

@@ -50,7 +50,7 @@ pub(super) struct BatchEnd {
 impl TaskManager {
     /// No tasks yet, for a query built by `builder`.
     pub(super) fn new(builder: &QueryBuilder, backend: &Backend) -> Self {
-        let stateful = builder.stateful_steps > 0;
+        let stateful = builder.has_stateful_steps();
         TaskManager {
             tasks: BTreeMap::new(),
             restoring: BTreeMap::new(),

@@ -1,0 +1,159 @@
+//! Runs a query built in Rust over Kafka topics, in as many stages as its
+//! topology needs: a grouping that is not on the record key (or a join of
+//! inputs keyed otherwise) is repartitioned through internal topics, as
+//! Kafka Streams does for a `KStream#groupBy`, without the application
+//! creating them or starting the stages.
+//!
+//! ```no_run
+//! use tidemark::prelude::*;
+//! use tidemark_connectors::kafka::{KafkaSink, KafkaSourceConfig, KeyColumns, ValueFormat};
+//! use tidemark_connectors::TopologyRunner;
+//!
+//! let query = || {
+//!     Ok(Query::builder("per-region")
+//!         .event_time("ts")
+//!         .watermark("1 minute")?
+//!         .keyed_by(&["user"]) // how the producer keyed `events`
+//!         .window_aggregate(["region"], WindowSpec::tumbling("1 minute")?, vec![AggregateSpec::count()])
+//!         .output_mode(OutputMode::Update))
+//! };
+//! let input = KafkaSourceConfig {
+//!     bootstrap: "127.0.0.1:9092".into(),
+//!     topics: vec!["events".into()],
+//!     group: "per-region".into(),
+//!     earliest: true,
+//!     properties: Default::default(),
+//! };
+//! let summary = TopologyRunner::new(query, input, || {
+//!     let sink = KafkaSink::new("127.0.0.1:9092", "counts", KeyColumns(vec!["region".into()]),
+//!                               ValueFormat::Json, &Default::default())?;
+//!     Ok(Box::new(sink) as Box<dyn tidemark::runtime::Sink>)
+//! })
+//! .run()
+//! .unwrap();
+//! println!("{} rows out", summary.output_rows);
+//! ```
+
+use crate::from_pipeline::{check_co_partitioned, repartition_sink, stage_source_config};
+use crate::kafka::{KafkaSource, KafkaSourceConfig};
+use crate::runner::{retry_transient, run_stages};
+use std::sync::Arc;
+use tidemark::error::Result;
+use tidemark::runtime::{
+    QueryBuilder, RunSummary, Sink, Stage, StageInput, StageOutput, StopHandle,
+};
+
+/// Builds the query afresh for each run of each stage.
+type QueryFactory = Arc<dyn Fn() -> Result<QueryBuilder> + Send + Sync>;
+/// Builds the query's sink afresh for each run of the stage writing it.
+type SinkFactory = Arc<dyn Fn() -> Result<Box<dyn Sink>> + Send + Sync>;
+
+/// Runs a [`QueryBuilder`] query reading Kafka topics: its stages
+/// ([`QueryBuilder::into_topology`]), their repartition topics (created
+/// with as many partitions as the widest input topic), restarts after
+/// transient failures and one stop handle. At-least-once; the query's
+/// decoder and dead-letter output (set on the builder) serve the stage
+/// reading its own input (a repartitioned join's second stream is read
+/// with the default JSON decoder), its state backend and progress
+/// listeners the stage writing the sink.
+pub struct TopologyRunner {
+    query: QueryFactory,
+    input: KafkaSourceConfig,
+    sink: SinkFactory,
+    stop: StopHandle,
+}
+
+impl TopologyRunner {
+    /// A runner for the query `query` builds, reading `input`, writing
+    /// what `sink` builds. Both are called again when a stage restarts.
+    pub fn new(
+        query: impl Fn() -> Result<QueryBuilder> + Send + Sync + 'static,
+        input: KafkaSourceConfig,
+        sink: impl Fn() -> Result<Box<dyn Sink>> + Send + Sync + 'static,
+    ) -> Self {
+        TopologyRunner {
+            query: Arc::new(query),
+            input,
+            sink: Arc::new(sink),
+            stop: StopHandle::default(),
+        }
+    }
+
+    /// Stops every stage after its current batch when `stop` is stopped.
+    pub fn stop_handle(mut self, stop: StopHandle) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    /// The names of the stages the query runs in, writers first.
+    pub fn stage_names(&self) -> Result<Vec<String>> {
+        Ok((self.query)()?
+            .into_topology()
+            .stages
+            .into_iter()
+            .map(|s| s.name)
+            .collect())
+    }
+
+    /// Runs until the input ends (`available_now`) or a stop; returns the
+    /// summary of the stage writing the sink.
+    pub fn run(&self) -> Result<RunSummary> {
+        let topology = (self.query)()?.into_topology();
+        let trigger = topology.trigger();
+        if topology.is_repartitioned() {
+            let mut inputs = self.input.topics.clone();
+            inputs.extend(
+                (self.query)()?
+                    .joined_topics()
+                    .into_iter()
+                    .flat_map(|(_, t)| t),
+            );
+            let mut widest = 1;
+            for topic in &inputs {
+                widest = widest.max(crate::kafka::partition_count(&self.input.bootstrap, topic)?);
+            }
+            for (topic, keyed) in topology.repartition_topics() {
+                let partitions = if keyed { widest } else { 1 };
+                crate::kafka::ensure_topic(&self.input.bootstrap, topic, partitions)?;
+            }
+        }
+        let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
+        run_stages(&names, trigger, &self.stop, |index| {
+            retry_transient(&names[index], &self.stop, || {
+                let stage = (self.query)()?.into_topology().stages.swap_remove(index);
+                self.run_once(stage)
+            })
+        })
+    }
+
+    fn run_once(&self, stage: Stage) -> Result<RunSummary> {
+        let mut config = self.input.clone();
+        match &stage.input {
+            StageInput::Source => {}
+            StageInput::Joined { topics, .. } => config.topics = topics.clone(),
+            StageInput::Repartition { topic, .. } => config.topics = vec![topic.clone()],
+        }
+        let own_topics = config.topics.clone();
+        let joined = stage.query.joined_topics();
+        if !joined.is_empty() {
+            config
+                .topics
+                .extend(joined.into_iter().flat_map(|(_, t)| t));
+            check_co_partitioned(&config.bootstrap, &config.topics)?;
+            // Partition n of every topic to the same instance.
+            config
+                .properties
+                .entry("partition.assignment.strategy".into())
+                .or_insert_with(|| "range".into());
+        }
+        let mut source = KafkaSource::new(stage_source_config(config, &stage.input))?;
+        let mut sink = match &stage.output {
+            StageOutput::Sink => (self.sink)()?,
+            StageOutput::Repartition { topic, keys } => {
+                repartition_sink(&self.input.bootstrap, topic, keys, &own_topics, None)?
+            }
+        };
+        let query = stage.query.build()?.with_stop_handle(self.stop.clone());
+        query.run(&mut source, sink.as_mut())
+    }
+}

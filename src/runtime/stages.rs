@@ -1,0 +1,537 @@
+//! A query split into stages at repartition topics, as Kafka Streams splits
+//! a topology into sub-topologies. A grouping whose keys are not the
+//! columns the input is partitioned by (its record key) cannot run where
+//! the records arrive: a key's rows would be spread over tasks. The query
+//! then runs as a writing stage (input → the steps before the grouping →
+//! an internal topic keyed by the grouping columns) and a reading stage
+//! (that topic → the grouping and the later steps → the sink), joined by
+//! watermark markers. A stream join whose inputs are not partitioned by its
+//! keys has both inputs written to such topics.
+//!
+//! Both the Rust builder and the pipeline file produce this plan; the
+//! connectors run it (see `tidemark_connectors::PipelineRunner` and
+//! `TopologyRunner`).
+
+use super::builder::{GlobalTable, OperatorFactory, QueryBuilder, SideInput};
+use crate::operators::OutputMode;
+
+/// A step as the builder keeps it: how to build it for a task, and what it
+/// does to the columns a partitioning rests on.
+pub(crate) struct Step {
+    /// Builds the operator, once per task.
+    pub(crate) build: OperatorFactory,
+    /// Its effect on the partitioning.
+    pub(crate) shape: StepShape,
+}
+
+/// What a step does to the columns rows are partitioned by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StepShape {
+    /// Keeps every column (a filter, a global-table lookup).
+    Keeps,
+    /// Adds or overwrites this column.
+    Writes(String),
+    /// Keeps only these `(input, output)` columns.
+    Selects(Vec<(String, String)>),
+    /// Unknown (a typed map, a custom step): a partitioning does not
+    /// survive it.
+    Opaque,
+    /// Keeps state per key of `keys`.
+    Groups {
+        /// The grouping columns.
+        keys: Vec<String>,
+        /// Which grouping.
+        kind: Grouping,
+    },
+    /// Keeps state per whole row (`distinct`).
+    Distinct,
+    /// A stream–stream or stream–table join (state per join key).
+    Joins,
+}
+
+/// The stateful groupings, as Spark's output-mode rules tell them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// A tumbling or sliding window aggregation.
+    Aggregation,
+    /// A session window aggregation.
+    SessionAggregation,
+    /// A rolling window.
+    Rolling,
+    /// `dropDuplicates`.
+    Dedup,
+}
+
+impl StepShape {
+    /// Whether the step keeps state across batches.
+    pub(crate) fn is_stateful(&self) -> bool {
+        matches!(
+            self,
+            StepShape::Groups { .. } | StepShape::Distinct | StepShape::Joins
+        )
+    }
+}
+
+/// Whether grouping by `group_keys` keeps every group inside one partition
+/// of an input partitioned by `partition_keys`: when the grouping includes
+/// every partitioning column, rows of one group share those columns and so
+/// their partition (Spark's `ClusteredDistribution` is likewise satisfied
+/// by hash partitioning on a subset of its keys). No partitioning column, no
+/// such guarantee.
+pub(crate) fn groups_stay_in_partition(group_keys: &[String], partition_keys: &[String]) -> bool {
+    !partition_keys.is_empty() && partition_keys.iter().all(|k| group_keys.contains(k))
+}
+
+/// The names the partitioning columns `partition_keys` have after steps of
+/// these shapes: a `select` may rename them; `None` when a step drops or
+/// rewrites one (a `with_column` of that name, a `select` without it, a
+/// step of unknown effect), since the rows are then no longer partitioned
+/// by the values those names hold.
+pub(crate) fn partition_columns_after<'a>(
+    partition_keys: &[String],
+    shapes: impl IntoIterator<Item = &'a StepShape>,
+) -> Option<Vec<String>> {
+    let mut columns = partition_keys.to_vec();
+    for shape in shapes {
+        match shape {
+            StepShape::Writes(name) if columns.contains(name) => return None,
+            StepShape::Opaque => return None,
+            StepShape::Selects(select) => {
+                columns = columns
+                    .iter()
+                    .map(|c| {
+                        select
+                            .iter()
+                            .find(|(source, _)| source == c)
+                            .map(|(_, output)| output.clone())
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+            }
+            _ => {}
+        }
+    }
+    Some(columns)
+}
+
+/// A query as the stages it runs in, writers first; the last stage writes
+/// the query's sink.
+pub struct Topology {
+    /// The stages, in the order records flow through them.
+    pub stages: Vec<Stage>,
+}
+
+/// One stage (Kafka Streams' sub-topology): where it reads, the query it
+/// runs and where it writes.
+pub struct Stage {
+    /// The stage's name: the query's own for the stage writing its sink,
+    /// `<query>-repartition-writer` (or `-left-`/`-right-`) for a writer.
+    pub name: String,
+    /// What it reads.
+    pub input: StageInput,
+    /// Its query: the steps it runs, with the query's settings.
+    pub query: QueryBuilder,
+    /// Where it writes.
+    pub output: StageOutput,
+}
+
+/// What a stage reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageInput {
+    /// The query's own input (and its joined streams' topics).
+    Source,
+    /// A joined stream's topics, read alone by the writer that
+    /// repartitions them (consumer group `<group>-right`).
+    Joined {
+        /// The stream's name.
+        stream: String,
+        /// Its topics.
+        topics: Vec<String>,
+    },
+    /// An internal topic written by an earlier stage, keyed by `keys`
+    /// (consumer group `<group>-repartition`).
+    Repartition {
+        /// The topic.
+        topic: String,
+        /// The columns its records are keyed by.
+        keys: Vec<String>,
+    },
+}
+
+/// Where a stage writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageOutput {
+    /// The query's sink.
+    Sink,
+    /// An internal topic keyed by `keys`, with watermark markers for every
+    /// input partition the stage reads.
+    Repartition {
+        /// The topic.
+        topic: String,
+        /// The columns records are keyed by.
+        keys: Vec<String>,
+    },
+}
+
+impl Topology {
+    /// The internal topics the stages write, each with whether it is keyed
+    /// (a grouping without keys runs in one task: one partition).
+    pub fn repartition_topics(&self) -> Vec<(&str, bool)> {
+        self.stages
+            .iter()
+            .filter_map(|s| match &s.output {
+                StageOutput::Repartition { topic, keys } => {
+                    Some((topic.as_str(), !keys.is_empty()))
+                }
+                StageOutput::Sink => None,
+            })
+            .collect()
+    }
+
+    /// The query's trigger (every stage runs by it).
+    pub fn trigger(&self) -> super::Trigger {
+        self.stages
+            .last()
+            .map_or_else(Default::default, |s| s.query.trigger)
+    }
+
+    /// Whether the query runs in more than one stage.
+    pub fn is_repartitioned(&self) -> bool {
+        self.stages.len() > 1
+    }
+}
+
+impl QueryBuilder {
+    /// The query as the stages it must run in: one, or — when its first
+    /// grouping does not include the columns the input is keyed by (see
+    /// [`QueryBuilder::keyed_by`]), or a stream join's inputs are not
+    /// keyed by its join keys — writers to repartition topics and a reader.
+    /// The application's decoder and dead-letter output go to the stage
+    /// reading its input; the state backend, late-data sink and progress
+    /// listeners to the stage writing its sink.
+    pub fn into_topology(self) -> Topology {
+        if let Some(at) = self.join_to_repartition() {
+            return self.split_join(at);
+        }
+        match self.grouping_to_repartition() {
+            Some((at, keys)) => self.split_grouping(at, keys),
+            None => Topology {
+                stages: vec![self.single_stage()],
+            },
+        }
+    }
+
+    /// The query as one stage, whatever its groupings.
+    pub fn single_stage(self) -> Stage {
+        Stage {
+            name: self.name.clone(),
+            input: StageInput::Source,
+            query: self,
+            output: StageOutput::Sink,
+        }
+    }
+
+    /// The first grouping and its keys, when its rows are not already
+    /// partitioned by them; `None` with joins (co-partitioned topics are
+    /// read where they are; their checks are the pipeline file's).
+    fn grouping_to_repartition(&self) -> Option<(usize, Vec<String>)> {
+        if !self.side_inputs.is_empty() {
+            return None;
+        }
+        let (at, keys) = self
+            .steps
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| match &s.shape {
+                StepShape::Groups { keys, .. } => Some((i, keys.clone())),
+                _ => None,
+            })?;
+        let on_record_key = self
+            .keyed_by
+            .as_ref()
+            .and_then(|k| partition_columns_after(k, self.steps[..at].iter().map(|s| &s.shape)))
+            .is_some_and(|k| groups_stay_in_partition(&keys, &k));
+        (!on_record_key).then_some((at, keys))
+    }
+
+    /// The step index of a stream join whose inputs must be repartitioned
+    /// by its keys: asked to ([`QueryBuilder::repartition_joins`]) or keyed
+    /// by other columns, and only stateless steps before it.
+    fn join_to_repartition(&self) -> Option<usize> {
+        let side = self.side_inputs.iter().find(|s| !s.stream.table)?;
+        let (left, right) = (&side.left_keys, &side.right_keys);
+        let sorted = |mut k: Vec<String>| {
+            k.sort();
+            k
+        };
+        let differ = |keyed: &Option<Vec<String>>, keys: &[String]| {
+            keyed
+                .clone()
+                .is_some_and(|k| sorted(k) != sorted(keys.to_vec()))
+        };
+        let needed = self.repartition_joins
+            || differ(&self.keyed_by, left)
+            || differ(&side.stream.keyed_by, right);
+        let stateless_before = self.steps[..side.join_at].iter().all(|s| {
+            matches!(
+                s.shape,
+                StepShape::Keeps | StepShape::Writes(_) | StepShape::Selects(_)
+            )
+        });
+        (needed && stateless_before).then_some(side.join_at)
+    }
+
+    /// Input → steps before `at` → `<name>-op<at>-repartition` keyed by
+    /// `keys` → the rest.
+    fn split_grouping(mut self, at: usize, keys: Vec<String>) -> Topology {
+        let topic = format!("{}-op{at}-repartition", self.name);
+        let writer_name = format!("{}-repartition-writer", self.name);
+        let mut writer = self.writer_settings(&writer_name);
+        writer.steps = self.steps.drain(..at).collect();
+        writer.global_tables = self.take_global_tables_before(at);
+        writer.decoder = self.decoder.take();
+        writer.dead_letter = self.dead_letter.take();
+        let reader = self.reader_of(&topic, &keys);
+        Topology {
+            stages: vec![
+                Stage {
+                    name: writer_name,
+                    input: StageInput::Source,
+                    query: writer,
+                    output: StageOutput::Repartition {
+                        topic: topic.clone(),
+                        keys: keys.clone(),
+                    },
+                },
+                reader,
+            ],
+        }
+    }
+
+    /// Each input of the join at `at` → its steps → a topic keyed by its
+    /// join columns (`<name>-left-repartition`, `<name>-right-repartition`)
+    /// → the join and the rest.
+    fn split_join(mut self, at: usize) -> Topology {
+        let (left_keys, right_keys) = match self.side_inputs.iter().find(|s| s.join_at == at) {
+            Some(side) => (side.left_keys.clone(), side.right_keys.clone()),
+            None => {
+                return Topology {
+                    stages: vec![self.single_stage()],
+                }
+            }
+        };
+        let left_topic = format!("{}-left-repartition", self.name);
+        let right_topic = format!("{}-right-repartition", self.name);
+        let left_name = format!("{}-left-repartition-writer", self.name);
+        let right_name = format!("{}-right-repartition-writer", self.name);
+        let mut left = self.writer_settings(&left_name);
+        left.steps = self.steps.drain(..at).collect();
+        left.global_tables = self.take_global_tables_before(at);
+        left.decoder = self.decoder.take();
+        left.dead_letter = self.dead_letter.take();
+        let Some(index) = self.side_inputs.iter().position(|s| s.join_at == at) else {
+            unreachable!("the join's side input was found above");
+        };
+        let mut side: SideInput = self.side_inputs.remove(index);
+        let mut right = self.writer_settings(&right_name);
+        right.event_time = side.stream.event_time.clone();
+        // The main stream's extractor reads the main stream's rows.
+        right.event_time_extractor = None;
+        right.steps = std::mem::take(&mut side.stream.steps)
+            .into_iter()
+            .map(|build| Step {
+                build,
+                shape: StepShape::Keeps,
+            })
+            .collect();
+        let right_input = StageInput::Joined {
+            stream: side.stream.name.to_string(),
+            topics: std::mem::replace(&mut side.stream.topics, vec![right_topic.clone()]),
+        };
+        side.stream.keyed_by = Some(right_keys.clone());
+        self.side_inputs.insert(index, side);
+        // Every join's position counts from the reader's first step.
+        for side in &mut self.side_inputs {
+            side.join_at -= at;
+        }
+        let reader = self.reader_of(&left_topic, &left_keys);
+        Topology {
+            stages: vec![
+                Stage {
+                    name: left_name,
+                    input: StageInput::Source,
+                    query: left,
+                    output: StageOutput::Repartition {
+                        topic: left_topic,
+                        keys: left_keys,
+                    },
+                },
+                Stage {
+                    name: right_name,
+                    input: right_input,
+                    query: right,
+                    output: StageOutput::Repartition {
+                        topic: right_topic,
+                        keys: right_keys,
+                    },
+                },
+                reader,
+            ],
+        }
+    }
+
+    /// The query's remaining steps as the stage reading `topic`: its
+    /// watermark from the writers' markers, its input keyed by `keys`.
+    fn reader_of(mut self, topic: &str, keys: &[String]) -> Stage {
+        self.keyed_by = Some(keys.to_vec());
+        // The writer stored the extracted event time in its column.
+        self.event_time_extractor = None;
+        self.watermark_from_markers = true;
+        self.repartition_joins = false;
+        Stage {
+            name: self.name.clone(),
+            input: StageInput::Repartition {
+                topic: topic.to_string(),
+                keys: keys.to_vec(),
+            },
+            query: self,
+            output: StageOutput::Sink,
+        }
+    }
+
+    /// Hands over the global tables whose joins come before step `at` (to
+    /// a writer running those steps); those left count from `at`.
+    fn take_global_tables_before(&mut self, at: usize) -> Vec<GlobalTable> {
+        let (before, after): (Vec<GlobalTable>, Vec<GlobalTable>) =
+            std::mem::take(&mut self.global_tables)
+                .into_iter()
+                .partition(|t| t.step < at);
+        self.global_tables = after
+            .into_iter()
+            .map(|t| GlobalTable {
+                step: t.step - at,
+                ..t
+            })
+            .collect();
+        before
+    }
+
+    /// A writer stage's settings: the query's event time, trigger and
+    /// batch size, no watermark (the reader's applies), append mode, and
+    /// no steps yet.
+    fn writer_settings(&self, name: &str) -> QueryBuilder {
+        let mut writer = super::Query::builder(name)
+            .watermark_policy(self.policy)
+            .output_mode(OutputMode::Append)
+            .trigger(self.trigger)
+            .clock(self.clock.clone())
+            .max_records_per_batch(self.max_records_per_batch);
+        writer.id = self.id.as_ref().map(|id| format!("{id}-{name}"));
+        writer.event_time = self.event_time.clone();
+        writer.idle_timeout = self.idle_timeout;
+        writer.event_time_extractor = self.event_time_extractor.clone();
+        writer.keyed_by = self.keyed_by.clone();
+        writer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::{AggregateSpec, JoinTimeCondition, JoinType};
+    use crate::runtime::{JoinInput, Query};
+    use crate::window::WindowSpec;
+
+    fn clicks() -> JoinInput {
+        JoinInput::new("clicks")
+            .event_time("ct")
+            .watermark("1 minute")
+            .unwrap()
+            .keyed_by(&["clickId"])
+    }
+
+    #[test]
+    fn a_query_keyed_by_its_grouping_runs_in_one_stage_and_otherwise_in_two() {
+        let query = |keyed: &[&str]| {
+            Query::builder("q")
+                .event_time("t")
+                .watermark("1 minute")
+                .unwrap()
+                .keyed_by(keyed)
+                .filter("n > 0")
+                .unwrap()
+                .window_aggregate(
+                    ["region"],
+                    WindowSpec::tumbling("1 minute").unwrap(),
+                    vec![AggregateSpec::count()],
+                )
+        };
+        assert!(!query(&["region"]).into_topology().is_repartitioned());
+        let topology = query(&["user"]).into_topology();
+        assert_eq!(
+            topology.repartition_topics(),
+            vec![("q-op1-repartition", true)]
+        );
+        let names: Vec<_> = topology.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["q-repartition-writer", "q"]);
+        let mut stages = topology.stages;
+        let reader = stages.pop().unwrap();
+        assert!(reader.query.watermark_from_markers);
+        assert_eq!(reader.query.keyed_by, Some(vec!["region".to_string()]));
+        let writer = stages.pop().unwrap().query.build().unwrap();
+        assert_eq!(writer.describe(), ["Filter [n > 0]"]);
+        // A typed step may rewrite anything: the grouping is repartitioned.
+        let typed = Query::builder("q")
+            .keyed_by(&["region"])
+            .map_typed(|v: serde_json::Value| v)
+            .window_aggregate(
+                ["region"],
+                WindowSpec::tumbling("1 minute").unwrap(),
+                vec![AggregateSpec::count()],
+            );
+        assert!(typed.into_topology().is_repartitioned());
+    }
+
+    #[test]
+    fn a_join_keyed_otherwise_counts_every_later_join_from_the_readers_first_step() {
+        let query = Query::builder("ads")
+            .event_time("it")
+            .watermark("1 minute")
+            .unwrap()
+            .keyed_by(&["impressionId"])
+            .filter("adId is not null")
+            .unwrap()
+            .join(
+                clicks(),
+                JoinType::Inner,
+                &[("adId", "adId")],
+                JoinTimeCondition::between("0 seconds", "1 minute").unwrap(),
+            )
+            .unwrap()
+            .join_table(JoinInput::table("ads"), true, &[("adId", "adId")])
+            .unwrap();
+        let mut stages = query.into_topology().stages;
+        assert_eq!(stages.len(), 3);
+        let reader = stages.pop().unwrap();
+        let joins: Vec<usize> = reader.query.side_inputs.iter().map(|s| s.join_at).collect();
+        assert_eq!(joins, [0, 1]);
+        assert_eq!(
+            reader.query.joined_topics(),
+            vec![
+                (
+                    "clicks".to_string(),
+                    vec!["ads-right-repartition".to_string()]
+                ),
+                ("ads".to_string(), vec!["ads".to_string()]),
+            ]
+        );
+        let described = reader.query.build().unwrap().describe();
+        assert_eq!(described.len(), 2, "{described:?}");
+        assert_eq!(
+            stages[1].input,
+            StageInput::Joined {
+                stream: "clicks".into(),
+                topics: vec!["clicks".into()]
+            }
+        );
+    }
+}
