@@ -38,6 +38,12 @@ pub trait Aggregator: Send + Sync + 'static {
     fn zero(&self) -> Self::Acc;
     /// Folds one input value in.
     fn reduce(&self, acc: &mut Self::Acc, input: &Value);
+    /// Folds one input value in with the value it is ordered by (Spark's
+    /// `max_by(x, ordering)`); aggregates of one input ignore `ordering`.
+    fn reduce_by(&self, acc: &mut Self::Acc, input: &Value, ordering: &Value) {
+        let _ = ordering;
+        self.reduce(acc, input)
+    }
     /// Folds another partial state in (session merges, partial aggregation).
     fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc);
     /// The result.
@@ -64,6 +70,7 @@ impl std::fmt::Debug for Accumulator {
 trait ErasedAggregator: Send + Sync {
     fn zero(&self) -> Accumulator;
     fn reduce(&self, acc: &mut Accumulator, input: &Value);
+    fn reduce_by(&self, acc: &mut Accumulator, input: &Value, ordering: &Value);
     fn merge(&self, acc: &mut Accumulator, other: &Accumulator);
     fn finish(&self, acc: &Accumulator) -> Value;
     fn clone_acc(&self, acc: &Accumulator) -> Accumulator;
@@ -78,6 +85,11 @@ impl<A: Aggregator> ErasedAggregator for A {
     fn reduce(&self, acc: &mut Accumulator, input: &Value) {
         if let Some(a) = acc.0.downcast_mut::<A::Acc>() {
             Aggregator::reduce(self, a, input)
+        }
+    }
+    fn reduce_by(&self, acc: &mut Accumulator, input: &Value, ordering: &Value) {
+        if let Some(a) = acc.0.downcast_mut::<A::Acc>() {
+            Aggregator::reduce_by(self, a, input, ordering)
         }
     }
     fn merge(&self, acc: &mut Accumulator, other: &Accumulator) {
@@ -128,7 +140,7 @@ impl std::fmt::Debug for AggregateFn {
 }
 
 /// Names of the built-in aggregates, for error messages.
-pub const BUILT_IN_NAMES: &str = "count, sum, avg, min, max, stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop, approx_count_distinct, approx_percentile";
+pub const BUILT_IN_NAMES: &str = "count, sum, avg, min, max, max_by, min_by, stddev, stddev_samp, stddev_pop, variance, var_samp, var_pop, approx_count_distinct, approx_percentile";
 
 impl AggregateFn {
     /// Wraps a user aggregate.
@@ -153,6 +165,8 @@ impl AggregateFn {
             "avg" | "mean" => f(Arc::new(Moments(MomentsResult::Mean))),
             "min" => f(Arc::new(Extreme { max: false })),
             "max" => f(Arc::new(Extreme { max: true })),
+            "max_by" => f(Arc::new(ExtremeBy { max: true })),
+            "min_by" => f(Arc::new(ExtremeBy { max: false })),
             "stddev" | "stddev_samp" | "std" => f(Arc::new(Moments(MomentsResult::StddevSamp))),
             "stddev_pop" => f(Arc::new(Moments(MomentsResult::StddevPop))),
             "variance" | "var_samp" => f(Arc::new(Moments(MomentsResult::VarSamp))),
@@ -203,6 +217,15 @@ impl AggregateFn {
     /// Folds one value in.
     pub fn reduce(&self, acc: &mut Accumulator, input: &Value) {
         self.inner.reduce(acc, input)
+    }
+    /// Folds one value in with the value it is ordered by (`max_by`).
+    pub fn reduce_by(&self, acc: &mut Accumulator, input: &Value, ordering: &Value) {
+        self.inner.reduce_by(acc, input, ordering)
+    }
+    /// Whether the function takes a second, ordering input (`max_by`,
+    /// `min_by`).
+    pub fn takes_ordering(&self) -> bool {
+        self.built_in && matches!(&*self.name, "max_by" | "min_by")
     }
     /// Folds another partial state in.
     pub fn merge(&self, acc: &mut Accumulator, other: &Accumulator) {
@@ -443,9 +466,100 @@ impl Aggregator for Extreme {
     }
 }
 
+/// Spark's `max_by(x, y)` / `min_by(x, y)`: the `x` of the row with the
+/// largest (smallest) `y`; rows with a null `y` are skipped, and of rows
+/// with equal `y` the first one kept wins (Spark leaves ties unspecified).
+struct ExtremeBy {
+    max: bool,
+}
+
+/// The value kept by `max_by`/`min_by` and the ordering value it won with.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ExtremeByAcc {
+    value: ExtremeAcc,
+    ordering: ExtremeAcc,
+}
+
+impl Aggregator for ExtremeBy {
+    type Acc = ExtremeByAcc;
+    fn zero(&self) -> ExtremeByAcc {
+        ExtremeByAcc::default()
+    }
+    fn reduce(&self, _acc: &mut ExtremeByAcc, _input: &Value) {
+        // Without its ordering a value cannot be placed; the operators
+        // always call `reduce_by` for these functions.
+    }
+    fn reduce_by(&self, acc: &mut ExtremeByAcc, input: &Value, ordering: &Value) {
+        if ordering.is_null() {
+            return;
+        }
+        let current = acc.ordering.to_value();
+        let replace = current.is_null()
+            || match current.sql_cmp(ordering) {
+                Some(std::cmp::Ordering::Less) => self.max,
+                Some(std::cmp::Ordering::Greater) => !self.max,
+                _ => false,
+            };
+        if replace {
+            *acc = ExtremeByAcc {
+                value: ExtremeAcc::from_value(input),
+                ordering: ExtremeAcc::from_value(ordering),
+            };
+        }
+    }
+    fn merge(&self, acc: &mut ExtremeByAcc, other: &ExtremeByAcc) {
+        Aggregator::reduce_by(
+            self,
+            acc,
+            &other.value.to_value(),
+            &other.ordering.to_value(),
+        );
+    }
+    fn finish(&self, acc: &ExtremeByAcc) -> Value {
+        acc.value.to_value()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_by_and_min_by_keep_the_value_of_the_extreme_ordering() {
+        let rows = [
+            (Value::Str("a".into()), Value::Long(3)),
+            (Value::Str("b".into()), Value::Long(7)),
+            (Value::Str("c".into()), Value::Null),
+            (Value::Str("d".into()), Value::Long(7)),
+            (Value::Null, Value::Long(1)),
+        ];
+        let run = |name: &str, rows: &[(Value, Value)]| {
+            let f = AggregateFn::built_in(name).unwrap();
+            let mut acc = f.zero();
+            for (v, o) in rows {
+                f.reduce_by(&mut acc, v, o);
+            }
+            (
+                f.finish(&acc),
+                f.decode(&f.encode(&acc)).map(|a| f.finish(&a)).unwrap(),
+            )
+        };
+        assert_eq!(run("max_by", &rows).0, Value::Str("b".into()));
+        assert_eq!(run("max_by", &rows).1, Value::Str("b".into()));
+        // The value of the winning row, even when that value is null.
+        assert_eq!(run("min_by", &rows).0, Value::Null);
+        assert_eq!(run("min_by", &rows[..4]).0, Value::Str("a".into()));
+        assert_eq!(run("max_by", &[]).0, Value::Null);
+        // Merging partial states (sessions) keeps the extreme of both.
+        let f = AggregateFn::built_in("max_by").unwrap();
+        let (mut left, mut right) = (f.zero(), f.zero());
+        f.reduce_by(&mut left, &Value::Long(1), &Value::Double(0.5));
+        f.reduce_by(&mut right, &Value::Long(2), &Value::Double(9.0));
+        f.merge(&mut left, &right);
+        assert_eq!(f.finish(&left), Value::Long(2));
+        assert!(f.takes_ordering());
+        assert!(!AggregateFn::built_in("max").unwrap().takes_ordering());
+    }
 
     fn run(name: &str, values: &[Value]) -> Value {
         let f = AggregateFn::built_in(name).unwrap();

@@ -721,6 +721,10 @@ pub struct AggregateYaml {
     /// Its input column; omitted for `count` = `count(*)`.
     #[serde(default)]
     pub column: Option<String>,
+    /// max_by / min_by: the column that decides which row's `column` is
+    /// kept.
+    #[serde(default)]
+    pub by: Option<String>,
     /// The output name (default as Spark: `sum(amount)`).
     #[serde(default, rename = "as")]
     pub alias: Option<String>,
@@ -752,10 +756,30 @@ impl AggregateYaml {
             ),
             name => AggregateFn::built_in(name)?,
         };
-        let input = match &self.column {
-            Some(c) => AggregateInput::Column(c.as_str().into()),
-            None if self.function.0 == "count" => AggregateInput::Star,
-            None => {
+        let input = match (&self.column, &self.by) {
+            (Some(c), Some(by)) if f.takes_ordering() => AggregateInput::By {
+                value: c.as_str().into(),
+                ordering: by.as_str().into(),
+            },
+            (_, None) if f.takes_ordering() => return Err(Error::config(
+                "aggregates.by",
+                format!(
+                    "`{}` needs `column` (the value kept) and `by` (the column ordering the rows)",
+                    self.function.0
+                ),
+            )),
+            (_, Some(_)) if !f.takes_ordering() => {
+                return Err(Error::config(
+                    "aggregates.by",
+                    format!(
+                        "`{}` takes no `by`; `by` is for max_by and min_by",
+                        self.function.0
+                    ),
+                ))
+            }
+            (Some(c), _) => AggregateInput::Column(c.as_str().into()),
+            (None, _) if self.function.0 == "count" => AggregateInput::Star,
+            (None, _) => {
                 return Err(Error::config(
                     "aggregates.column",
                     format!("`{}` needs `column`", self.function.0),
@@ -1759,6 +1783,25 @@ sink: {kind: jsonl, path: out.jsonl}
             .unwrap()
             .topology(true)
             .is_ok());
+    }
+
+    #[test]
+    fn max_by_needs_by_and_only_max_by_and_min_by_take_it() {
+        let aggregate = |entry: &str| {
+            serde_yaml::from_str::<AggregateYaml>(entry)
+                .unwrap()
+                .spec()
+                .map(|s| s.output.to_string())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            aggregate("{fn: max_by, column: auction, by: price}").unwrap(),
+            "max_by(auction, price)"
+        );
+        let e = aggregate("{fn: max_by, column: auction}").unwrap_err();
+        assert!(e.contains("`by`") && e.contains("aggregates.by"), "{e}");
+        let e = aggregate("{fn: sum, column: price, by: auction}").unwrap_err();
+        assert!(e.contains("max_by and min_by"), "{e}");
     }
 
     #[test]

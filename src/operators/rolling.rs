@@ -179,6 +179,8 @@ impl RollingMeasure {
         match &self.aggregate.input {
             AggregateInput::Star => &STAR,
             AggregateInput::Column(c) => row.get(c).unwrap_or(&Value::Null),
+            // Refused when the window is built.
+            AggregateInput::By { .. } => &Value::Null,
         }
     }
 }
@@ -479,6 +481,15 @@ impl RollingWindow {
         }
         let mut seen = BTreeSet::new();
         for m in &measures {
+            if matches!(m.aggregate.input, AggregateInput::By { .. }) {
+                return Err(Error::config(
+                    "rolling_window.measures",
+                    format!(
+                        "`{}` is a window_aggregate aggregate, not a rolling measure",
+                        m.aggregate.output
+                    ),
+                ));
+            }
             if !seen.insert(m.aggregate.output.clone()) {
                 return Err(Error::config(
                     "rolling_window.measures",

@@ -41,6 +41,13 @@ pub enum AggregateInput {
     Star,
     /// One column.
     Column(Arc<str>),
+    /// A column and the column it is ordered by (`max_by`, `min_by`).
+    By {
+        /// The column whose value is kept.
+        value: Arc<str>,
+        /// The column that decides which row's value.
+        ordering: Arc<str>,
+    },
 }
 
 /// One aggregate of a window aggregation: function, input and output name.
@@ -61,6 +68,9 @@ impl AggregateSpec {
         let output = match &input {
             AggregateInput::Star => function.name().to_string(),
             AggregateInput::Column(c) => format!("{}({c})", function.name()),
+            AggregateInput::By { value, ordering } => {
+                format!("{}({value}, {ordering})", function.name())
+            }
         };
         AggregateSpec {
             function,
@@ -85,9 +95,41 @@ impl AggregateSpec {
     /// A built-in aggregate of one column, e.g. `of("sum", "amount")`,
     /// named as Spark names it (`sum(amount)`).
     pub fn of(function: &str, column: &str) -> Result<Self> {
+        let f = AggregateFn::built_in(function)?;
+        if f.takes_ordering() {
+            return Err(crate::error::Error::config(
+                "aggregates.by",
+                format!("`{function}` needs the column ordering the rows: use AggregateSpec::by"),
+            ));
+        }
         Ok(AggregateSpec::new(
-            AggregateFn::built_in(function)?,
+            f,
             AggregateInput::Column(Arc::from(column)),
+        ))
+    }
+
+    /// Spark's `max_by(value, ordering)` or `min_by(value, ordering)`:
+    /// the `value` of the row with the largest (smallest) `ordering`.
+    ///
+    /// ```
+    /// use tidemark::operators::AggregateSpec;
+    /// let spec = AggregateSpec::by("max_by", "auction", "price").unwrap();
+    /// assert_eq!(spec.output.as_ref(), "max_by(auction, price)");
+    /// ```
+    pub fn by(function: &str, value: &str, ordering: &str) -> Result<Self> {
+        let f = AggregateFn::built_in(function)?;
+        if !f.takes_ordering() {
+            return Err(crate::error::Error::config(
+                "aggregates.by",
+                format!("`{function}` takes one column; `by` is for max_by and min_by"),
+            ));
+        }
+        Ok(AggregateSpec::new(
+            f,
+            AggregateInput::By {
+                value: Arc::from(value),
+                ordering: Arc::from(ordering),
+            },
         ))
     }
 
@@ -489,6 +531,11 @@ fn fold(aggregates: &[AggregateSpec], accumulators: &mut [Accumulator], row: &Ro
             AggregateInput::Column(c) => spec
                 .function
                 .reduce(acc, row.get(c).unwrap_or(&Value::Null)),
+            AggregateInput::By { value, ordering } => spec.function.reduce_by(
+                acc,
+                row.get(value).unwrap_or(&Value::Null),
+                row.get(ordering).unwrap_or(&Value::Null),
+            ),
         }
     }
 }
@@ -566,6 +613,66 @@ mod tests {
             out.iter().map(|r| r.to_json().to_string()).collect(),
             most_cached,
         )
+    }
+
+    /// Nexmark q7's shape: per 10-second window, the bid with the highest
+    /// price (max_by), in a tumbling and a session window.
+    #[test]
+    fn max_by_keeps_the_columns_of_the_row_with_the_largest_ordering() {
+        use crate::runtime::testing::{CollectSink, VecSource};
+        use crate::runtime::{Query, Trigger};
+        for window in [
+            WindowSpec::tumbling("10 seconds"),
+            WindowSpec::session("5 seconds"),
+        ] {
+            let query = Query::builder("q7")
+                .event_time("t")
+                .watermark("0 seconds")
+                .unwrap()
+                .window_aggregate(
+                    Vec::<&str>::new(),
+                    window.unwrap(),
+                    vec![
+                        AggregateSpec::of("max", "price").unwrap(),
+                        AggregateSpec::by("max_by", "auction", "price").unwrap(),
+                        AggregateSpec::by("min_by", "auction", "price")
+                            .unwrap()
+                            .alias("cheapest"),
+                    ],
+                )
+                .output_mode(OutputMode::Append)
+                .trigger(Trigger::AvailableNow)
+                .build()
+                .unwrap();
+            let bid = |s: u32, auction: &str, price: i64| {
+                format!(
+                    r#"{{"t": "2026-01-01T10:00:{s:02}Z", "auction": "{auction}", "price": {price}}}"#
+                )
+            };
+            let first = [
+                bid(1, "a", 5),
+                bid(2, "b", 9),
+                bid(3, "c", 9),
+                bid(4, "d", 2),
+            ];
+            let second = [bid(31, "e", 1)];
+            let mut source = VecSource::json_batches(vec![
+                first.iter().map(String::as_str).collect(),
+                second.iter().map(String::as_str).collect(),
+            ]);
+            let mut sink = CollectSink::default();
+            query.run(&mut source, &mut sink).unwrap();
+            let row = &sink.rows[0];
+            assert_eq!(row.get("max(price)"), Some(&Value::Long(9)));
+            // Of two bids at the highest price, the first one seen.
+            assert_eq!(
+                row.get("max_by(auction, price)"),
+                Some(&Value::Str("b".into()))
+            );
+            assert_eq!(row.get("cheapest"), Some(&Value::Str("d".into())));
+        }
+        assert!(AggregateSpec::of("max_by", "auction").is_err());
+        assert!(AggregateSpec::by("max", "auction", "price").is_err());
     }
 
     #[test]

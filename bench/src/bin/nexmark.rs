@@ -38,6 +38,7 @@ const QUERIES: &[(&str, &[Kind], &str)] = &[
         &[Kind::Auction, Kind::Person],
         include_str!("../../nexmark/q3.yaml"),
     ),
+    ("q7", &[Kind::Bid], include_str!("../../nexmark/q7.yaml")),
     (
         "q8",
         &[Kind::Person, Kind::Auction],
@@ -47,14 +48,14 @@ const QUERIES: &[(&str, &[Kind], &str)] = &[
 ];
 
 /// Flink's published events/s per core (Nexmark on Flink), where known.
-const FLINK_PER_CORE: &[(&str, u64)] = &[("q8", 146_000), ("q11", 40_000)];
+const FLINK_PER_CORE: &[(&str, u64)] = &[("q7", 12_000), ("q8", 146_000), ("q11", 40_000)];
 
 #[derive(Parser)]
 struct Args {
     /// Events to generate per query.
     #[arg(long, default_value_t = 10_000_000)]
     events: u64,
-    /// One query (`q0`, `q1`, `q2`, `q3`, `q8`, `q11`); all when omitted.
+    /// One query (`q0`, `q1`, `q2`, `q3`, `q7`, `q8`, `q11`); all when omitted.
     #[arg(long)]
     query: Option<String>,
     /// Event-time rate of the generator (Nexmark's default: 10M/s).
@@ -285,7 +286,7 @@ fn main() -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(
         !selected.is_empty(),
-        "unknown query; known: q0, q1, q2, q3, q8, q11"
+        "unknown query; known: q0, q1, q2, q3, q7, q8, q11"
     );
     let topics = if args.through_kafka {
         let bootstrap = args
@@ -395,7 +396,12 @@ mod tests {
 
     /// The bids of the first `events` generator events, as JSON.
     fn bids(events: u64) -> Vec<serde_json::Value> {
-        let mut generator = Generator::new(10_000_000);
+        bids_at(events, 10_000_000)
+    }
+
+    /// The bids of the first `events` events at `rate` events/s.
+    fn bids_at(events: u64, rate: u64) -> Vec<serde_json::Value> {
+        let mut generator = Generator::new(rate);
         let mut out = Vec::new();
         while generator.generated() < events {
             let (kind, value) = generator.next_event();
@@ -426,5 +432,30 @@ mod tests {
         // q3 and q11 run; their rows are checked by their operators' tests.
         rows_out("q3", events);
         rows_out("q11", events);
+    }
+
+    /// q7: one row per 10-second window the watermark (4 seconds behind
+    /// the latest bid) has closed.
+    #[test]
+    fn q7_writes_one_row_per_closed_window() {
+        let (_, kinds, text) = QUERIES.iter().find(|(q, _, _)| *q == "q7").unwrap();
+        let mut args = args(20_000);
+        // 2 ms apart: 40 s of event time, four windows.
+        args.rate = 500;
+        let micros = |b: &serde_json::Value| {
+            tidemark::time::parse_rfc3339(b["dateTime"].as_str().unwrap()).unwrap()
+        };
+        let bids = bids_at(args.events, args.rate);
+        let watermark = bids.iter().map(micros).max().unwrap() - 4_000_000;
+        let closed: std::collections::BTreeSet<i64> = bids
+            .iter()
+            .map(|b| micros(b).div_euclid(10_000_000))
+            .filter(|w| (w + 1) * 10_000_000 <= watermark)
+            .collect();
+        assert!(closed.len() > 1, "{}", closed.len());
+        assert_eq!(
+            run_in_process("q7", kinds, text, &args).unwrap(),
+            closed.len() as u64
+        );
     }
 }
