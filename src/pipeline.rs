@@ -761,13 +761,15 @@ impl AggregateYaml {
                 value: c.as_str().into(),
                 ordering: by.as_str().into(),
             },
-            (_, None) if f.takes_ordering() => return Err(Error::config(
-                "aggregates.by",
-                format!(
+            (_, None) if f.takes_ordering() => {
+                return Err(Error::config(
+                    "aggregates.by",
+                    format!(
                     "`{}` needs `column` (the value kept) and `by` (the column ordering the rows)",
                     self.function.0
                 ),
-            )),
+                ))
+            }
             (_, Some(_)) if !f.takes_ordering() => {
                 return Err(Error::config(
                     "aggregates.by",
