@@ -27,26 +27,18 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod aggregate;
 pub mod decode;
-pub mod duration;
-pub mod error;
-pub mod expr;
 mod json_row;
-pub mod operators;
 pub mod pipeline;
-pub mod progress;
-pub mod record;
-pub mod row;
 pub mod runtime;
-pub mod schema;
-pub mod sketch_aggregates;
-pub mod time;
 pub mod topology;
-pub mod typed;
-pub mod watermark;
-pub mod window;
 mod yaml_paths;
+
+pub use tidemark_operators as operators;
+pub use tidemark_types::{
+    aggregate, duration, error, expr, progress, record, row, schema, sketch_aggregates, time,
+    typed, watermark, window,
+};
 
 pub use error::{Error, Result};
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 /// A parsed expression.
 ///
 /// ```
-/// use tidemark::expr::Expr;
-/// use tidemark::row::{Row, Value};
+/// use tidemark_types::expr::Expr;
+/// use tidemark_types::row::{Row, Value};
 /// let e = Expr::parse("amount >= 10 and not (id = 'x')").unwrap();
 /// let row: Row = [("amount", Value::from(12.0)), ("id", Value::from("y"))].into_iter().collect();
 /// assert_eq!(e.eval(&row), Value::Bool(true));

@@ -63,7 +63,7 @@ impl fmt::Display for FieldType {
 /// An ordered list of typed columns.
 ///
 /// ```
-/// use tidemark::schema::{FieldType, Schema};
+/// use tidemark_types::schema::{FieldType, Schema};
 /// let schema = Schema::new([("id", FieldType::String), ("amount", FieldType::Double)]);
 /// let row = schema
 ///     .row_from_json(&serde_json::json!({"id": "a", "amount": 3}), &Default::default())
@@ -89,7 +89,7 @@ impl Schema {
     }
 
     /// The columns with their shared names.
-    pub(crate) fn columns(&self) -> &[(Arc<str>, FieldType)] {
+    pub fn columns(&self) -> &[(Arc<str>, FieldType)] {
         &self.fields
     }
 

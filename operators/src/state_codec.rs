@@ -3,10 +3,10 @@
 
 use crate::aggregate::Accumulator;
 use crate::error::{Error, Result};
-use crate::operators::AggregateSpec;
 use crate::row::Value;
 use crate::time::TimestampMicros;
 use crate::window::TimeWindow;
+use crate::AggregateSpec;
 use std::sync::Arc;
 
 const VERSION: u8 = 1;
@@ -249,7 +249,7 @@ pub(crate) fn decode_key_state(bytes: &[u8], aggregates: &[AggregateSpec]) -> Re
 mod tests {
     use super::*;
     use crate::aggregate::AggregateFn;
-    use crate::operators::AggregateInput;
+    use crate::AggregateInput;
 
     #[test]
     fn round_trips() {

@@ -128,7 +128,7 @@ impl JoinTimeCondition {
     /// (`between("-10 minutes", "10 minutes")`).
     ///
     /// ```
-    /// use tidemark::operators::JoinTimeCondition;
+    /// use tidemark_operators::JoinTimeCondition;
     /// let c = JoinTimeCondition::between("0 seconds", "1 hour").unwrap();
     /// assert_eq!(c, JoinTimeCondition::Range {
     ///     lower_micros: 0,
@@ -155,7 +155,7 @@ impl JoinTimeCondition {
     /// millisecond, as in Spark.
     ///
     /// ```
-    /// use tidemark::operators::JoinTimeCondition;
+    /// use tidemark_operators::JoinTimeCondition;
     /// let c = JoinTimeCondition::bounds("> -10 minutes", "<= 1 hour").unwrap();
     /// assert_eq!(c, JoinTimeCondition::Range {
     ///     lower_micros: -600_000_000,
@@ -1415,7 +1415,7 @@ mod tests {
         assert_eq!(out[0].get("it"), Some(&Value::Timestamp(100 * MIN)));
     }
 
-    use crate::operators::test_store::SharedStore;
+    use crate::test_store::SharedStore;
 
     /// Batches of (side, ad, minute) rows through a join of `join_type`
     /// whose state is in memory (`cache_bytes` `None`) or read through the

@@ -396,7 +396,7 @@ impl Operator for Deduplicate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operators::test_store::SharedStore;
+    use crate::test_store::SharedStore;
     use proptest::prelude::*;
 
     const SECOND: i64 = 1_000_000;

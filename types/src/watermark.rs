@@ -50,7 +50,7 @@ impl InputProgress {
 /// Tracks inputs' event times and the watermarks of the current batch.
 ///
 /// ```
-/// use tidemark::watermark::{WatermarkPolicy, WatermarkTracker};
+/// use tidemark_types::watermark::{WatermarkPolicy, WatermarkTracker};
 /// let mut wm = WatermarkTracker::new(10_000_000, WatermarkPolicy::Min, None);
 /// wm.observe("in/0", 60_000_000, 0);
 /// assert_eq!(wm.in_effect(), 0); // the first batch runs with no watermark

@@ -58,7 +58,7 @@ impl WindowSpec {
     /// Tumbling windows of `size` (a Spark duration string).
     ///
     /// ```
-    /// use tidemark::window::WindowSpec;
+    /// use tidemark_types::window::WindowSpec;
     /// let w = WindowSpec::tumbling("5 minutes").unwrap();
     /// let windows = w.assign(7 * 60_000_000);
     /// assert_eq!(windows[0].start, 5 * 60_000_000);

@@ -12,9 +12,9 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// let d = tidemark::duration::parse_duration("10 minutes").unwrap();
+/// let d = tidemark_types::duration::parse_duration("10 minutes").unwrap();
 /// assert_eq!(d, Duration::from_secs(600));
-/// assert!(tidemark::duration::parse_duration("1 month").is_err());
+/// assert!(tidemark_types::duration::parse_duration("1 month").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let invalid = |reason: String| Error::config("duration", format!("`{text}`: {reason}"));

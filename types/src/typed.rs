@@ -12,8 +12,8 @@ use std::sync::Arc;
 /// ```
 /// #[derive(serde::Deserialize)]
 /// struct Order { id: String, amount: f64 }
-/// let row: tidemark::row::Row = [("id", "a".into()), ("amount", 2.5.into())].into_iter().collect();
-/// let o: Order = tidemark::typed::from_row(&row).unwrap();
+/// let row: tidemark_types::row::Row = [("id", "a".into()), ("amount", 2.5.into())].into_iter().collect();
+/// let o: Order = tidemark_types::typed::from_row(&row).unwrap();
 /// assert_eq!((o.id.as_str(), o.amount), ("a", 2.5));
 /// ```
 pub fn from_row<T: DeserializeOwned>(row: &Row) -> Result<T, String> {

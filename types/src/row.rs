@@ -121,7 +121,7 @@ impl From<bool> for Value {
 /// hash map and keeps the column order that outputs must preserve.
 ///
 /// ```
-/// use tidemark::row::{Row, Value};
+/// use tidemark_types::row::{Row, Value};
 /// let mut row = Row::new();
 /// row.set("id", Value::from("a"));
 /// row.set("amount", Value::from(2.5));
@@ -150,7 +150,7 @@ impl Row {
     /// Appends a column the caller knows the row does not have yet (a
     /// decoder filling a schema's distinct columns), without the look-up
     /// [`Row::set`] makes.
-    pub(crate) fn push_new_column(&mut self, name: Arc<str>, value: Value) {
+    pub fn push_new_column(&mut self, name: Arc<str>, value: Value) {
         debug_assert!(self.get(&name).is_none(), "column `{name}` twice");
         self.columns.push((name, value));
     }
@@ -247,5 +247,40 @@ impl<N: Into<Arc<str>>> FromIterator<(N, Value)> for Row {
             row.set(n, v);
         }
         row
+    }
+}
+
+/// Encodes key values into bytes that compare and hash as the values do.
+pub fn encode_key(values: &[Value]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * 9);
+    encode_key_into(values.iter(), &mut out);
+    out
+}
+
+/// [`encode_key`] into a reused buffer: the per-row path allocates nothing.
+pub fn encode_key_into<'a>(values: impl Iterator<Item = &'a Value>, out: &mut Vec<u8>) {
+    out.clear();
+    for v in values {
+        match v {
+            Value::Null => out.push(0),
+            Value::Bool(b) => out.extend([1, *b as u8]),
+            Value::Long(x) => {
+                out.push(2);
+                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+            }
+            Value::Double(x) => {
+                out.push(3);
+                out.extend(x.to_bits().to_be_bytes());
+            }
+            Value::Timestamp(x) => {
+                out.push(4);
+                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+            }
+            Value::Str(s) => {
+                out.push(5);
+                out.extend(s.as_bytes());
+                out.push(0);
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! watermarks and processing time through [`BatchContext`], and emits rows.
 //! Nothing here assumes micro-batches beyond `on_batch_end`, which real-time
 //! mode will call at each watermark advance instead.
+#![deny(missing_docs)]
 
 mod dedup;
 mod fixed_windows;
@@ -24,6 +25,12 @@ pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
+
+// The vocabulary, under the names the operators' code uses.
+pub(crate) use tidemark_types::row::encode_key_into;
+pub(crate) use tidemark_types::{
+    aggregate, duration, error, expr, progress, row, time, typed, window,
+};
 
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
@@ -183,43 +190,4 @@ pub(crate) fn shrink_cache<K: std::hash::Hash + Eq, V>(
     let kept = std::mem::take(cache).into_iter().take(keep);
     *cache = CacheMap::with_capacity_and_hasher(capacity, Default::default());
     cache.extend(kept);
-}
-
-/// Encodes key values into bytes that compare and hash as the values do.
-pub(crate) fn encode_key(values: &[crate::row::Value]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * 9);
-    encode_key_into(values.iter(), &mut out);
-    out
-}
-
-/// [`encode_key`] into a reused buffer: the per-row path allocates nothing.
-pub(crate) fn encode_key_into<'a>(
-    values: impl Iterator<Item = &'a crate::row::Value>,
-    out: &mut Vec<u8>,
-) {
-    use crate::row::Value;
-    out.clear();
-    for v in values {
-        match v {
-            Value::Null => out.push(0),
-            Value::Bool(b) => out.extend([1, *b as u8]),
-            Value::Long(x) => {
-                out.push(2);
-                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
-            }
-            Value::Double(x) => {
-                out.push(3);
-                out.extend(x.to_bits().to_be_bytes());
-            }
-            Value::Timestamp(x) => {
-                out.push(4);
-                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
-            }
-            Value::Str(s) => {
-                out.push(5);
-                out.extend(s.as_bytes());
-                out.push(0);
-            }
-        }
-    }
 }

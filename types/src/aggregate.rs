@@ -14,8 +14,8 @@ use std::sync::Arc;
 /// Implement this for a user aggregate; wrap it with [`AggregateFn::custom`].
 ///
 /// ```
-/// use tidemark::aggregate::{Aggregator, AggregateFn};
-/// use tidemark::row::Value;
+/// use tidemark_types::aggregate::{Aggregator, AggregateFn};
+/// use tidemark_types::row::Value;
 ///
 /// /// Counts rows whose value is an even long.
 /// struct CountEven;
@@ -56,7 +56,7 @@ pub struct Accumulator(Box<dyn Any + Send>);
 impl Accumulator {
     /// The concrete state, when it is a `T` (rolling ranges take values back
     /// out of built-in accumulators).
-    pub(crate) fn downcast_mut<T: 'static>(&mut self) -> Option<&mut T> {
+    pub fn downcast_mut<T: 'static>(&mut self) -> Option<&mut T> {
         self.0.downcast_mut()
     }
 }
@@ -323,7 +323,7 @@ pub struct MomentsAcc {
 
 impl MomentsAcc {
     /// Takes `x` back out: the inverse of folding it in (reverse Welford).
-    pub(crate) fn remove(&mut self, x: f64) {
+    pub fn remove(&mut self, x: f64) {
         if self.n <= 1.0 {
             *self = MomentsAcc::default();
             return;

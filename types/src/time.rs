@@ -8,7 +8,7 @@ pub type TimestampMicros = i64;
 /// Parses an RFC 3339 timestamp (`2026-01-01T10:00:00Z`) into microseconds.
 ///
 /// ```
-/// let t = tidemark::time::parse_rfc3339("1970-01-01T00:00:01Z").unwrap();
+/// let t = tidemark_types::time::parse_rfc3339("1970-01-01T00:00:01Z").unwrap();
 /// assert_eq!(t, 1_000_000);
 /// ```
 pub fn parse_rfc3339(text: &str) -> Option<TimestampMicros> {

@@ -82,7 +82,7 @@ impl AggregateSpec {
     /// `count(*)`, named `count`.
     ///
     /// ```
-    /// use tidemark::operators::AggregateSpec;
+    /// use tidemark_operators::AggregateSpec;
     /// assert_eq!(AggregateSpec::count().output.as_ref(), "count");
     /// ```
     pub fn count() -> Self {
@@ -112,7 +112,7 @@ impl AggregateSpec {
     /// the `value` of the row with the largest (smallest) `ordering`.
     ///
     /// ```
-    /// use tidemark::operators::AggregateSpec;
+    /// use tidemark_operators::AggregateSpec;
     /// let spec = AggregateSpec::by("max_by", "auction", "price").unwrap();
     /// assert_eq!(spec.output.as_ref(), "max_by(auction, price)");
     /// ```
@@ -615,66 +615,6 @@ mod tests {
         )
     }
 
-    /// Nexmark q7's shape: per 10-second window, the bid with the highest
-    /// price (max_by), in a tumbling and a session window.
-    #[test]
-    fn max_by_keeps_the_columns_of_the_row_with_the_largest_ordering() {
-        use crate::runtime::testing::{CollectSink, VecSource};
-        use crate::runtime::{Query, Trigger};
-        for window in [
-            WindowSpec::tumbling("10 seconds"),
-            WindowSpec::session("5 seconds"),
-        ] {
-            let query = Query::builder("q7")
-                .event_time("t")
-                .watermark("0 seconds")
-                .unwrap()
-                .window_aggregate(
-                    Vec::<&str>::new(),
-                    window.unwrap(),
-                    vec![
-                        AggregateSpec::of("max", "price").unwrap(),
-                        AggregateSpec::by("max_by", "auction", "price").unwrap(),
-                        AggregateSpec::by("min_by", "auction", "price")
-                            .unwrap()
-                            .alias("cheapest"),
-                    ],
-                )
-                .output_mode(OutputMode::Append)
-                .trigger(Trigger::AvailableNow)
-                .build()
-                .unwrap();
-            let bid = |s: u32, auction: &str, price: i64| {
-                format!(
-                    r#"{{"t": "2026-01-01T10:00:{s:02}Z", "auction": "{auction}", "price": {price}}}"#
-                )
-            };
-            let first = [
-                bid(1, "a", 5),
-                bid(2, "b", 9),
-                bid(3, "c", 9),
-                bid(4, "d", 2),
-            ];
-            let second = [bid(31, "e", 1)];
-            let mut source = VecSource::json_batches(vec![
-                first.iter().map(String::as_str).collect(),
-                second.iter().map(String::as_str).collect(),
-            ]);
-            let mut sink = CollectSink::default();
-            query.run(&mut source, &mut sink).unwrap();
-            let row = &sink.rows[0];
-            assert_eq!(row.get("max(price)"), Some(&Value::Long(9)));
-            // Of two bids at the highest price, the first one seen.
-            assert_eq!(
-                row.get("max_by(auction, price)"),
-                Some(&Value::Str("b".into()))
-            );
-            assert_eq!(row.get("cheapest"), Some(&Value::Str("d".into())));
-        }
-        assert!(AggregateSpec::of("max_by", "auction").is_err());
-        assert!(AggregateSpec::by("max", "auction", "price").is_err());
-    }
-
     #[test]
     fn state_read_through_the_store_gives_the_in_memory_results() {
         for mode in [OutputMode::Append, OutputMode::Update] {
@@ -707,8 +647,8 @@ mod tests {
         cache_bytes: Option<usize>,
         between: Between,
     ) -> (Vec<String>, Vec<u64>, usize) {
-        let store = crate::operators::test_store::SharedStore::default();
-        let open = |store: &crate::operators::test_store::SharedStore| {
+        let store = crate::test_store::SharedStore::default();
+        let open = |store: &crate::test_store::SharedStore| {
             let mut w = op(WindowSpec::session("5 minutes").unwrap(), mode);
             w.open_state(Box::new(store.clone()), cache_bytes).unwrap();
             w

@@ -59,7 +59,7 @@ pub enum FrontierBasis {
 /// the output column `alias`.
 ///
 /// ```
-/// use tidemark::operators::FrontierSpec;
+/// use tidemark_operators::FrontierSpec;
 /// let f = FrontierSpec::new("5 seconds", Some("window_time")).unwrap();
 /// assert_eq!(f.alias.as_ref(), "window_time");
 /// assert_eq!(FrontierSpec::default().alias.as_ref(), "__frontier");
@@ -108,7 +108,7 @@ impl FrontierSpec {
 /// lifetime (no range).
 ///
 /// ```
-/// use tidemark::operators::RollingMeasure;
+/// use tidemark_operators::RollingMeasure;
 /// let m = RollingMeasure::of("sum", "revenue").unwrap().over("1 hour").unwrap();
 /// assert_eq!(m.aggregate.output.as_ref(), "sum(revenue)");
 /// assert!(m.over("2 hours").is_err(), "one range per measure");
@@ -450,7 +450,7 @@ impl RollingWindow {
     /// the timestamp column `order_by`.
     ///
     /// ```
-    /// use tidemark::operators::{FrontierSpec, RollingMeasure, RollingWindow};
+    /// use tidemark_operators::{FrontierSpec, RollingMeasure, RollingWindow};
     /// let op = RollingWindow::new(
     ///     &["user_id"],
     ///     "event_time",
@@ -1323,7 +1323,7 @@ impl Operator for RollingWindow {
 mod tests {
     use super::*;
     use crate::aggregate::Aggregator;
-    use crate::operators::test_store::SharedStore;
+    use crate::test_store::SharedStore;
 
     /// A user aggregate: the number of even values.
     struct CountEven;

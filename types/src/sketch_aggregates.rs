@@ -60,7 +60,7 @@ impl Aggregator for ApproxCountDistinct {
     fn reduce(&self, acc: &mut HllAcc, input: &Value) {
         if !input.is_null() {
             acc.0
-                .update(crate::operators::encode_key(std::slice::from_ref(input)));
+                .update(crate::row::encode_key(std::slice::from_ref(input)));
         }
     }
     fn merge(&self, acc: &mut HllAcc, other: &HllAcc) {

@@ -1,0 +1,27 @@
+//! tidemark's vocabulary, shared by its operators, runtime and connectors:
+//! values and rows ([`row`]), schemas ([`schema`]), Spark SQL expressions
+//! ([`expr`]), timestamps and durations ([`time`], [`duration`]), windows
+//! ([`window`]), watermarks ([`watermark`]), aggregate functions
+//! ([`aggregate`], [`sketch_aggregates`]), typed rows ([`typed`]), records
+//! as they come from a source ([`record`]), progress reports
+//! ([`progress`]) and errors ([`error`]).
+//!
+//! Applications use these through the `tidemark` crate, which re-exports
+//! every module under the same name (`tidemark::row::Value`).
+#![deny(missing_docs)]
+
+pub mod aggregate;
+pub mod duration;
+pub mod error;
+pub mod expr;
+pub mod progress;
+pub mod record;
+pub mod row;
+pub mod schema;
+pub mod sketch_aggregates;
+pub mod time;
+pub mod typed;
+pub mod watermark;
+pub mod window;
+
+pub use error::{Error, Result};
