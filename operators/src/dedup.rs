@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tidemark_state::StateStore;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashMap<K, V> = crate::CacheMap<K, V>;
 
 /// Never evicted.
 const FOREVER: TimestampMicros = TimestampMicros::MAX;

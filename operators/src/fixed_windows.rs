@@ -10,7 +10,7 @@ use crate::row::Value;
 use crate::window::TimeWindow;
 use std::collections::BTreeMap;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashMap<K, V> = crate::CacheMap<K, V>;
 
 struct OpenWindow {
     window: TimeWindow,
@@ -56,16 +56,11 @@ impl FixedWindowState {
         window: TimeWindow,
         zeros: impl FnOnce() -> Vec<Accumulator>,
     ) -> &mut [Accumulator] {
-        if !self.keys.contains_key(key) {
-            self.keys.insert(
-                key.to_vec(),
-                KeyWindows {
-                    key_values: key_values(),
-                    windows: Vec::with_capacity(2),
-                },
-            );
-        }
-        let entry = self.keys.get_mut(key).expect("inserted above");
+        // One probe: the key is copied only when it is new.
+        let entry = self.keys.entry_ref(key).or_insert_with(|| KeyWindows {
+            key_values: key_values(),
+            windows: Vec::with_capacity(2),
+        });
         let position = match entry.windows.iter().position(|w| w.window == window) {
             Some(p) => p,
             None => {

@@ -176,8 +176,9 @@ pub trait Operator: Send {
     }
 }
 
-/// A bounded cache of keys, hashed with foldhash.
-pub(crate) type CacheMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// A bounded cache of keys, hashed with foldhash; hashbrown's map for
+/// `entry_ref`, which probes once and copies a key only when it is new.
+pub(crate) type CacheMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Shrinks a cache over its bound to `keep` entries, in a new map with room
 /// for `capacity`: a map emptied by removals keeps its tombstones, and every

@@ -27,7 +27,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use tidemark_state::StateStore;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashMap<K, V> = crate::CacheMap<K, V>;
 
 /// The store entry with the number of keys and of events stored.
 const COUNTS: &[u8] = b"N";

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tidemark_state::StateStore;
 
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashMap<K, V> = crate::CacheMap<K, V>;
 
 /// A stream–table join's settings.
 #[derive(Debug, Clone)]
