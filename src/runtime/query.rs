@@ -665,6 +665,31 @@ mod tests {
         assert_eq!(source.committed(), 3, "offsets commit after the sink");
     }
 
+    /// Epoch milliseconds near `i64::MAX` would overflow the window
+    /// arithmetic: such a record is a bad record, and the rest go on.
+    #[test]
+    fn an_event_time_outside_sparks_range_is_a_bad_record_not_a_panic() {
+        let query = counting(
+            "extreme",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .output_mode(OutputMode::Update)
+        .build()
+        .unwrap();
+        let mut source = VecSource::json_batches(vec![vec![
+            r#"{"t": 9223372036854775, "k": "far"}"#,
+            r#"{"t": -9223372036854775, "k": "early"}"#,
+            r#"{"t": "2026-01-01T00:10:00Z", "k": "a"}"#,
+        ]]);
+        let mut sink = CollectSink::default();
+        let summary = query.run(&mut source, &mut sink).unwrap();
+        assert_eq!(summary.bad_records, 2);
+        assert_eq!(sink.rows.len(), 1);
+        assert_eq!(sink.rows[0].get("k"), Some(&Value::Str("a".into())));
+        assert_eq!(source.committed(), 3);
+    }
+
     #[test]
     fn watermark_is_checkpointed_with_offsets_and_restored() {
         let build = || {

@@ -265,6 +265,17 @@ impl RecordRouter {
 }
 
 fn event_time_of(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
+    use crate::time::{MAX_TIMESTAMP_MICROS, MIN_TIMESTAMP_MICROS};
+    let t = event_time_value(row, column)?;
+    if !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&t) {
+        return Err(format!(
+            "event time {t} µs is outside the timestamps Spark supports (0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z)"
+        ));
+    }
+    Ok(t)
+}
+
+fn event_time_value(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
     match row.get(column) {
         Some(Value::Timestamp(t)) => Ok(*t),
         Some(Value::Long(ms)) => ms

@@ -5,6 +5,15 @@ use chrono::{DateTime, SecondsFormat, Utc};
 /// Microseconds since 1970-01-01T00:00:00Z.
 pub type TimestampMicros = i64;
 
+/// The earliest timestamp Spark supports, `0001-01-01T00:00:00Z`.
+pub const MIN_TIMESTAMP_MICROS: TimestampMicros = -62_135_596_800_000_000;
+
+/// The latest timestamp Spark supports, `9999-12-31T23:59:59.999999Z`.
+/// Event times are held within these bounds, so that window and watermark
+/// arithmetic on them (sizes and delays of up to thousands of years) never
+/// overflows.
+pub const MAX_TIMESTAMP_MICROS: TimestampMicros = 253_402_300_799_999_999;
+
 /// Parses an RFC 3339 timestamp (`2026-01-01T10:00:00Z`) into microseconds.
 ///
 /// ```
