@@ -605,14 +605,16 @@ impl StreamJoin {
         let time = match row.get(self.time_column(side)) {
             Some(Value::Timestamp(t)) => *t,
             _ => {
-                return Err(Error::Source(format!(
-                    "join: the {} event-time column `{}` is missing or not a timestamp",
-                    match side {
-                        Side::Left => "left",
-                        Side::Right => "right",
-                    },
-                    self.time_column(side)
-                )))
+                return Err(Error::bad_row(
+                    self.time_column(side).to_string(),
+                    format!(
+                        "join: the {} event-time column is missing or not a timestamp",
+                        match side {
+                            Side::Left => "left",
+                            Side::Right => "right",
+                        }
+                    ),
+                ))
             }
         };
         if ctx.late_threshold > 0 && time <= ctx.late_threshold {

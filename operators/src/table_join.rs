@@ -136,10 +136,13 @@ impl TableJoin {
 
     fn upsert(&mut self, row: Row) -> Result<()> {
         let Some(key) = record_key(&row, &self.spec.table_keys) else {
-            return Err(Error::Source(format!(
-                "table `{}`: a row without its key {:?}",
-                self.spec.table_name, self.spec.table_keys
-            )));
+            return Err(Error::bad_row(
+                "<key>",
+                format!(
+                    "table `{}`: a row without its key {:?}",
+                    self.spec.table_name, self.spec.table_keys
+                ),
+            ));
         };
         self.columns_changed |= learn_columns(&mut self.columns, &row);
         self.rows_updated += 1;
@@ -361,10 +364,13 @@ impl Operator for TableJoin {
 
     fn on_input_tombstone(&mut self, _input: usize, key: &[u8]) -> Result<()> {
         let key = std::str::from_utf8(key).map_err(|_| {
-            Error::Source(format!(
-                "table `{}`: a tombstone whose key is not UTF-8 text",
-                self.spec.table_name
-            ))
+            Error::bad_row(
+                "<key>",
+                format!(
+                    "table `{}`: a tombstone whose key is not UTF-8 text",
+                    self.spec.table_name
+                ),
+            )
         })?;
         self.delete(key)
     }

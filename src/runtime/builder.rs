@@ -247,7 +247,9 @@ impl GlobalTable {
                         }
                         None => Err(format!("the key columns {:?} are missing", self.keys)),
                     },
-                    Err(e) => Err(e.to_string()),
+                    Err(e) if e.is_bad_data() => Err(e.to_string()),
+                    // A registry outage is not the record's fault.
+                    Err(e) => return Err(e),
                 },
             };
             if let Err(reason) = applied {

@@ -690,6 +690,54 @@ mod tests {
         assert_eq!(source.committed(), 3);
     }
 
+    /// A step failing on a row's data sends that record to the dead-letter
+    /// output and goes on; a step failing on its infrastructure (here a
+    /// disk error) fails the batch: nothing is dead-lettered, no offset is
+    /// committed, and the batch is replayed by whoever restarts the query.
+    #[test]
+    fn bad_data_is_dead_lettered_but_an_infrastructure_error_holds_the_batch() {
+        use crate::operators::MapRows;
+        let query = || {
+            Query::builder("infra")
+                .step(|| {
+                    Box::new(MapRows::new("Check", |row: Row| match row.get("k") {
+                        Some(Value::Str(k)) if &**k == "bad" => {
+                            Err(Error::bad_row("k", "`bad` is not a key"))
+                        }
+                        Some(Value::Str(k)) if &**k == "disk" => Err(Error::io(
+                            "writing state",
+                            std::io::Error::other("no space left on device"),
+                        )),
+                        _ => Ok(vec![row]),
+                    }))
+                })
+                .trigger(Trigger::AvailableNow)
+                .build()
+                .unwrap()
+        };
+        let mut source = VecSource::json_batches(vec![vec![
+            r#"{"k": "a"}"#,
+            r#"{"k": "bad"}"#,
+            r#"{"k": "b"}"#,
+        ]]);
+        let mut sink = CollectSink::default();
+        let summary = query().run(&mut source, &mut sink).unwrap();
+        assert_eq!((summary.bad_records, sink.rows.len()), (1, 2));
+        assert_eq!(source.committed(), 3);
+
+        let mut source = VecSource::json_batches(vec![vec![
+            r#"{"k": "a"}"#,
+            r#"{"k": "disk"}"#,
+            r#"{"k": "b"}"#,
+        ]]);
+        let mut sink = CollectSink::default();
+        let e = query().run(&mut source, &mut sink).unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        assert!(!e.is_bad_data());
+        assert_eq!(source.committed(), 0, "the batch is not committed");
+        assert!(sink.rows.is_empty(), "{:?}", sink.rows);
+    }
+
     #[test]
     fn watermark_is_checkpointed_with_offsets_and_restored() {
         let build = || {

@@ -146,19 +146,23 @@ impl RecordRouter {
         tables.into_iter().chain(rest).collect()
     }
 
-    /// A bad record goes to the dead-letter output; anything else the
-    /// dead-letter output fails with stops the batch.
+    /// A bad record goes to the dead-letter output; any other error (and
+    /// anything the dead-letter output fails with) stops the batch.
     fn dead_letter_on_error(
         &mut self,
         record: &Record,
         result: Result<()>,
         routed: &mut RoutedBatch,
     ) -> Result<()> {
-        if let Err(error) = result {
-            routed.bad_records += 1;
-            self.dead_letter.send(record, &error)?;
+        match result {
+            Err(error @ Error::BadRecord { .. }) => {
+                routed.bad_records += 1;
+                self.dead_letter.send(record, &error)
+            }
+            // State, disk, registry: not the record's fault. The batch
+            // fails, its offsets stay, and it is replayed.
+            other => other,
         }
-        Ok(())
     }
 
     /// A marker moves the watermark of its stream by its origin's progress.
@@ -208,7 +212,9 @@ impl RecordRouter {
         let input = self.inputs.get(input_index);
         if record.value.is_none() && input.table {
             return match record.key.as_deref() {
-                Some(key) => task.push_tombstone(input_index, key),
+                Some(key) => task
+                    .push_tombstone(input_index, key)
+                    .map_err(|e| with_position(e, record)),
                 None => Err(Error::BadRecord {
                     position: record.position.clone(),
                     field: "<key>".into(),
@@ -231,14 +237,7 @@ impl RecordRouter {
         } else {
             task.push_input(input_index, row, contexts, &mut routed.outputs)
         };
-        pushed.map_err(|e| match e {
-            Error::BadRecord { .. } => e,
-            other => Error::BadRecord {
-                position: record.position.clone(),
-                field: "<step>".into(),
-                reason: other.to_string(),
-            },
-        })
+        pushed.map_err(|e| with_position(e, record))
     }
 
     /// The event time of `row`, normalised in place to a timestamp: RFC 3339
@@ -261,6 +260,25 @@ impl RecordRouter {
         })?;
         row.set(column.clone(), Value::Timestamp(t));
         Ok(t)
+    }
+}
+
+/// A step's verdict on a row's data, as a bad record naming `record`;
+/// any other error (state, disk) is returned as it is: not the record's
+/// fault.
+fn with_position(error: Error, record: &Record) -> Error {
+    match error {
+        Error::BadRow { field, reason } => Error::BadRecord {
+            position: record.position.clone(),
+            field,
+            reason,
+        },
+        Error::Expression { .. } => Error::BadRecord {
+            position: record.position.clone(),
+            field: "<step>".into(),
+            reason: error.to_string(),
+        },
+        other => other,
     }
 }
 

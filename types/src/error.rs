@@ -26,7 +26,17 @@ pub enum Error {
         /// Why it was refused.
         reason: String,
     },
-    /// An expression could not be parsed.
+    /// A step could not evaluate a row (a missing key, a column of the
+    /// wrong type): bad data, which the router reports as a
+    /// [`Error::BadRecord`] naming the record.
+    #[error("field `{field}`: {reason}")]
+    BadRow {
+        /// The column (or `<step>`).
+        field: String,
+        /// Why the row was refused.
+        reason: String,
+    },
+    /// An expression could not be parsed (or, on a row, evaluated).
     #[error("invalid expression `{expression}`: {reason}")]
     Expression {
         /// The expression text.
@@ -66,6 +76,25 @@ impl Error {
             key: key.into(),
             reason: reason.into(),
         }
+    }
+
+    /// Shorthand for [`Error::BadRow`].
+    pub fn bad_row(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::BadRow {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether the error is about the data of one record (it goes to the
+    /// dead-letter output and the query goes on) rather than about the
+    /// infrastructure — state, disk, broker, registry — which holds the
+    /// batch back: its offsets are not committed and it is replayed.
+    pub fn is_bad_data(&self) -> bool {
+        matches!(
+            self,
+            Error::BadRecord { .. } | Error::BadRow { .. } | Error::Expression { .. }
+        )
     }
 
     /// Shorthand for [`Error::Io`].

@@ -42,31 +42,64 @@ impl AvroDecoder {
         }
     }
 
-    fn schema(&mut self, id: u32) -> std::result::Result<Arc<AvroSchema>, String> {
+    /// The writer schema `id`: known, or fetched from the registry. An
+    /// id the registry does not know is the record's fault
+    /// ([`SchemaLookup::Unknown`]); a registry that cannot answer is not
+    /// ([`SchemaLookup::Unavailable`]: the batch is held back).
+    fn schema(&mut self, id: u32) -> std::result::Result<Arc<AvroSchema>, SchemaLookup> {
         if let Some(s) = self.schemas.get(&id) {
             return Ok(s.clone());
         }
         let Some(registry) = &self.registry else {
-            return Err(format!(
+            return Err(SchemaLookup::Unknown(format!(
                 "unknown schema id {id} (no schema registry configured)"
-            ));
+            )));
         };
         let url = format!("{registry}/schemas/ids/{id}");
-        let response: serde_json::Value = ureq::get(&url)
+        let response: serde_json::Value = match ureq::get(&url)
             .timeout(std::time::Duration::from_secs(10))
             .call()
-            .map_err(|e| format!("unknown schema id {id}: registry {url}: {e}"))?
-            .into_json()
-            .map_err(|e| format!("schema id {id}: registry answer is not JSON: {e}"))?;
+        {
+            Ok(response) => response,
+            Err(ureq::Error::Status(404, _)) => {
+                return Err(SchemaLookup::Unknown(format!(
+                    "unknown schema id {id}: the schema registry does not have it"
+                )))
+            }
+            Err(e) => {
+                return Err(SchemaLookup::Unavailable(format!(
+                    "schema registry unavailable fetching schema id {id}: {}",
+                    e.kind()
+                )))
+            }
+        }
+        .into_json()
+        .map_err(|e| {
+            SchemaLookup::Unavailable(format!("schema id {id}: registry answer is not JSON: {e}"))
+        })?;
         let text = response
             .get("schema")
             .and_then(|s| s.as_str())
-            .ok_or_else(|| format!("schema id {id}: registry answer has no `schema`"))?;
-        let schema =
-            Arc::new(AvroSchema::parse_str(text).map_err(|e| format!("schema id {id}: {e}"))?);
+            .ok_or_else(|| {
+                SchemaLookup::Unavailable(format!(
+                    "schema id {id}: registry answer has no `schema`"
+                ))
+            })?;
+        let schema = Arc::new(
+            AvroSchema::parse_str(text)
+                .map_err(|e| SchemaLookup::Unknown(format!("schema id {id}: {e}")))?,
+        );
         self.schemas.insert(id, schema.clone());
         Ok(schema)
     }
+}
+
+/// Why a writer schema could not be had.
+enum SchemaLookup {
+    /// The id is not known: the record is bad.
+    Unknown(String),
+    /// The registry did not answer: the batch waits for it.
+    Unavailable(String),
 }
 
 fn bad(position: &SourcePosition, field: &str, reason: String) -> Error {
@@ -108,9 +141,10 @@ impl Decoder for AvroDecoder {
             ));
         }
         let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-        let schema = self
-            .schema(id)
-            .map_err(|r| bad(position, "<schema id>", r))?;
+        let schema = self.schema(id).map_err(|lookup| match lookup {
+            SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
+            SchemaLookup::Unavailable(reason) => Error::Source(reason),
+        })?;
         let reader = GenericDatumReader::builder(&schema)
             .build()
             .map_err(|e| bad(position, "<value>", format!("schema id {id}: {e}")))?;
@@ -289,5 +323,27 @@ mod tests {
             err.contains("t/1@9") && err.contains("unknown schema id 8"),
             "{err}"
         );
+    }
+
+    /// A registry that does not answer is not the record's fault: the
+    /// decoder fails with a source error (the batch is held back), and its
+    /// text does not carry the registry's URL (which may hold credentials).
+    #[test]
+    fn an_unreachable_registry_is_an_infrastructure_error_not_a_bad_record() {
+        // A port nothing listens on: the connection is refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://user:secret@{}", closed.local_addr().unwrap());
+        drop(closed);
+        let mut decoder = AvroDecoder::new(HashMap::new(), Some(url));
+        let record = Record {
+            value: Some(vec![0, 0, 0, 0, 3, 2, b'a']),
+            position: SourcePosition::new("t", 0, 1),
+            ..Default::default()
+        };
+        let err = decoder.decode(&record).unwrap_err();
+        assert!(matches!(err, Error::Source(_)), "{err}");
+        assert!(!err.is_bad_data());
+        assert!(!err.to_string().contains("secret"), "{err}");
+        assert!(err.to_string().contains("schema id 3"), "{err}");
     }
 }
