@@ -26,17 +26,16 @@ pub enum WatermarkPolicy {
     Max,
 }
 
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+/// One input partition's progress (checkpointed by [`checkpoint_inputs`]).
+#[derive(Debug, Clone)]
 struct InputProgress {
     max_event_time: TimestampMicros,
     last_active_processing_time: TimestampMicros,
     /// This input's own delay (a join's second stream has its own
     /// `withWatermark`); `None`: the tracker's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     delay_micros: Option<i64>,
     /// The query input (stream) this partition belongs to, for progress
     /// and for the `min` rule on streams that never delivered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     stream: Option<String>,
 }
 
@@ -63,6 +62,7 @@ pub struct WatermarkTracker {
     delay_micros: i64,
     policy: WatermarkPolicy,
     idle_timeout_micros: Option<i64>,
+    #[serde(with = "checkpoint_inputs")]
     inputs: BTreeMap<String, InputProgress>,
     /// Streams expected to deliver: under `min`, one that has delivered
     /// nothing yet counts as watermark 0 (Spark) and holds the rest back.
@@ -281,11 +281,141 @@ impl WatermarkTracker {
     }
 }
 
+/// The inputs' progress as checkpointed: grouped by topic, each partition
+/// an array `[max event time, last active, delay, stream]` with absent
+/// trailing values left out, about 40 bytes a partition where named fields
+/// per `topic/partition` took 115. The checkpoint rides in Kafka's
+/// offset-commit metadata, which brokers cap at 4 KiB by default
+/// (`offset.metadata.max.bytes`), and a repartition reader's watermark
+/// holds every input partition upstream: about 90 fit. Checkpoints written
+/// with named fields per input still read.
+mod checkpoint_inputs {
+    use super::InputProgress;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::{json, Value};
+    use std::collections::BTreeMap;
+
+    pub(super) fn serialize<S: Serializer>(
+        inputs: &BTreeMap<String, InputProgress>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut topics: BTreeMap<&str, serde_json::Map<String, Value>> = BTreeMap::new();
+        for (origin, p) in inputs {
+            let (topic, partition) = origin.rsplit_once('/').unwrap_or((origin, ""));
+            let mut fields = vec![
+                json!(p.max_event_time),
+                json!(p.last_active_processing_time),
+            ];
+            if p.delay_micros.is_some() || p.stream.is_some() {
+                fields.push(json!(p.delay_micros));
+            }
+            if let Some(stream) = &p.stream {
+                fields.push(json!(stream));
+            }
+            topics
+                .entry(topic)
+                .or_default()
+                .insert(partition.to_string(), Value::Array(fields));
+        }
+        topics.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, InputProgress>, D::Error> {
+        let Value::Object(entries) = Value::deserialize(d)? else {
+            return Err(serde::de::Error::custom("inputs: expected a map"));
+        };
+        let mut inputs = BTreeMap::new();
+        for (key, value) in entries {
+            if value.get("max_event_time").is_some() {
+                // Named fields per `topic/partition`, as first written.
+                inputs.insert(key, named(&value).map_err(serde::de::Error::custom)?);
+                continue;
+            }
+            let Value::Object(partitions) = value else {
+                return Err(serde::de::Error::custom(format!(
+                    "inputs of `{key}`: expected a map"
+                )));
+            };
+            for (partition, fields) in partitions {
+                let origin = match partition.as_str() {
+                    "" => key.clone(),
+                    p => format!("{key}/{p}"),
+                };
+                let progress = compact(&fields).map_err(serde::de::Error::custom)?;
+                inputs.insert(origin, progress);
+            }
+        }
+        Ok(inputs)
+    }
+
+    fn named(v: &Value) -> Result<InputProgress, String> {
+        let time = |name: &str| v.get(name).and_then(Value::as_i64);
+        Ok(InputProgress {
+            max_event_time: time("max_event_time").ok_or("max_event_time")?,
+            last_active_processing_time: time("last_active_processing_time")
+                .ok_or("last_active_processing_time")?,
+            delay_micros: time("delay_micros"),
+            stream: v.get("stream").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+
+    fn compact(v: &Value) -> Result<InputProgress, String> {
+        let time = |i: usize| v.get(i).and_then(Value::as_i64);
+        let (Some(max_event_time), Some(last_active_processing_time)) = (time(0), time(1)) else {
+            return Err(format!("an input's progress needs two times, got {v}"));
+        };
+        Ok(InputProgress {
+            max_event_time,
+            last_active_processing_time,
+            delay_micros: time(2),
+            stream: v.get(3).and_then(Value::as_str).map(str::to_string),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MIN: i64 = 60_000_000;
+
+    /// A repartition reader's tracker holds every input partition upstream:
+    /// 64 of them, with a 20-character topic name and real times, fit in
+    /// Kafka's default 4 KiB of commit metadata with room to spare, and a
+    /// checkpoint written with named fields still restores.
+    #[test]
+    fn a_checkpoint_of_many_inputs_fits_kafkas_commit_metadata_and_old_ones_read() {
+        let now = 1_767_225_600_000_000;
+        let mut wm = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None);
+        for p in 0..64 {
+            wm.observe(&format!("orders-events-2026/{p}"), now + p * 1_000_123, now);
+        }
+        wm.finish_batch(now);
+        let text = serde_json::to_string(&wm).unwrap();
+        assert!(text.len() < 3 * 1024, "{} bytes", text.len());
+        let back: WatermarkTracker = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+
+        let named = r#"{"delay_micros":600000000,"policy":"min","idle_timeout_micros":null,
+            "inputs":{"in/0":{"max_event_time":1800000000,"last_active_processing_time":5,
+                              "delay_micros":60000000,"stream":"clicks"}},
+            "in_effect":1200000000,"previous":0}"#;
+        let old: WatermarkTracker = serde_json::from_str(named).unwrap();
+        let input = &old.inputs["in/0"];
+        assert_eq!(
+            (input.max_event_time, input.last_active_processing_time),
+            (1_800_000_000, 5)
+        );
+        assert_eq!(
+            (input.delay_micros, input.stream.as_deref()),
+            (Some(60_000_000), Some("clicks"))
+        );
+        let again: WatermarkTracker =
+            serde_json::from_str(&serde_json::to_string(&old).unwrap()).unwrap();
+        assert_eq!(again.inputs["in/0"].stream.as_deref(), Some("clicks"));
+    }
 
     #[test]
     fn lags_one_batch_and_never_moves_back() {
