@@ -204,3 +204,52 @@ fn avro_schemas_come_from_the_registry_and_unknown_ids_are_dead_letters() {
     let v: serde_json::Value = serde_json::from_slice(out[9].value.as_deref().unwrap()).unwrap();
     assert_eq!(v, serde_json::json!({"sensor": "s1", "value": 9.0}));
 }
+
+/// A topic that does not exist is a configuration error, reported once its
+/// metadata has had time to appear, not a consumer error logged forever.
+#[test]
+fn a_topic_that_does_not_exist_fails_the_query_with_its_name() {
+    let missing = unique("never-created");
+    let query = Query::builder("missing")
+        .trigger(Trigger::MicroBatch {
+            interval: Duration::from_millis(200),
+        })
+        .build()
+        .unwrap();
+    let stop = query.stop_handle();
+    let watchdog = std::thread::spawn(move || {
+        // The test fails rather than hangs if the error never comes.
+        std::thread::sleep(Duration::from_secs(90));
+        stop.stop();
+    });
+    let started = Instant::now();
+    let mut sink = tidemark::runtime::testing::CollectSink::default();
+    let result = query.run(&mut source(&missing, &unique("missing-app")), &mut sink);
+    let e = result.expect_err("a missing topic must fail the query");
+    assert!(
+        matches!(e, tidemark::error::Error::Config { .. }),
+        "{e} after {:?}",
+        started.elapsed()
+    );
+    assert!(e.to_string().contains(&missing), "{e}");
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    assert!(!tidemark_connectors::is_transient(&e));
+    drop(watchdog);
+}
+
+/// Available-now on a topic that does not exist fails the same way,
+/// rather than ending as if the topic were empty.
+#[test]
+fn available_now_on_a_topic_that_does_not_exist_fails_too() {
+    let missing = unique("never-created-an");
+    let query = Query::builder("missing-an")
+        .trigger(Trigger::AvailableNow)
+        .build()
+        .unwrap();
+    let mut sink = tidemark::runtime::testing::CollectSink::default();
+    let e = query
+        .run(&mut source(&missing, &unique("missing-an-app")), &mut sink)
+        .expect_err("a missing topic must fail the query");
+    assert!(matches!(e, tidemark::error::Error::Config { .. }), "{e}");
+    assert!(e.to_string().contains(&missing), "{e}");
+}

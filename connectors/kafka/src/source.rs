@@ -123,6 +123,46 @@ pub struct KafkaSource {
     topic_names: Vec<Arc<str>>,
     /// The next batch replays up to these offsets (see `replay_until`).
     replaying: bool,
+    /// When the consumer subscribed: a topic still unknown a while later
+    /// does not exist.
+    subscribed_at: Instant,
+    /// The consumer said a subscribed topic is unknown: its metadata is
+    /// looked up once the grace has passed (librdkafka says so only once
+    /// per metadata refresh, every few minutes).
+    unknown_topic_reported: bool,
+}
+
+/// How long a subscribed topic may stay unknown (metadata not yet
+/// propagated after its creation) before it is taken not to exist.
+const UNKNOWN_TOPIC_GRACE: Duration = Duration::from_secs(15);
+
+/// A consumer error no retry can mend, as a configuration error naming the
+/// key to fix: a topic that does not exist, or credentials the cluster
+/// refuses. Anything else (a broker down, a timeout) is for retrying.
+/// Whether the consumer error says a subscribed topic is unknown.
+fn is_unknown_topic(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(Code::UnknownTopicOrPartition | Code::UnknownTopic)
+    )
+}
+
+fn fatal_consumer_error(error: &rdkafka::error::KafkaError, topics: &[String]) -> Option<Error> {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    match error.rdkafka_error_code()? {
+        Code::TopicAuthorizationFailed
+        | Code::GroupAuthorizationFailed
+        | Code::ClusterAuthorizationFailed => Some(Error::config(
+            "source.properties",
+            format!("the cluster refuses this client access to {topics:?} or its group: {error}"),
+        )),
+        Code::SaslAuthenticationFailed | Code::Authentication => Some(Error::config(
+            "source.properties",
+            format!("the cluster refused this client's credentials: {error}"),
+        )),
+        _ => None,
+    }
 }
 
 impl KafkaSource {
@@ -170,6 +210,8 @@ impl KafkaSource {
             end_offsets: None,
             topic_names: Vec::new(),
             replaying: false,
+            subscribed_at: Instant::now(),
+            unknown_topic_reported: false,
         })
     }
 
@@ -255,10 +297,49 @@ impl KafkaSource {
             .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))
     }
 
+    /// After the consumer called a subscribed topic unknown and the grace
+    /// has passed, asks the cluster: a topic it does not have is a
+    /// configuration error naming it.
+    fn check_unknown_topics(&mut self) -> Result<()> {
+        if !self.unknown_topic_reported || self.subscribed_at.elapsed() < UNKNOWN_TOPIC_GRACE {
+            return Ok(());
+        }
+        self.unknown_topic_reported = false;
+        for topic in &self.config.topics {
+            let metadata = self
+                .consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .map_err(|e| Error::Source(format!("metadata of {topic}: {e}")))?;
+            let missing = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .is_none_or(|t| t.error().is_some() || t.partitions().is_empty());
+            if missing {
+                return Err(Error::config(
+                    "source.topic",
+                    format!(
+                        "the topic `{topic}` does not exist (still unknown {} s after subscribing): create it or name another",
+                        UNKNOWN_TOPIC_GRACE.as_secs()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Polls until the group assigned partitions to this member.
     fn join(&mut self, deadline: Instant) -> Result<()> {
         while self.assigned().is_empty() && Instant::now() < deadline {
+            self.check_unknown_topics()?;
             if let Some(Err(e)) = self.consumer.poll(Duration::from_millis(50)) {
+                if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
+                    return Err(fatal);
+                }
+                if is_unknown_topic(&e) {
+                    self.unknown_topic_reported = true;
+                    continue;
+                }
                 return Err(Error::Source(format!("while joining the group: {e}")));
             }
         }
@@ -361,6 +442,7 @@ impl Source for KafkaSource {
     }
 
     fn next_batch(&mut self, request: &BatchRequest) -> Result<SourceBatch> {
+        self.check_unknown_topics()?;
         if request.available_now && self.end_offsets.is_none() {
             self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
         }
@@ -399,6 +481,11 @@ impl Source for KafkaSource {
                 None if request.return_early && !records.is_empty() => break,
                 None => continue,
                 Some(Err(e)) => {
+                    if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
+                        return Err(fatal);
+                    }
+                    self.unknown_topic_reported |= is_unknown_topic(&e);
+                    self.check_unknown_topics()?;
                     tracing::warn!(error = %e, "Kafka consumer error; retrying");
                     continue;
                 }
