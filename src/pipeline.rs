@@ -81,6 +81,11 @@ pub struct PipelineFile {
     /// Caps the records of one batch.
     #[serde(default)]
     pub max_records_per_batch: Option<usize>,
+    /// How long a stage may keep failing with errors worth retrying (a
+    /// broker down, a fenced transaction) before the run gives up and
+    /// fails (Kafka Streams' `task.timeout.ms`); default 5 minutes.
+    #[serde(default)]
+    pub task_timeout: Option<DurationSpec>,
     /// `{prometheus: "127.0.0.1:9000"}` serves metrics over HTTP.
     #[serde(default)]
     pub metrics: Option<MetricsSpec>,

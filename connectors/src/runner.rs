@@ -45,6 +45,11 @@ pub struct PipelineRunner {
 /// backoffs.
 const FAILURE_STREAK_RESET: Duration = Duration::from_secs(60);
 
+/// How long a stage may keep failing before the run gives up, unless the
+/// pipeline says otherwise (`task_timeout`; Kafka Streams'
+/// `task.timeout.ms` is 5 minutes too).
+pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
+
 impl PipelineRunner {
     /// A runner for `file`, whose relative paths (state directory, files
     /// source and sink, schemas) resolve against `base`.
@@ -115,7 +120,8 @@ impl PipelineRunner {
         co_partitioned: bool,
         identity: &Arc<InstanceIdentity>,
     ) -> Result<RunSummary> {
-        retry_transient(name, &self.stop, || {
+        let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);
+        retry_transient(name, &self.stop, timeout, || {
             // The stage is planned afresh for each run: its operators and
             // connectors are built anew from the file.
             let stage = self
@@ -191,13 +197,17 @@ pub(crate) fn run_stages(
 
 /// Calls `run` until it succeeds, fails for good, or `stop` is stopped,
 /// backing off between transient failures (500 ms doubling to 32 s; a run
-/// that lasted a minute starts a new streak).
+/// that lasted a minute starts a new streak). A streak of failures longer
+/// than `give_up_after` is the run's failure: the process reports it
+/// (`tidemark run` exits non-zero) instead of warning for ever.
 pub(crate) fn retry_transient(
     stage: &str,
     stop: &StopHandle,
+    give_up_after: Duration,
     mut run: impl FnMut() -> Result<RunSummary>,
 ) -> Result<RunSummary> {
     let mut failures = 0u32;
+    let mut failing_since: Option<Instant> = None;
     loop {
         let started = Instant::now();
         match run() {
@@ -207,6 +217,12 @@ pub(crate) fn retry_transient(
                 // is not the seventh in a row.
                 if started.elapsed() > FAILURE_STREAK_RESET {
                     failures = 0;
+                    failing_since = None;
+                }
+                let since = *failing_since.get_or_insert(started);
+                if since.elapsed() >= give_up_after {
+                    tracing::error!(stage, error = %e, failing_for_s = since.elapsed().as_secs(), "no progress within task_timeout; giving up");
+                    return Err(e);
                 }
                 failures += 1;
                 let backoff = Duration::from_millis(500 * 2u64.pow(failures.min(6)));
@@ -222,4 +238,33 @@ pub(crate) fn retry_transient(
 /// errors will fail the same way again.
 pub fn is_transient(error: &Error) -> bool {
     !matches!(error, Error::Config { .. } | Error::Expression { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stage that keeps failing with a retryable error fails the run once
+    /// the streak outlasts the task timeout; a configuration error at once.
+    #[test]
+    fn a_failure_streak_longer_than_the_task_timeout_fails_the_run() {
+        let stop = StopHandle::default();
+        let mut attempts = 0;
+        let started = Instant::now();
+        let e = retry_transient("s", &stop, Duration::from_millis(1500), || {
+            attempts += 1;
+            Err(Error::Source("broker down".into()))
+        })
+        .unwrap_err();
+        assert!(matches!(e, Error::Source(_)), "{e}");
+        assert!(attempts >= 2, "{attempts}");
+        assert!(started.elapsed() >= Duration::from_millis(1500));
+        let mut attempts = 0;
+        retry_transient("s", &stop, Duration::from_secs(60), || {
+            attempts += 1;
+            Err(Error::config("source.topic", "no such topic"))
+        })
+        .unwrap_err();
+        assert_eq!(attempts, 1);
+    }
 }

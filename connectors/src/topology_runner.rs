@@ -38,6 +38,7 @@ use crate::from_pipeline::{check_co_partitioned, repartition_sink, stage_source_
 use crate::kafka::{KafkaSource, KafkaSourceConfig};
 use crate::runner::{retry_transient, run_stages};
 use std::sync::Arc;
+use std::time::Duration;
 use tidemark::error::Result;
 use tidemark::runtime::{
     QueryBuilder, RunSummary, Sink, Stage, StageInput, StageOutput, StopHandle,
@@ -61,6 +62,7 @@ pub struct TopologyRunner {
     input: KafkaSourceConfig,
     sink: SinkFactory,
     stop: StopHandle,
+    task_timeout: Duration,
 }
 
 impl TopologyRunner {
@@ -76,7 +78,15 @@ impl TopologyRunner {
             input,
             sink: Arc::new(sink),
             stop: StopHandle::default(),
+            task_timeout: crate::runner::DEFAULT_TASK_TIMEOUT,
         }
+    }
+
+    /// How long a stage may keep failing with errors worth retrying before
+    /// the run fails (default 5 minutes, as Kafka Streams' `task.timeout.ms`).
+    pub fn task_timeout(mut self, timeout: Duration) -> Self {
+        self.task_timeout = timeout;
+        self
     }
 
     /// Stops every stage after its current batch when `stop` is stopped.
@@ -119,7 +129,7 @@ impl TopologyRunner {
         }
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, trigger, &self.stop, |index| {
-            retry_transient(&names[index], &self.stop, || {
+            retry_transient(&names[index], &self.stop, self.task_timeout, || {
                 let stage = (self.query)()?.into_topology().stages.swap_remove(index);
                 self.run_once(stage)
             })
