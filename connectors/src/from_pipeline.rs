@@ -173,17 +173,26 @@ pub fn connect_stage(
         )?,
     };
     let late_data = match &file.late_data {
-        Some(spec) if writes_sink => Some(build_sink(
-            spec,
-            file,
-            base_dir,
-            &source_bootstrap,
-            None,
-            real_time,
-        )?),
+        Some(spec) if writes_sink => {
+            // In the batch's transaction when it writes to the source's
+            // cluster (a transaction spans one cluster).
+            let same_cluster = spec
+                .bootstrap
+                .as_ref()
+                .is_none_or(|b| *b == source_bootstrap);
+            let transactions = transactions.as_ref().filter(|_| same_cluster);
+            Some(build_sink(
+                spec,
+                file,
+                base_dir,
+                &source_bootstrap,
+                transactions,
+                real_time,
+            )?)
+        }
         _ => None,
     };
-    let dead_letter = build_dead_letter(file, base_dir, &source_bootstrap)?;
+    let dead_letter = build_dead_letter(file, base_dir, &source_bootstrap, transactions.as_ref())?;
     let state_backend = match writes_sink {
         true => build_state_backend(
             file,
@@ -404,20 +413,25 @@ fn build_dead_letter(
     file: &PipelineFile,
     base_dir: &Path,
     source_bootstrap: &str,
+    transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn DeadLetter>> {
+    // Under exactly-once, dead letters go out in the batch's transaction.
+    let kafka = |topic: &str| -> Result<Box<dyn DeadLetter>> {
+        let dead_letter = KafkaDeadLetter::new(source_bootstrap, topic)?;
+        Ok(match transactions {
+            Some(t) => Box::new(dead_letter.with_transactions(t.clone())),
+            None => Box::new(dead_letter),
+        })
+    };
     Ok(match (&file.dead_letter, file.source.kind) {
-        (Some(d), _) if d.kind == DeadLetterKind::Kafka => Box::new(KafkaDeadLetter::new(
-            source_bootstrap,
-            d.topic.as_deref().unwrap_or_default(),
-        )?),
+        (Some(d), _) if d.kind == DeadLetterKind::Kafka => {
+            kafka(d.topic.as_deref().unwrap_or_default())?
+        }
         (Some(d), _) => Box::new(FileDeadLetter::new(resolve(
             base_dir,
             d.path.as_deref().unwrap_or_default(),
         ))),
-        (None, SourceKind::Kafka) => Box::new(KafkaDeadLetter::new(
-            source_bootstrap,
-            &format!("{}-dlq", file.name),
-        )?),
+        (None, SourceKind::Kafka) => kafka(&format!("{}-dlq", file.name))?,
         (None, SourceKind::Files) => Box::new(FileDeadLetter::new(
             base_dir.join(format!("{}.dead-letter.jsonl", file.name)),
         )),

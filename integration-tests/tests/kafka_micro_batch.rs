@@ -253,3 +253,74 @@ fn available_now_on_a_topic_that_does_not_exist_fails_too() {
     assert!(matches!(e, tidemark::error::Error::Config { .. }), "{e}");
     assert!(e.to_string().contains(&missing), "{e}");
 }
+
+/// Under exactly-once the dead-letter output is part of the batch's
+/// transaction: a batch whose transaction fails leaves its dead letter
+/// invisible to `read_committed` readers (it is written again when the
+/// batch is replayed), where a dead-letter producer of its own would have
+/// published it at once.
+#[test]
+fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
+    use rdkafka::producer::{BaseProducer, Producer};
+    use tidemark_connectors::kafka::{KafkaDeadLetter, SharedTransactions};
+    let (input, output, dlq) = (unique("eo-dl-in"), unique("eo-dl-out"), unique("eo-dl-dlq"));
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    create_topic(&dlq, 1);
+    produce(
+        &input,
+        &[
+            ("k".into(), b"not json".to_vec()),
+            ("k".into(), br#"{"k": "fence"}"#.to_vec()),
+        ],
+    );
+    let transactional_id = unique("eo-dl-tx");
+    let transactions = SharedTransactions::new(&bootstrap(), &transactional_id).unwrap();
+    let fencing_id = transactional_id.clone();
+    let query = Query::builder("eo-dead-letters")
+        .dead_letter(
+            KafkaDeadLetter::new(&bootstrap(), &dlq)
+                .unwrap()
+                .with_transactions(transactions.clone()),
+        )
+        // After the bad record was dead-lettered, a newer producer with the
+        // same transactional id fences this one: the batch cannot commit.
+        .step(move || {
+            let fencing_id = fencing_id.clone();
+            Box::new(tidemark::operators::MapRows::new("Fence", move |row| {
+                let newer: BaseProducer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", bootstrap())
+                    .set("transactional.id", &fencing_id)
+                    .create()
+                    .unwrap();
+                newer.init_transactions(Duration::from_secs(30)).unwrap();
+                Ok(vec![row])
+            }))
+        })
+        .trigger(Trigger::AvailableNow)
+        .build()
+        .unwrap();
+    let mut source = source(&input, &unique("eo-dl-app")).with_transactions(transactions.clone());
+    let mut sink = KafkaSink::new(
+        &bootstrap(),
+        &output,
+        KeyColumns(Vec::new()),
+        ValueFormat::Json,
+        &Default::default(),
+    )
+    .unwrap()
+    .with_transactions(transactions);
+    let e = query.run(&mut source, &mut sink).unwrap_err();
+    assert!(!e.is_bad_data(), "{e}");
+    // Written, then aborted: only a read_uncommitted reader sees it.
+    assert_eq!(
+        consume_uncommitted(&dlq, Duration::from_secs(5)).len(),
+        1,
+        "the dead letter was written in the transaction"
+    );
+    assert!(
+        consume_all(&dlq, 1, Duration::from_secs(5)).is_empty(),
+        "an aborted batch's dead letter is not committed"
+    );
+    assert!(consume_all(&output, 1, Duration::from_secs(2)).is_empty());
+}

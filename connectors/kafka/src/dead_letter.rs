@@ -24,6 +24,8 @@ pub struct KafkaDeadLetter {
     topic: String,
     producer: ThreadedProducer<DeliveryTracker>,
     tracker: DeliveryTracker,
+    /// Exactly-once: dead letters are written in the batch's transaction.
+    transactions: Option<crate::SharedTransactions>,
 }
 
 impl KafkaDeadLetter {
@@ -34,7 +36,17 @@ impl KafkaDeadLetter {
             topic: topic.to_string(),
             producer,
             tracker,
+            transactions: None,
         })
+    }
+
+    /// Writes dead letters inside `transactions` (exactly-once): they
+    /// become visible to `read_committed` readers with the batch's output
+    /// and offsets, and a batch that aborts and is replayed leaves each of
+    /// its bad records once, not twice.
+    pub fn with_transactions(mut self, transactions: crate::SharedTransactions) -> Self {
+        self.transactions = Some(transactions);
+        self
     }
 }
 
@@ -75,11 +87,18 @@ impl DeadLetter for KafkaDeadLetter {
         if let Some(k) = record.key.as_deref() {
             out = out.key(k);
         }
+        if let Some(t) = &self.transactions {
+            return t.send(out);
+        }
         send_with_backpressure(&self.producer, out)
             .map_err(|e| Error::Sink(format!("dead-letter topic `{}`: {e}", self.topic)))
     }
 
     fn flush(&mut self) -> Result<()> {
+        if self.transactions.is_some() {
+            // The source commits the transaction, dead letters with it.
+            return Ok(());
+        }
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
         })?;
