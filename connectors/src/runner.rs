@@ -219,7 +219,9 @@ pub(crate) fn retry_transient(
                     failures = 0;
                     failing_since = None;
                 }
-                let since = *failing_since.get_or_insert(started);
+                // The streak's clock starts at its first failure, not at
+                // the start of a run that may have gone well for hours.
+                let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= give_up_after {
                     tracing::error!(stage, error = %e, failing_for_s = since.elapsed().as_secs(), "no progress within task_timeout; giving up");
                     return Err(e);
@@ -259,6 +261,18 @@ mod tests {
         assert!(matches!(e, Error::Source(_)), "{e}");
         assert!(attempts >= 2, "{attempts}");
         assert!(started.elapsed() >= Duration::from_millis(1500));
+        // One failure after a run that went well for longer than the
+        // timeout is retried, not the end of the run.
+        let mut attempts = 0;
+        let summary = retry_transient("s", &stop, Duration::from_millis(100), || {
+            attempts += 1;
+            if attempts == 1 {
+                std::thread::sleep(Duration::from_millis(300));
+                return Err(Error::Source("one broker blip".into()));
+            }
+            Ok(RunSummary::default())
+        });
+        assert!(summary.is_ok(), "{summary:?}");
         let mut attempts = 0;
         retry_transient("s", &stop, Duration::from_secs(60), || {
             attempts += 1;

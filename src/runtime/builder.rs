@@ -259,7 +259,7 @@ impl GlobalTable {
                     field: "<table>".into(),
                     reason,
                 };
-                dead_letter.send(record, &error)?;
+                dead_letter.send_between_batches(record, &error)?;
             }
         }
         Ok(bad)

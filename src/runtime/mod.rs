@@ -164,6 +164,13 @@ pub trait DeadLetter: Send {
     fn send(&mut self, record: &Record, error: &Error) -> Result<()>;
     /// Makes the sent records durable; called before source offsets commit.
     fn flush(&mut self) -> Result<()>;
+    /// Sends a failed record read between batches (a global table's
+    /// catch-up), durably before it returns: no batch (and under
+    /// exactly-once no transaction) may follow to carry it.
+    fn send_between_batches(&mut self, record: &Record, error: &Error) -> Result<()> {
+        self.send(record, error)?;
+        self.flush()
+    }
 }
 
 impl<T: Decoder + ?Sized> Decoder for Box<T> {
@@ -199,6 +206,9 @@ impl<T: DeadLetter + ?Sized> DeadLetter for Box<T> {
     }
     fn flush(&mut self) -> Result<()> {
         (**self).flush()
+    }
+    fn send_between_batches(&mut self, record: &Record, error: &Error) -> Result<()> {
+        (**self).send_between_batches(record, error)
     }
 }
 

@@ -173,7 +173,13 @@ impl RecordRouter {
         task: &mut Task,
         scope: &BatchScope,
     ) -> Result<()> {
-        let marker = marker?;
+        // A record that carries the marker header but not a marker is bad
+        // data: dead-lettered, not a batch failed for ever.
+        let marker = marker.map_err(|e| Error::BadRecord {
+            position: record.position.clone(),
+            field: "<marker>".into(),
+            reason: e.to_string(),
+        })?;
         // A repartitioned join's streams arrive on their own topics: each
         // origin counts for its stream, with its delay.
         let input = self

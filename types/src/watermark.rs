@@ -301,7 +301,13 @@ mod checkpoint_inputs {
     ) -> Result<S::Ok, S::Error> {
         let mut topics: BTreeMap<&str, serde_json::Map<String, Value>> = BTreeMap::new();
         for (origin, p) in inputs {
-            let (topic, partition) = origin.rsplit_once('/').unwrap_or((origin, ""));
+            // `topic/partition`; any other origin is kept whole.
+            let (topic, partition) = match origin.rsplit_once('/') {
+                Some((topic, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                    (topic, p)
+                }
+                _ => (origin.as_str(), ""),
+            };
             let mut fields = vec![
                 json!(p.max_event_time),
                 json!(p.last_active_processing_time),
@@ -397,6 +403,14 @@ mod tests {
         assert!(text.len() < 3 * 1024, "{} bytes", text.len());
         let back: WatermarkTracker = serde_json::from_str(&text).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        // Origins of other shapes come back as they were.
+        for origin in ["plain", "ends-with/", "a/b/c", "a/b/7", "x/01"] {
+            wm.observe(origin, now, now);
+        }
+        let text = serde_json::to_string(&wm).unwrap();
+        let back: WatermarkTracker = serde_json::from_str(&text).unwrap();
+        let origins = |w: &WatermarkTracker| w.inputs.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(origins(&back), origins(&wm));
 
         let named = r#"{"delay_micros":600000000,"policy":"min","idle_timeout_micros":null,
             "inputs":{"in/0":{"max_event_time":1800000000,"last_active_processing_time":5,

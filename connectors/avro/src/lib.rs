@@ -61,10 +61,21 @@ impl AvroDecoder {
             .call()
         {
             Ok(response) => response,
-            Err(ureq::Error::Status(404, _)) => {
-                return Err(SchemaLookup::Unknown(format!(
-                    "unknown schema id {id}: the schema registry does not have it"
-                )))
+            // Confluent's "schema not found" (40403); any other 404 is a
+            // wrong URL or a proxy, not the record's fault.
+            Err(ureq::Error::Status(404, response)) => {
+                let code = response
+                    .into_json::<serde_json::Value>()
+                    .ok()
+                    .and_then(|body| body.get("error_code")?.as_i64());
+                return Err(match code {
+                    Some(40403) => SchemaLookup::Unknown(format!(
+                        "unknown schema id {id}: the schema registry does not have it"
+                    )),
+                    _ => SchemaLookup::Unavailable(format!(
+                        "schema id {id}: the registry URL answered 404 without Confluent's schema-not-found code (40403): is `schema_registry` the registry's address?"
+                    )),
+                });
             }
             Err(e) => {
                 return Err(SchemaLookup::Unavailable(format!(

@@ -52,6 +52,30 @@ impl KafkaDeadLetter {
 
 impl DeadLetter for KafkaDeadLetter {
     fn send(&mut self, record: &Record, error: &Error) -> Result<()> {
+        let in_transaction = self.transactions.is_some();
+        self.write(record, error, in_transaction)
+    }
+
+    fn send_between_batches(&mut self, record: &Record, error: &Error) -> Result<()> {
+        // No batch's transaction may follow to commit it: its own producer,
+        // flushed before the feed moves on.
+        self.write(record, error, false)?;
+        self.flush_own_producer()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.transactions.is_some() {
+            // The source commits the transaction, dead letters with it.
+            return Ok(());
+        }
+        self.flush_own_producer()
+    }
+}
+
+impl KafkaDeadLetter {
+    /// Sends `record` with `error` in headers, in the batch's transaction
+    /// or through the dead letter's own producer.
+    fn write(&mut self, record: &Record, error: &Error, in_transaction: bool) -> Result<()> {
         tracing::warn!(position = %record.position, %error, topic = %self.topic, "bad record sent to dead-letter topic");
         metrics::counter!("tidemark_dead_letters_total").increment(1);
         let error_text = error.to_string();
@@ -87,18 +111,16 @@ impl DeadLetter for KafkaDeadLetter {
         if let Some(k) = record.key.as_deref() {
             out = out.key(k);
         }
-        if let Some(t) = &self.transactions {
-            return t.send(out);
+        match &self.transactions {
+            Some(t) if in_transaction => t.send(out),
+            _ => send_with_backpressure(&self.producer, out)
+                .map_err(|e| Error::Sink(format!("dead-letter topic `{}`: {e}", self.topic))),
         }
-        send_with_backpressure(&self.producer, out)
-            .map_err(|e| Error::Sink(format!("dead-letter topic `{}`: {e}", self.topic)))
     }
 
-    fn flush(&mut self) -> Result<()> {
-        if self.transactions.is_some() {
-            // The source commits the transaction, dead letters with it.
-            return Ok(());
-        }
+    /// Waits until what went through the dead letter's own producer is
+    /// acknowledged.
+    fn flush_own_producer(&mut self) -> Result<()> {
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
         })?;

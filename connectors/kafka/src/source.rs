@@ -123,17 +123,15 @@ pub struct KafkaSource {
     topic_names: Vec<Arc<str>>,
     /// The next batch replays up to these offsets (see `replay_until`).
     replaying: bool,
-    /// When the consumer subscribed: a topic still unknown a while later
-    /// does not exist.
-    subscribed_at: Instant,
-    /// The consumer said a subscribed topic is unknown: its metadata is
-    /// looked up once the grace has passed (librdkafka says so only once
-    /// per metadata refresh, every few minutes).
-    unknown_topic_reported: bool,
+    /// When the consumer first said a subscribed topic is unknown: its
+    /// metadata is looked up once the grace has passed (librdkafka says so
+    /// only once per metadata refresh, every few minutes).
+    unknown_topic_since: Option<Instant>,
 }
 
 /// How long a subscribed topic may stay unknown (metadata not yet
-/// propagated after its creation) before it is taken not to exist.
+/// propagated after its creation, a broker restarting) before the cluster
+/// is asked whether it exists.
 const UNKNOWN_TOPIC_GRACE: Duration = Duration::from_secs(15);
 
 /// A consumer error no retry can mend, as a configuration error naming the
@@ -210,8 +208,7 @@ impl KafkaSource {
             end_offsets: None,
             topic_names: Vec::new(),
             replaying: false,
-            subscribed_at: Instant::now(),
-            unknown_topic_reported: false,
+            unknown_topic_since: None,
         })
     }
 
@@ -301,25 +298,33 @@ impl KafkaSource {
     /// has passed, asks the cluster: a topic it does not have is a
     /// configuration error naming it.
     fn check_unknown_topics(&mut self) -> Result<()> {
-        if !self.unknown_topic_reported || self.subscribed_at.elapsed() < UNKNOWN_TOPIC_GRACE {
+        use rdkafka::types::RDKafkaRespErr;
+        if self
+            .unknown_topic_since
+            .is_none_or(|since| since.elapsed() < UNKNOWN_TOPIC_GRACE)
+        {
             return Ok(());
         }
-        self.unknown_topic_reported = false;
-        for topic in &self.config.topics {
+        self.unknown_topic_since = None;
+        // A regex subscription names no one topic to look up.
+        for topic in self.config.topics.iter().filter(|t| !t.starts_with('^')) {
             let metadata = self
                 .consumer
                 .fetch_metadata(Some(topic), Duration::from_secs(10))
                 .map_err(|e| Error::Source(format!("metadata of {topic}: {e}")))?;
-            let missing = metadata
-                .topics()
-                .iter()
-                .find(|t| t.name() == topic)
-                .is_none_or(|t| t.error().is_some() || t.partitions().is_empty());
+            // Only the cluster's own "no such topic" counts: a leader being
+            // elected or a broker restarting is for retrying.
+            let missing = match metadata.topics().iter().find(|t| t.name() == topic) {
+                None => true,
+                Some(t) => {
+                    t.error() == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                }
+            };
             if missing {
                 return Err(Error::config(
                     "source.topic",
                     format!(
-                        "the topic `{topic}` does not exist (still unknown {} s after subscribing): create it or name another",
+                        "the topic `{topic}` does not exist (still unknown {} s after the consumer first said so): create it or name another",
                         UNKNOWN_TOPIC_GRACE.as_secs()
                     ),
                 ));
@@ -337,7 +342,7 @@ impl KafkaSource {
                     return Err(fatal);
                 }
                 if is_unknown_topic(&e) {
-                    self.unknown_topic_reported = true;
+                    self.unknown_topic_since.get_or_insert_with(Instant::now);
                     continue;
                 }
                 return Err(Error::Source(format!("while joining the group: {e}")));
@@ -484,7 +489,9 @@ impl Source for KafkaSource {
                     if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
                         return Err(fatal);
                     }
-                    self.unknown_topic_reported |= is_unknown_topic(&e);
+                    if is_unknown_topic(&e) {
+                        self.unknown_topic_since.get_or_insert_with(Instant::now);
+                    }
                     self.check_unknown_topics()?;
                     tracing::warn!(error = %e, "Kafka consumer error; retrying");
                     continue;
