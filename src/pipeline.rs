@@ -620,6 +620,11 @@ pub struct WindowAggregateSpec {
     pub keys: Vec<String>,
     /// The window.
     pub window: WindowYaml,
+    /// What places rows in windows: absent (or the `event_time` column)
+    /// for the event time, `window` for the window an earlier window
+    /// aggregation emitted (Spark's `window(window, ...)`, chained).
+    #[serde(default)]
+    pub time: Option<String>,
     /// The aggregates.
     pub aggregates: Vec<AggregateYaml>,
 }
@@ -1226,12 +1231,13 @@ impl PipelineFile {
         Ok(())
     }
 
-    /// The columns of the first grouping (window aggregation keys plus
+    /// The columns of the last grouping (window aggregation keys plus
     /// `window_start` and `window_end`, or a rolling window's partition
     /// columns): what identifies an output row in update mode.
     pub fn output_keys(&self) -> Vec<String> {
         self.steps
             .iter()
+            .rev()
             .find_map(|s| match s {
                 StepSpec::WindowAggregate(w) => {
                     let mut keys = w.keys.clone();
@@ -1547,7 +1553,24 @@ impl PipelineFile {
                             a.spec()
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    b.window_aggregate(&w.keys, w.window.0.clone(), aggregates)
+                    match w.time.as_deref() {
+                        Some("window") => {
+                            b.window_aggregate_of_windows(&w.keys, w.window.0.clone(), aggregates)?
+                        }
+                        Some(t) if Some(t) != self.event_time.as_deref() => {
+                            return Err(Error::config(
+                                "window_aggregate.time",
+                                format!(
+                                    "`{t}` is not a time this step can window: use `window` (an earlier window aggregation's window) or leave it out (the event time{})",
+                                    self.event_time
+                                        .as_deref()
+                                        .map(|c| format!(", `{c}`"))
+                                        .unwrap_or_default()
+                                ),
+                            ))
+                        }
+                        _ => b.window_aggregate(&w.keys, w.window.0.clone(), aggregates),
+                    }
                 }
                 StepSpec::Dedup(d) if d.within_watermark => {
                     b.drop_duplicates_within_watermark(&d.keys)?
@@ -1929,6 +1952,23 @@ sink: {kind: kafka, topic: alerts}
             .unwrap()
             .to_string();
         assert!(err.contains("rolling_window measures"), "{err}");
+
+        for (time, ok) in [("event_time", true), ("window", false), ("amount", false)] {
+            let file = GOOD.replace(
+                "window: {tumbling: 5 minutes}",
+                &format!("window: {{tumbling: 5 minutes}}\n      time: {time}"),
+            );
+            let built = PipelineFile::parse(&file).unwrap().query_builder();
+            match (built, ok) {
+                (Ok(_), true) => {}
+                (Err(e), false) => assert!(
+                    e.to_string().contains("window_aggregate.time"),
+                    "{time}: {e}"
+                ),
+                (Ok(_), false) => panic!("time: {time} accepted"),
+                (Err(e), true) => panic!("time: {time} refused: {e}"),
+            }
+        }
     }
 
     #[test]

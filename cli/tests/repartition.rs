@@ -272,3 +272,69 @@ fn a_rust_built_query_grouping_off_the_record_key_is_repartitioned_by_the_librar
         PARTITIONS as usize * 600
     );
 }
+
+/// The pipeline with a second, chained aggregation (Spark 3.4+'s
+/// `window(window, ...)`): 5-minute windows of the 1-minute windows.
+fn chained_pipeline(app: &str, input: &str, output: &str, second_keys: &str) -> String {
+    pipeline(app, input, output, "available_now").replace(
+        "output_mode: append",
+        &format!(
+            r#"  - window_aggregate:
+      keys: {second_keys}
+      time: window
+      window: {{tumbling: 5 minutes}}
+      aggregates: [{{fn: sum, column: n, as: n}}, {{fn: count, as: windows}}]
+output_mode: append"#
+        ),
+    )
+}
+
+/// After the repartition by region, a second aggregation by region runs
+/// where its rows are; one without keys would need a second repartition
+/// and is refused with both key lists rather than summed per partition.
+#[test]
+fn a_chained_aggregation_runs_behind_the_repartition_or_is_refused() {
+    let (input, output, app) = (unique("rpc-in"), unique("rpc-out"), unique("rpc-app"));
+    create_topic(&input, PARTITIONS);
+    create_topic(&output, 1);
+    produce_events(&input);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(&file, chained_pipeline(&app, &input, &output, "[region]")).unwrap();
+    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    // The watermark ends at 10:09:29: the 1-minute windows up to 10:09
+    // closed, and of the 5-minute windows only 10:00-10:05, holding the
+    // five 1-minute windows that end by 10:05, each of 4 × 20 events.
+    let out = consume_all(&output, REGIONS.len(), Duration::from_secs(10));
+    let mut regions = std::collections::BTreeSet::new();
+    for r in &out {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (
+                v["window_start"].as_str().unwrap(),
+                v["window_end"].as_str().unwrap(),
+                v["n"].as_i64().unwrap(),
+                v["windows"].as_i64().unwrap()
+            ),
+            ("2026-01-01T10:00:00Z", "2026-01-01T10:05:00Z", 400, 5),
+            "{v}"
+        );
+        assert!(regions.insert(v["region"].as_str().unwrap().to_string()));
+    }
+    assert_eq!(regions.len(), REGIONS.len(), "{out:?}");
+
+    let app = unique("rpc-app");
+    std::fs::write(&file, chained_pipeline(&app, &input, &output, "[]")).unwrap();
+    let refused = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("steps") && stderr.contains("second repartition"),
+        "{stderr}"
+    );
+}

@@ -566,7 +566,21 @@ pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Re
     for (topic, keyed) in topology.repartition_topics() {
         crate::kafka::ensure_topic(&bootstrap, topic, if keyed { widest } else { 1 })?;
     }
-    Ok(())
+    let last_reads_one_partition = topology
+        .repartition_topics()
+        .last()
+        .map_or(widest == 1, |(_, keyed)| !keyed || widest == 1);
+    match topology.unpartitioned_grouping() {
+        Some((keys, partitioned_by)) if !last_reads_one_partition => {
+            Err(tidemark::error::Error::config(
+                "steps",
+                format!(
+                    "grouping by {keys:?} after rows are partitioned by {partitioned_by:?} needs a second repartition, which tidemark does not run yet (the stage before it keeps state): include {partitioned_by:?} in its keys, read a topic with one partition, or run it in a second pipeline that reads this one's output"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Whether `file`'s stream join reads Kafka topics that are not

@@ -32,7 +32,15 @@ pub enum TimeColumn {
     EventTime(Arc<str>),
     /// The batch's processing time (Spark's `current_timestamp()`).
     ProcessingTime,
+    /// The window of an earlier window aggregation, as Spark's
+    /// `window(window, ...)` reads it: `window_time(window)`, its end less
+    /// one microsecond (the last instant inside it), so that each window
+    /// falls in the later window that covers it, not the one after.
+    EarlierWindow,
 }
+
+/// The column an earlier window aggregation writes its window's end to.
+const WINDOW_END: &str = "window_end";
 
 /// What an aggregate reads from each row.
 #[derive(Debug, Clone, PartialEq)]
@@ -346,6 +354,10 @@ impl Operator for WindowAggregate {
             WindowSpec::Session { gap } => format!("session gap {}", fmt_micros(*gap)),
             WindowSpec::DynamicSession { gap } => format!("session gap from {gap:?}"),
         };
+        let window = match &self.time {
+            TimeColumn::EarlierWindow => format!("{window} over window_time(window)"),
+            _ => window,
+        };
         let aggs: Vec<&str> = self.aggregates.iter().map(|a| a.output.as_ref()).collect();
         let keys: Vec<&str> = self.keys.iter().map(|k| k.as_ref()).collect();
         format!(
@@ -363,6 +375,10 @@ impl Operator for WindowAggregate {
                 Some(Value::Timestamp(t)) => *t,
                 Some(Value::Long(ms)) => ms.saturating_mul(1000),
                 // Spark's window() yields no window for a NULL time.
+                _ => return Ok(()),
+            },
+            TimeColumn::EarlierWindow => match row.get(WINDOW_END) {
+                Some(Value::Timestamp(end)) => end.saturating_sub(1),
                 _ => return Ok(()),
             },
         };
@@ -772,5 +788,48 @@ mod tests {
             out[0].get("window_end"),
             Some(&Value::Timestamp(ts("10:40")))
         );
+    }
+
+    #[test]
+    fn a_window_of_windows_takes_each_window_at_its_last_instant() {
+        // 10-minute counts, then 30-minute sums of them over window_time.
+        let mut minutes = op(
+            WindowSpec::tumbling("10 minutes").unwrap(),
+            OutputMode::Append,
+        );
+        let mut half_hours = WindowAggregate::new(
+            vec![Arc::from("id")],
+            TimeColumn::EarlierWindow,
+            WindowSpec::tumbling("30 minutes").unwrap(),
+            vec![AggregateSpec::new(
+                AggregateFn::built_in("sum").unwrap(),
+                AggregateInput::Column(Arc::from("count")),
+            )],
+            OutputMode::Append,
+        );
+        let c = ctx("", "");
+        let mut counts = Vec::new();
+        for t in ["10:05", "10:15", "10:25", "10:29", "10:35"] {
+            minutes.on_row(row(t, "a"), &c, &mut counts).unwrap();
+        }
+        let c = ctx("", "10:30");
+        minutes.on_batch_end(&c, &mut counts).unwrap();
+        assert_eq!(counts.len(), 3, "{counts:?}");
+        let mut out = Vec::new();
+        for r in counts {
+            half_hours.on_row(r, &c, &mut out).unwrap();
+        }
+        half_hours.on_batch_end(&c, &mut out).unwrap();
+        // The 10:20-10:30 window ends at 10:30 but belongs to 10:00-10:30.
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(
+            (out[0].get("window_start"), out[0].get("window_end")),
+            (
+                Some(&Value::Timestamp(ts("10:00"))),
+                Some(&Value::Timestamp(ts("10:30")))
+            )
+        );
+        assert_eq!(out[0].get("sum(count)"), Some(&Value::Long(4)));
+        assert!(half_hours.describe().contains("over window_time(window)"));
     }
 }

@@ -533,11 +533,50 @@ impl QueryBuilder {
         window: crate::window::WindowSpec,
         aggregates: Vec<crate::operators::AggregateSpec>,
     ) -> Self {
-        let keys: Vec<Arc<str>> = keys.into_iter().map(|k| Arc::from(k.as_ref())).collect();
         let time = match &self.event_time {
             Some(c) => crate::operators::TimeColumn::EventTime(c.clone()),
             None => crate::operators::TimeColumn::ProcessingTime,
         };
+        self.window_aggregate_by(keys, time, window, aggregates)
+    }
+
+    /// A window aggregation of the rows an earlier window aggregation
+    /// emits: Spark 3.5's chained time windows, `groupBy(window(window,
+    /// size), keys)`, each earlier window placed by `window_time(window)`
+    /// (its end less one microsecond). Append output mode, as Spark allows
+    /// chained aggregations only there; the earlier aggregation's emitted
+    /// windows reach this one in the same micro-batch.
+    pub fn window_aggregate_of_windows<K: AsRef<str>>(
+        self,
+        keys: impl IntoIterator<Item = K>,
+        window: crate::window::WindowSpec,
+        aggregates: Vec<crate::operators::AggregateSpec>,
+    ) -> Result<Self> {
+        if self
+            .count_groupings(|g| matches!(g, Grouping::Aggregation | Grouping::SessionAggregation))
+            == 0
+        {
+            return Err(Error::config(
+                "window_aggregate.time",
+                "`window` reads the window an earlier window aggregation emits: add one before this step, or leave `time` out to window the event time",
+            ));
+        }
+        Ok(self.window_aggregate_by(
+            keys,
+            crate::operators::TimeColumn::EarlierWindow,
+            window,
+            aggregates,
+        ))
+    }
+
+    fn window_aggregate_by<K: AsRef<str>>(
+        self,
+        keys: impl IntoIterator<Item = K>,
+        time: crate::operators::TimeColumn,
+        window: crate::window::WindowSpec,
+        aggregates: Vec<crate::operators::AggregateSpec>,
+    ) -> Self {
+        let keys: Vec<Arc<str>> = keys.into_iter().map(|k| Arc::from(k.as_ref())).collect();
         let shape = StepShape::Groups {
             keys: keys.iter().map(|k| k.to_string()).collect(),
             kind: if window.is_session() {
@@ -930,6 +969,12 @@ impl QueryBuilder {
         }
         let aggregations = self
             .count_groupings(|g| matches!(g, Grouping::Aggregation | Grouping::SessionAggregation));
+        if aggregations > 1 && self.output_mode != OutputMode::Append {
+            return Err(Error::config(
+                "output_mode",
+                "multiple streaming aggregations are supported in append output mode only (as in Spark 3.4 and later): set `output_mode: append`",
+            ));
+        }
         if aggregations == 0 && self.output_mode == OutputMode::Complete {
             return Err(Error::config(
                 "output_mode",
@@ -1068,5 +1113,41 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("has no feed"), "{e}");
+    }
+
+    #[test]
+    fn chained_aggregations_are_refused_where_spark_refuses_them() {
+        use crate::operators::AggregateSpec;
+        use crate::window::WindowSpec;
+        let tumbling = |size: &str| WindowSpec::tumbling(size).unwrap();
+        let e = refusal(impressions().window_aggregate_of_windows(
+            ["a"],
+            tumbling("1 hour"),
+            vec![AggregateSpec::count()],
+        ));
+        assert!(
+            e.contains("window_aggregate.time") && e.contains("earlier window aggregation"),
+            "{e}"
+        );
+        let chained = |mode| {
+            impressions()
+                .window_aggregate(["a"], tumbling("10 minutes"), vec![AggregateSpec::count()])
+                .window_aggregate_of_windows(
+                    ["a"],
+                    tumbling("1 hour"),
+                    vec![AggregateSpec::count()],
+                )
+                .map(|b| b.output_mode(mode))
+        };
+        for mode in [OutputMode::Update, OutputMode::Complete] {
+            let e = refusal(chained(mode));
+            assert!(
+                e.contains("output_mode") && e.contains("append output mode only"),
+                "{e}"
+            );
+        }
+        assert!(chained(OutputMode::Append)
+            .and_then(QueryBuilder::build)
+            .is_ok());
     }
 }

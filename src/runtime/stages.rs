@@ -198,6 +198,33 @@ impl Topology {
     pub fn is_repartitioned(&self) -> bool {
         self.stages.len() > 1
     }
+
+    /// A grouping of the last stage whose rows are not partitioned by its
+    /// keys (a second grouping on other keys after the first, which would
+    /// need a second repartition: a stage that keeps state and writes a
+    /// repartition topic, not built yet), as the grouping's keys and the
+    /// columns the rows are partitioned by. Stream joins are checked by
+    /// the pipeline file; a stage whose input partitioning is unknown is
+    /// not checked.
+    pub fn unpartitioned_grouping(&self) -> Option<(Vec<String>, Vec<String>)> {
+        let query = &self.stages.last()?.query;
+        if !query.side_inputs.is_empty() {
+            return None;
+        }
+        let keyed_by = query.keyed_by.as_ref()?;
+        query.steps.iter().enumerate().find_map(|(at, step)| {
+            let StepShape::Groups { keys, .. } = &step.shape else {
+                return None;
+            };
+            let partitioned =
+                partition_columns_after(keyed_by, query.steps[..at].iter().map(|s| &s.shape));
+            match partitioned {
+                Some(p) if groups_stay_in_partition(keys, &p) => None,
+                Some(p) => Some((keys.clone(), p)),
+                None => Some((keys.clone(), keyed_by.clone())),
+            }
+        })
+    }
 }
 
 impl QueryBuilder {

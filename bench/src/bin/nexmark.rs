@@ -38,6 +38,7 @@ const QUERIES: &[(&str, &[Kind], &str)] = &[
         &[Kind::Auction, Kind::Person],
         include_str!("../../nexmark/q3.yaml"),
     ),
+    ("q5", &[Kind::Bid], include_str!("../../nexmark/q5.yaml")),
     ("q7", &[Kind::Bid], include_str!("../../nexmark/q7.yaml")),
     (
         "q8",
@@ -48,14 +49,19 @@ const QUERIES: &[(&str, &[Kind], &str)] = &[
 ];
 
 /// Flink's published events/s per core (Nexmark on Flink), where known.
-const FLINK_PER_CORE: &[(&str, u64)] = &[("q7", 12_000), ("q8", 146_000), ("q11", 40_000)];
+const FLINK_PER_CORE: &[(&str, u64)] = &[
+    ("q5", 22_000),
+    ("q7", 12_000),
+    ("q8", 146_000),
+    ("q11", 40_000),
+];
 
 #[derive(Parser)]
 struct Args {
     /// Events to generate per query.
     #[arg(long, default_value_t = 10_000_000)]
     events: u64,
-    /// One query (`q0`, `q1`, `q2`, `q3`, `q7`, `q8`, `q11`); all when omitted.
+    /// One query (`q0`, `q1`, `q2`, `q3`, `q5`, `q7`, `q8`, `q11`); all when omitted.
     #[arg(long)]
     query: Option<String>,
     /// Event-time rate of the generator (Nexmark's default: 10M/s).
@@ -286,7 +292,7 @@ fn main() -> anyhow::Result<()> {
         .collect();
     anyhow::ensure!(
         !selected.is_empty(),
-        "unknown query; known: q0, q1, q2, q3, q7, q8, q11"
+        "unknown query; known: q0, q1, q2, q3, q5, q7, q8, q11"
     );
     let topics = if args.through_kafka {
         let bootstrap = args
@@ -434,28 +440,54 @@ mod tests {
         rows_out("q11", events);
     }
 
-    /// q7: one row per 10-second window the watermark (4 seconds behind
-    /// the latest bid) has closed.
+    /// Runs `query` over 20,000 events 2 ms apart (40 s of event time);
+    /// the rows it wrote, the bids' event times and the final watermark
+    /// (4 seconds behind the latest bid).
+    fn run_slow(query: &str) -> (u64, Vec<i64>, i64) {
+        let (_, kinds, text) = QUERIES.iter().find(|(q, _, _)| *q == query).unwrap();
+        let mut args = args(20_000);
+        args.rate = 500;
+        let times: Vec<i64> = bids_at(args.events, args.rate)
+            .iter()
+            .map(|b| tidemark::time::parse_rfc3339(b["dateTime"].as_str().unwrap()).unwrap())
+            .collect();
+        let watermark = times.iter().max().unwrap() - 4_000_000;
+        (
+            run_in_process(query, kinds, text, &args).unwrap(),
+            times,
+            watermark,
+        )
+    }
+
+    /// q7: one row per 10-second window the watermark has closed.
     #[test]
     fn q7_writes_one_row_per_closed_window() {
-        let (_, kinds, text) = QUERIES.iter().find(|(q, _, _)| *q == "q7").unwrap();
-        let mut args = args(20_000);
-        // 2 ms apart: 40 s of event time, four windows.
-        args.rate = 500;
-        let micros = |b: &serde_json::Value| {
-            tidemark::time::parse_rfc3339(b["dateTime"].as_str().unwrap()).unwrap()
-        };
-        let bids = bids_at(args.events, args.rate);
-        let watermark = bids.iter().map(micros).max().unwrap() - 4_000_000;
-        let closed: std::collections::BTreeSet<i64> = bids
+        let (rows, times, watermark) = run_slow("q7");
+        let closed: std::collections::BTreeSet<i64> = times
             .iter()
-            .map(|b| micros(b).div_euclid(10_000_000))
+            .map(|t| t.div_euclid(10_000_000))
             .filter(|w| (w + 1) * 10_000_000 <= watermark)
             .collect();
         assert!(closed.len() > 1, "{}", closed.len());
-        assert_eq!(
-            run_in_process("q7", kinds, text, &args).unwrap(),
-            closed.len() as u64
-        );
+        assert_eq!(rows, closed.len() as u64);
+    }
+
+    /// q5: one row per 10-second sliding window (every 2 seconds) that
+    /// holds a bid and that the watermark has closed: the second
+    /// aggregation sees each sliding window in exactly one 2-second window.
+    #[test]
+    fn q5_writes_one_row_per_closed_sliding_window() {
+        let (rows, times, watermark) = run_slow("q5");
+        let (slide, size) = (2_000_000i64, 10_000_000i64);
+        let closed_ends: std::collections::BTreeSet<i64> = times
+            .iter()
+            .flat_map(|t| {
+                let last_start = t.div_euclid(slide) * slide;
+                (0..size / slide).map(move |i| last_start - i * slide + size)
+            })
+            .filter(|end| *end <= watermark)
+            .collect();
+        assert!(closed_ends.len() > 5, "{}", closed_ends.len());
+        assert_eq!(rows, closed_ends.len() as u64);
     }
 }
