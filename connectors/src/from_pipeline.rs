@@ -549,28 +549,46 @@ pub(crate) fn repartition_sink(
     })
 }
 
-/// Creates the repartition topics of `topology` if missing: as many
-/// partitions as the widest input topic (a repartitioned join's two topics
-/// alike, so that the reader's tasks join partition n of each), or one for
-/// a grouping without keys (a global aggregate runs in one task).
+/// Creates the repartition topics of `file`'s `topology` if missing and
+/// checks its partitioning (see [`prepare_topology`]).
 pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Result<()> {
     let bootstrap = file
         .source
         .bootstrap
         .clone()
         .unwrap_or_else(default_bootstrap);
+    prepare_topology(&bootstrap, &file.input_topics(), topology)
+}
+
+/// Readies `topology`, whose input topics are `inputs` on the cluster at
+/// `bootstrap`: creates its repartition topics if missing — as many
+/// partitions as the widest input topic (a repartitioned join's two topics
+/// alike, so that the reader's tasks join partition n of each), or one for
+/// a grouping without keys (a global aggregate runs in one task) — and
+/// refuses a grouping that its last stage would run on rows not
+/// partitioned by its keys, unless that stage reads a single partition.
+pub(crate) fn prepare_topology(
+    bootstrap: &str,
+    inputs: &[String],
+    topology: &Topology,
+) -> Result<()> {
+    let regrouping = topology.unpartitioned_grouping();
+    if !topology.is_repartitioned() && regrouping.is_none() {
+        return Ok(());
+    }
     let mut widest = 1;
-    for topic in file.input_topics() {
-        widest = widest.max(crate::kafka::partition_count(&bootstrap, &topic)?);
+    // A pattern subscription's topics are not known here.
+    for topic in inputs.iter().filter(|t| !t.starts_with('^')) {
+        widest = widest.max(crate::kafka::partition_count(bootstrap, topic)?);
     }
     for (topic, keyed) in topology.repartition_topics() {
-        crate::kafka::ensure_topic(&bootstrap, topic, if keyed { widest } else { 1 })?;
+        crate::kafka::ensure_topic(bootstrap, topic, if keyed { widest } else { 1 })?;
     }
     let last_reads_one_partition = topology
         .repartition_topics()
         .last()
         .map_or(widest == 1, |(_, keyed)| !keyed || widest == 1);
-    match topology.unpartitioned_grouping() {
+    match regrouping {
         Some((keys, partitioned_by)) if !last_reads_one_partition => {
             Err(tidemark::error::Error::config(
                 "steps",

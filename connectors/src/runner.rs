@@ -97,7 +97,7 @@ impl PipelineRunner {
         tracing::info!(instance = identity.id(), origin = ?identity.origin(), "instance identity");
         let co_partitioned = !crate::join_needs_repartition(&self.file)?;
         let topology = self.file.topology(co_partitioned)?;
-        if topology.is_repartitioned() {
+        if self.file.source.kind == tidemark::pipeline::SourceKind::Kafka {
             crate::ensure_repartition_topics(&self.file, &topology)?;
         }
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();

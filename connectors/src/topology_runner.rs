@@ -110,23 +110,14 @@ impl TopologyRunner {
     pub fn run(&self) -> Result<RunSummary> {
         let topology = (self.query)()?.into_topology();
         let trigger = topology.trigger();
-        if topology.is_repartitioned() {
-            let mut inputs = self.input.topics.clone();
-            inputs.extend(
-                (self.query)()?
-                    .joined_topics()
-                    .into_iter()
-                    .flat_map(|(_, t)| t),
-            );
-            let mut widest = 1;
-            for topic in &inputs {
-                widest = widest.max(crate::kafka::partition_count(&self.input.bootstrap, topic)?);
-            }
-            for (topic, keyed) in topology.repartition_topics() {
-                let partitions = if keyed { widest } else { 1 };
-                crate::kafka::ensure_topic(&self.input.bootstrap, topic, partitions)?;
-            }
-        }
+        let mut inputs = self.input.topics.clone();
+        inputs.extend(
+            (self.query)()?
+                .joined_topics()
+                .into_iter()
+                .flat_map(|(_, t)| t),
+        );
+        crate::from_pipeline::prepare_topology(&self.input.bootstrap, &inputs, &topology)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, trigger, &self.stop, |index| {
             retry_transient(&names[index], &self.stop, self.task_timeout, || {
