@@ -20,18 +20,9 @@ pub use rocks::{MemoryBudget, RocksDbStore, TaskDb};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-/// Errors of a state store.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    /// The backing store failed.
-    #[error("state store `{store}`: {reason}")]
-    Backend {
-        /// The store's name.
-        store: String,
-        /// What failed.
-        reason: String,
-    },
-}
+/// Errors of a state store (defined with tidemark's other errors, so that
+/// the types crate needs no store).
+pub use tidemark_types::error::StateError;
 
 /// One key and its value.
 pub type Entry = (Vec<u8>, Vec<u8>);

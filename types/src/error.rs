@@ -57,7 +57,7 @@ pub enum Error {
     BatchAborted(String),
     /// State could not be read or written.
     #[error("state error: {0}")]
-    State(#[from] tidemark_state::StateError),
+    State(#[from] StateError),
     /// An I/O error with the path or resource involved.
     #[error("{context}: {source}")]
     Io {
@@ -108,3 +108,16 @@ impl Error {
 
 /// Result type of the core crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of a state store (`tidemark_state` re-exports it).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The backing store failed.
+    #[error("state store `{store}`: {reason}")]
+    Backend {
+        /// The store's name.
+        store: String,
+        /// What failed.
+        reason: String,
+    },
+}
