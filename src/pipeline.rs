@@ -1442,6 +1442,46 @@ impl PipelineFile {
         self.source.schema.0.clone()
     }
 
+    /// A `window_aggregate` step added to `b`: over the event time, or with
+    /// `time: window` over an earlier window aggregation's windows.
+    fn window_aggregate_step(
+        &self,
+        b: QueryBuilder,
+        w: &WindowAggregateSpec,
+    ) -> Result<QueryBuilder> {
+        let aggregates = w
+            .aggregates
+            .iter()
+            .map(|a| {
+                if a.range.is_some() {
+                    return Err(Error::config(
+                        "aggregates.range",
+                        "`range` belongs to rolling_window measures; window_aggregate takes its window from `window`",
+                    ));
+                }
+                a.spec()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        match w.time.as_deref() {
+            Some("window") => {
+                b.window_aggregate_of_windows(&w.keys, w.window.0.clone(), aggregates)
+            }
+            Some(t) if Some(t) != self.event_time.as_deref() => {
+                Err(Error::config(
+                    "window_aggregate.time",
+                    format!(
+                        "`{t}` is not a time this step can window: use `window` (an earlier window aggregation's window) or leave it out (the event time{})",
+                        self.event_time
+                            .as_deref()
+                            .map(|c| format!(", `{c}`"))
+                            .unwrap_or_default()
+                    ),
+                ))
+            }
+            _ => Ok(b.window_aggregate(&w.keys, w.window.0.clone(), aggregates)),
+        }
+    }
+
     /// Builds the query from the file's settings and steps. Source, sink,
     /// decoder and dead-letter output are the connectors' part.
     pub fn query_builder(&self) -> Result<QueryBuilder> {
@@ -1539,39 +1579,7 @@ impl PipelineFile {
                 StepSpec::Filter(e) => b.filter(&e.0)?,
                 StepSpec::Select(s) => b.select(&s.0),
                 StepSpec::WithColumn(w) => b.with_column(&w.name, &w.expr.0)?,
-                StepSpec::WindowAggregate(w) => {
-                    let aggregates = w
-                        .aggregates
-                        .iter()
-                        .map(|a| {
-                            if a.range.is_some() {
-                                return Err(Error::config(
-                                    "aggregates.range",
-                                    "`range` belongs to rolling_window measures; window_aggregate takes its window from `window`",
-                                ));
-                            }
-                            a.spec()
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    match w.time.as_deref() {
-                        Some("window") => {
-                            b.window_aggregate_of_windows(&w.keys, w.window.0.clone(), aggregates)?
-                        }
-                        Some(t) if Some(t) != self.event_time.as_deref() => {
-                            return Err(Error::config(
-                                "window_aggregate.time",
-                                format!(
-                                    "`{t}` is not a time this step can window: use `window` (an earlier window aggregation's window) or leave it out (the event time{})",
-                                    self.event_time
-                                        .as_deref()
-                                        .map(|c| format!(", `{c}`"))
-                                        .unwrap_or_default()
-                                ),
-                            ))
-                        }
-                        _ => b.window_aggregate(&w.keys, w.window.0.clone(), aggregates),
-                    }
-                }
+                StepSpec::WindowAggregate(w) => self.window_aggregate_step(b, w)?,
                 StepSpec::Dedup(d) if d.within_watermark => {
                     b.drop_duplicates_within_watermark(&d.keys)?
                 }
