@@ -1021,6 +1021,11 @@ pub struct StateSpec {
     /// changelog's tail.
     #[serde(default)]
     pub num_standby_replicas: usize,
+    /// How long a restore may go without reading anything new from a
+    /// changelog before the task fails (default 5 minutes); a restore of
+    /// any size runs as long as it makes progress.
+    #[serde(default)]
+    pub restore_stall_timeout: Option<DurationSpec>,
 }
 
 fn default_state_memory_mb() -> usize {
@@ -1433,6 +1438,7 @@ impl PipelineFile {
                 memory_mb: default_state_memory_mb(),
                 replication: default_replication(),
                 num_standby_replicas: 0,
+                restore_stall_timeout: None,
             })
         })
     }

@@ -18,13 +18,7 @@ fn abort_between_the_delta_commit_and_the_offset_commit_loses_and_duplicates_not
     produce_seconds(&input, 4, 0, 600);
     let dir = tempfile::tempdir().unwrap();
     let file = write_direct_pipeline(dir.path(), (&group, &input, "unused"), "available_now", 200);
-    let text = std::fs::read_to_string(&file).unwrap();
-    let delta = text.replace(
-        "sink: {kind: kafka, topic: unused, key: [id]}",
-        "sink: {kind: delta, path: table}",
-    );
-    assert_ne!(text, delta);
-    std::fs::write(&file, delta).unwrap();
+    use_delta_sink(&file);
 
     let crashed = tidemark_run(&file, None, Stdio::piped())
         .env("TIDEMARK_CRASH_AFTER_SINK_COMMIT", "3")
@@ -62,21 +56,5 @@ fn abort_between_the_delta_commit_and_the_offset_commit_loses_and_duplicates_not
     );
 
     let table = read_delta(&dir.path().join("table"), Some(&app));
-    let mut seen = std::collections::BTreeMap::new();
-    for row in table["rows"].as_array().unwrap() {
-        let key = (
-            row["id"].as_str().unwrap().to_string(),
-            row["window_start"].as_str().unwrap().to_string(),
-        );
-        assert!(
-            seen.insert(key.clone(), row.clone()).is_none(),
-            "duplicate {key:?}"
-        );
-        assert_eq!(
-            (row["n"].as_i64(), row["total"].as_f64()),
-            (Some(12), Some(18.0)),
-            "{row}"
-        );
-    }
-    assert_eq!(seen.len(), expected_rows(4), "every window once");
+    assert_exact_delta_windows(&table, 4, "restarted");
 }

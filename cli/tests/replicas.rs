@@ -11,60 +11,17 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
 
 const PARTITIONS: i32 = 6;
 const REPLICAS: usize = 3;
 
-/// A replica, the count of its progress reports with input rows, and the
-/// count of its log lines saying its producer was fenced.
-struct Replica {
-    child: Child,
-    batches_with_input: Arc<AtomicUsize>,
-    fenced: Arc<AtomicUsize>,
-}
-
-fn start_replica(file: &Path) -> Replica {
-    let mut child = tidemark_run(file, None, Stdio::piped()).spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let batches_with_input = Arc::new(AtomicUsize::new(0));
-    let fenced = Arc::new(AtomicUsize::new(0));
-    let (counter, fenced_lines) = (batches_with_input.clone(), fenced.clone());
-    std::thread::spawn(move || {
-        for line in stderr.lines().map_while(Result::ok) {
-            if line.to_lowercase().contains("fenced") {
-                eprintln!("fenced: {line}");
-                fenced_lines.fetch_add(1, Ordering::Relaxed);
-            }
-            let Ok(progress) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if progress["numInputRows"].as_u64().unwrap_or(0) > 0 {
-                counter.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    });
-    Replica {
-        child,
-        batches_with_input,
-        fenced,
-    }
-}
-
 #[test]
 fn three_replicas_of_one_file_share_the_work_exactly_once_through_kills_and_a_broker_restart() {
-    let managed_broker = kafka_script("status");
-    assert!(
-        managed_broker || std::env::var("TIDEMARK_TEST_NO_BROKER_RESTART").is_ok(),
-        "this test restarts the broker, which only works with the one scripts/kafka.sh manages; \
-         set TIDEMARK_TEST_NO_BROKER_RESTART=1 to run it without the restart against another broker"
-    );
+    let managed_broker = broker_restartable();
     let (input, output, group) = (
         unique("replicas-in"),
         unique("replicas-out"),
@@ -109,10 +66,7 @@ fn three_replicas_of_one_file_share_the_work_exactly_once_through_kills_and_a_br
 
     // Every window, written while all three replicas run.
     let expected = expected_rows(PARTITIONS);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while Instant::now() < deadline
-        && consume_all(&output, expected, Duration::from_secs(5)).len() < expected
-    {}
+    wait_for_records(&output, expected);
     let live: Vec<usize> = replicas
         .iter()
         .map(|r| r.batches_with_input.load(Ordering::Relaxed))

@@ -479,6 +479,13 @@ fn build_state_backend(
                 changelog,
             )?
             .with_standby_replicas(spec.num_standby_replicas)?;
+            let backend = match spec.restore_stall_timeout {
+                Some(timeout) => backend.with_restore_options(crate::kafka::RestoreOptions {
+                    stall_timeout: timeout.0,
+                    ..Default::default()
+                }),
+                None => backend,
+            };
             Some(Box::new(match transactions {
                 Some(t) => backend.with_transactions(t.clone()),
                 None => backend,

@@ -75,3 +75,66 @@ fn rocksdb_state_is_rebuilt_from_its_changelog_after_the_local_copy_is_lost() {
     assert_eq!(rebuilt, expected);
     assert_eq!(rebuilt.len(), 40);
 }
+
+/// A restore that starts while a transaction holding changelog records is
+/// still open (a predecessor's last batch, whose commit markers the
+/// coordinator has not written yet) waits for its outcome: the committed
+/// records are restored, the aborted ones are not. Before, the restore
+/// stopped at the last stable offset and missed the committed batch, whose
+/// input offsets the next owner was already given: its state was lost.
+#[test]
+fn a_restore_waits_for_open_transactions_and_keeps_only_what_they_commit() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+    use std::time::Duration;
+
+    let app = unique("state-txn-app");
+    let store_name = "counts";
+    let topic = changelog_topic(&app, store_name);
+    ensure_topic_with_config(&bootstrap(), &topic, 1, 1, &[("cleanup.policy", "compact")]).unwrap();
+    let producer: ThreadedProducer<_> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", format!("{app}-writer"))
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(30);
+    producer.init_transactions(timeout).unwrap();
+    let write = |from: u32, to: u32| {
+        producer.begin_transaction().unwrap();
+        for i in from..to {
+            let key = format!("key-{i:03}");
+            producer
+                .send(BaseRecord::to(&topic).partition(0).key(&key).payload("v"))
+                .unwrap();
+        }
+        producer.flush(timeout).unwrap();
+    };
+
+    // 100 records in a transaction that commits 3 s after the restore began.
+    write(0, 100);
+    let (records, end) = std::thread::scope(|s| {
+        let restore = s.spawn(|| read_changelog(&bootstrap(), &app, store_name, 0, None));
+        std::thread::sleep(Duration::from_secs(3));
+        producer.commit_transaction(timeout).unwrap();
+        restore.join().unwrap().unwrap()
+    });
+    assert_eq!(records.len(), 100, "the committed batch is restored whole");
+    assert!(end >= 100);
+
+    // 20 more in a transaction that aborts while a restore waits.
+    write(100, 120);
+    let (records, _) = std::thread::scope(|s| {
+        let restore = s.spawn(|| read_changelog(&bootstrap(), &app, store_name, 0, None));
+        std::thread::sleep(Duration::from_secs(3));
+        producer.abort_transaction(timeout).unwrap();
+        restore.join().unwrap().unwrap()
+    });
+    assert_eq!(
+        records.len(),
+        100,
+        "nothing of the aborted batch is restored"
+    );
+    assert!(records
+        .iter()
+        .all(|r| r.key.as_slice() < b"key-100".as_slice()));
+}

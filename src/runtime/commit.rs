@@ -8,9 +8,16 @@
 //!    output together here);
 //! 4. the late-data output commits, then the dead-letter output flushes;
 //! 5. the source commits its offsets with each task's checkpoint (its
-//!    watermark). A source that reports the batch aborted (a rebalance
-//!    fenced its transaction) rewinds to the last commit, and the tasks
-//!    are rebuilt from their stores and checkpoints.
+//!    watermark);
+//! 6. the state backend is told the batch committed (it may then vouch for
+//!    its local files with a checkpoint).
+//!
+//! A step that reports the batch aborted (a rebalance fenced the
+//! transaction, a test hook of [`super::fault_injection`]) abandons the
+//! source's transaction and rewinds it to the last commit; the next batch
+//! keeps this batch's id and reads exactly this batch's input again (its end
+//! offsets bound it), and the tasks are rebuilt from their stores and
+//! checkpoints.
 
 use super::task_manager::{Backend, TaskManager};
 use super::{DeadLetter, Sink, Source};
@@ -18,25 +25,17 @@ use crate::error::{Error, Result};
 use crate::time::TimestampMicros;
 use std::collections::BTreeMap;
 
-/// A test hook: `TIDEMARK_CRASH_AFTER_SINK_COMMIT=<batch id>` aborts the
-/// process right after the sink committed that batch and before the source
-/// offsets are committed, as a `kill -9` at the worst moment would (used by
-/// the Delta sink's exactly-once test).
-pub(super) fn crash_point(point: &str, batch_id: u64) {
-    let variable = format!("TIDEMARK_CRASH_{}", point.to_uppercase());
-    if std::env::var(&variable).is_ok_and(|v| v.trim() == batch_id.to_string()) {
-        eprintln!("{variable}={batch_id}: aborting");
-        std::process::abort();
-    }
-}
+use super::fault_injection::{arm, crash_point, fail_point};
 
 /// How a commit ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CommitOutcome {
     /// Every step committed.
     Committed,
-    /// The source aborted the batch and rewound: it runs again.
-    Aborted,
+    /// A step reported the batch aborted; the source rewound and the batch
+    /// runs again with its id. `replay_bounded`: over exactly the input it
+    /// had (the source bounds its next batch at the aborted one's end).
+    Aborted { replay_bounded: bool },
 }
 
 /// Everything a batch commits to.
@@ -49,13 +48,50 @@ pub(super) struct CommitTargets<'a> {
 }
 
 /// Commits batch `batch_id` of `tasks`, whose largest event time per input
-/// partition is `event_time_progress`.
+/// partition is `event_time_progress`. A step that reports the batch
+/// aborted (a fenced transaction, a rebalance's `ILLEGAL_GENERATION`)
+/// abandons the source's transaction, rewinds the source to the last
+/// commit and bounds the replay at this batch's end offsets.
 pub(super) fn commit_batch(
     batch_id: u64,
     tasks: &mut TaskManager,
     event_time_progress: &BTreeMap<String, TimestampMicros>,
-    targets: CommitTargets<'_>,
+    mut targets: CommitTargets<'_>,
 ) -> Result<CommitOutcome> {
+    let batch_end = targets.source.offsets();
+    match commit_steps(batch_id, tasks, event_time_progress, &mut targets) {
+        Ok(()) => {
+            if let Some(backend) = targets.backend.as_mut() {
+                backend.batch_committed()?;
+            }
+            Ok(CommitOutcome::Committed)
+        }
+        Err(Error::BatchAborted(reason)) => {
+            targets.source.abort()?;
+            targets.sink.abort(batch_id);
+            if let Some(late) = targets.late_data.as_mut() {
+                late.abort(batch_id);
+            }
+            if !targets.source.rewind()? {
+                return Err(Error::BatchAborted(reason));
+            }
+            let replay_bounded = targets.source.replay_until(batch_id, &batch_end)?;
+            tracing::warn!(batch_id, %reason, end_offsets = %batch_end, replay_bounded, "batch aborted; replaying it from the last commit");
+            metrics::counter!("tidemark_batches_aborted_total").increment(1);
+            tasks.drop_tasks();
+            Ok(CommitOutcome::Aborted { replay_bounded })
+        }
+        Err(other) => Err(other),
+    }
+}
+
+/// The commit protocol's steps, in order (see the module documentation).
+fn commit_steps(
+    batch_id: u64,
+    tasks: &mut TaskManager,
+    event_time_progress: &BTreeMap<String, TimestampMicros>,
+    targets: &mut CommitTargets<'_>,
+) -> Result<()> {
     for task in tasks.tasks_mut().values_mut() {
         for op in task.operators.iter_mut() {
             op.checkpoint()?;
@@ -67,20 +103,14 @@ pub(super) fn commit_batch(
     tracing::debug!(batch_id, tasks = tasks.tasks().len(), "batch committing");
     targets.sink.event_time_progress(event_time_progress);
     targets.sink.source_offsets(&targets.source.offsets());
+    fail_point("before_sink_commit", batch_id)?;
     targets.sink.commit(batch_id)?;
     crash_point("after_sink_commit", batch_id);
-    if let Some(late) = targets.late_data {
+    fail_point("after_sink_commit", batch_id)?;
+    if let Some(late) = targets.late_data.as_mut() {
         late.commit(batch_id)?;
     }
     targets.dead_letter.flush()?;
-    match targets.source.commit(&tasks.checkpoints(batch_id)) {
-        Err(Error::BatchAborted(reason)) if targets.source.rewind()? => {
-            tracing::warn!(batch_id, %reason, "batch aborted; replaying from the last commit");
-            metrics::counter!("tidemark_batches_aborted_total").increment(1);
-            tasks.drop_tasks();
-            Ok(CommitOutcome::Aborted)
-        }
-        Err(other) => Err(other),
-        Ok(()) => Ok(CommitOutcome::Committed),
-    }
+    arm("after_offsets_added", batch_id);
+    targets.source.commit(&tasks.checkpoints(batch_id))
 }

@@ -3,6 +3,7 @@
 
 mod builder;
 mod commit;
+pub mod fault_injection;
 mod inputs;
 mod markers;
 mod query;
@@ -75,6 +76,12 @@ pub trait Source: Send {
     fn watermark_input(&self, topic: &str, partition: i32) -> String {
         format!("{topic}/{partition}")
     }
+    /// Abandons the open batch's transaction, when the source commits its
+    /// offsets in one (exactly-once): a step of the commit failed before
+    /// the source's own commit. Nothing of the batch becomes visible.
+    fn abort(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Goes back to the last committed position after an aborted batch:
     /// the next batch re-reads from there and hands back every owned
     /// partition's checkpoint in [`SourceBatch::restored_checkpoints`].
@@ -139,6 +146,11 @@ pub trait Sink: Send {
     /// Makes the batch durable (flush, wait for acknowledgements, commit a
     /// transaction). Source offsets are committed only after this returns.
     fn commit(&mut self, batch_id: u64) -> Result<()>;
+    /// Drops what was written of batch `batch_id` and not committed: the
+    /// batch aborted and its replay writes it again. A sink whose writes
+    /// are already out (at-least-once) or inside the source's transaction
+    /// (which the abort discards) has nothing to do.
+    fn abort(&mut self, _batch_id: u64) {}
     /// The largest event time each input (`topic/partition`) delivered in
     /// the batch about to commit; called before [`Sink::commit`]. A
     /// repartition sink forwards it as [`WatermarkMarker`]s.
@@ -260,6 +272,12 @@ pub trait StateBackend: Send {
     fn close(&mut self, _partition: i32) -> Result<()> {
         Ok(())
     }
+    /// Called after a batch committed (its output, state and offsets are
+    /// durable together): backends may record that their local state
+    /// matches what was committed.
+    fn batch_committed(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Called before each trigger, between batches: backends with standby
     /// replicas catch them up here.
     fn between_batches(&mut self) -> Result<()> {
@@ -300,6 +318,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn close(&mut self, partition: i32) -> Result<()> {
         (**self).close(partition)
+    }
+    fn batch_committed(&mut self) -> Result<()> {
+        (**self).batch_committed()
     }
     fn between_batches(&mut self) -> Result<()> {
         (**self).between_batches()

@@ -308,7 +308,7 @@ impl<'a> TriggerLoop<'a> {
         let Some(open) = self.open_batch.take() else {
             return Ok(Flow::Continue);
         };
-        if self.commit(&open)? == CommitOutcome::Aborted {
+        if matches!(self.commit(&open)?, CommitOutcome::Aborted { .. }) {
             // The source rewound: what it had handed out is to be read
             // again, so reaching its end earlier no longer ends the query.
             self.exhausted = false;
@@ -472,7 +472,12 @@ impl<'a> TriggerLoop<'a> {
         };
         let event_time_progress = &open.event_time_progress;
         let outcome = commit_batch(self.batch_id, &mut self.tasks, event_time_progress, targets)?;
-        if outcome == CommitOutcome::Aborted {
+        if let CommitOutcome::Aborted { replay_bounded } = outcome {
+            if replay_bounded {
+                // The replay must hold the whole of the aborted input: no
+                // partition is held back while its task restores.
+                self.replaying = Some(self.batch_id);
+            }
             return Ok(outcome);
         }
         let committed = CommittedBatch {

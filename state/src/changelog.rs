@@ -90,6 +90,16 @@ impl<S: StateStore, W: ChangelogWriter> ChangeLoggingStore<S, W> {
         Ok(count)
     }
 
+    /// Replays one chunk of a changelog's `(key, value)` entries (no value:
+    /// a tombstone) into the store below, in one write batch, without
+    /// logging them again.
+    pub fn restore_entries(
+        &mut self,
+        entries: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) -> Result<(), StateError> {
+        self.inner.write_batch(entries)
+    }
+
     fn log(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StateError> {
         let store = self.inner.name().to_string();
         self.writer.append(ChangelogRecord {

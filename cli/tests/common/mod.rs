@@ -220,3 +220,101 @@ pub fn kafka_script(command: &str) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+/// A running `tidemark run` process, the count of its progress reports
+/// with input rows, and the count of its log lines saying its producer was
+/// fenced.
+pub struct Replica {
+    /// The process.
+    pub child: std::process::Child,
+    /// Progress reports with `numInputRows` > 0.
+    pub batches_with_input: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Log lines mentioning a fenced producer (echoed as `fenced: ...`).
+    pub fenced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Starts `tidemark run FILE` (no instance id: it takes a state-directory
+/// slot) and counts what its stderr reports.
+pub fn start_replica(file: &std::path::Path) -> Replica {
+    use std::io::{BufRead, BufReader};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let mut child = tidemark_run(file, None, std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let batches_with_input = Arc::new(AtomicUsize::new(0));
+    let fenced = Arc::new(AtomicUsize::new(0));
+    let (counter, fenced_lines) = (batches_with_input.clone(), fenced.clone());
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if line.to_lowercase().contains("fenced") {
+                eprintln!("fenced: {line}");
+                fenced_lines.fetch_add(1, Ordering::Relaxed);
+            }
+            let Ok(progress) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if progress["numInputRows"].as_u64().unwrap_or(0) > 0 {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    Replica {
+        child,
+        batches_with_input,
+        fenced,
+    }
+}
+
+/// Checks that the Delta table `table` (as [`tidemark_integration_tests::read_delta`]
+/// returns it) holds every window of [`assert_exact_windows`] once and complete;
+/// `context` names the run in failures.
+pub fn assert_exact_delta_windows(table: &serde_json::Value, partitions: i32, context: &str) {
+    let mut seen = std::collections::BTreeMap::new();
+    for row in table["rows"].as_array().unwrap() {
+        let key = (
+            row["id"].as_str().unwrap().to_string(),
+            row["window_start"].as_str().unwrap().to_string(),
+        );
+        assert!(
+            seen.insert(key.clone(), row.clone()).is_none(),
+            "{context}: duplicate {key:?}"
+        );
+        assert_eq!(
+            (row["n"].as_i64(), row["total"].as_f64()),
+            (Some(12), Some(18.0)),
+            "{context}: {row}"
+        );
+    }
+    assert_eq!(
+        seen.len(),
+        expected_rows(partitions),
+        "{context}: every window once"
+    );
+}
+
+/// Whether the broker under test can be restarted (the one `scripts/kafka.sh`
+/// manages); fails, saying why, when it cannot and
+/// `TIDEMARK_TEST_NO_BROKER_RESTART` does not waive the restart.
+pub fn broker_restartable() -> bool {
+    let managed = kafka_script("status");
+    assert!(
+        managed || std::env::var("TIDEMARK_TEST_NO_BROKER_RESTART").is_ok(),
+        "this test restarts the broker, which only works with the one scripts/kafka.sh manages; \
+         set TIDEMARK_TEST_NO_BROKER_RESTART=1 to run it without the restart against another broker"
+    );
+    managed
+}
+
+/// Points the pipeline file `file` (from [`write_pipeline`]) at a Delta
+/// table `table` next to it instead of its Kafka sink.
+pub fn use_delta_sink(file: &std::path::Path) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let delta = text.replace(
+        "sink: {kind: kafka, topic: unused, key: [id]}",
+        "sink: {kind: delta, path: table}",
+    );
+    assert_ne!(text, delta, "the pipeline's sink is `unused`");
+    std::fs::write(file, delta).unwrap();
+}

@@ -698,6 +698,20 @@ impl Sink for DeltaSink {
         Ok(())
     }
 
+    fn abort(&mut self, batch_id: u64) {
+        // Rows committed already (real-time commits) stay: at-least-once.
+        let before = self.buffer.len();
+        let keep: Vec<bool> = self.buffer_batches.iter().map(|b| *b != batch_id).collect();
+        let mut keep_iter = keep.iter();
+        self.buffer.retain(|_| *keep_iter.next().unwrap_or(&true));
+        self.buffer_batches.retain(|b| *b != batch_id);
+        tracing::debug!(
+            batch_id,
+            dropped = before - self.buffer.len(),
+            "aborted batch's rows dropped"
+        );
+    }
+
     fn source_offsets(&mut self, offsets: &serde_json::Value) {
         self.source_offsets = Some(offsets.clone());
     }

@@ -87,8 +87,33 @@ impl ChangelogWriter for KafkaChangelogWriter {
     }
 }
 
+/// The first and the end offset of a changelog partition, the end being the
+/// high watermark: every record written, committed or not.
+///
+/// Not the last stable offset a `read_committed` client is told: right
+/// after a transaction commits, and until its commit markers are written
+/// (asynchronously, by the transaction coordinator), the last stable offset
+/// still stands before that transaction's records, while the offsets
+/// committed in it are already served to the partition's next owner. A
+/// restore that stopped there would miss the last batch's state under
+/// offsets that are past its input: rows lost. Reading with
+/// `read_committed` up to the high watermark waits for the markers instead
+/// (and for an open transaction of a fenced predecessor to be aborted).
+pub fn changelog_watermarks(bootstrap: &str, topic: &str, partition: i32) -> Result<(i64, i64)> {
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| Error::Source(format!("changelog metadata client: {e}")))?;
+    client
+        .fetch_watermarks(topic, partition, Duration::from_secs(10))
+        .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))
+}
+
 /// Reads partition `partition` of a changelog from `from` (or the start) to
-/// its current end; returns the records and the end offset reached.
+/// its current end; returns the records and the end offset reached. Holds
+/// the whole partition in memory: for tests and tools. Tasks restore with
+/// [`restore_changelog`].
 pub fn read_changelog(
     bootstrap: &str,
     application_id: &str,
@@ -96,74 +121,155 @@ pub fn read_changelog(
     partition: i32,
     from: Option<i64>,
 ) -> Result<(Vec<ChangelogRecord>, i64)> {
+    let mut records = Vec::new();
+    let (_, end) = restore_changelog(
+        bootstrap,
+        application_id,
+        store,
+        partition,
+        from,
+        RestoreOptions::default(),
+        &mut |chunk| {
+            records.extend(chunk.iter().map(|(key, value)| ChangelogRecord {
+                store: store.to_string(),
+                partition,
+                key: key.clone(),
+                value: value.clone(),
+            }));
+            Ok(())
+        },
+    )?;
+    Ok((records, end))
+}
+
+/// Store changes as a restore hands them on: `(key, value)`, no value for
+/// a tombstone.
+pub type ChangelogEntries = [(Vec<u8>, Option<Vec<u8>>)];
+
+/// How a restore reads its changelog partition.
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreOptions {
+    /// Give up when the position has not moved for this long (the broker
+    /// is away, or a transaction stays open): progress, not the size of
+    /// the changelog, decides. Default 5 minutes.
+    pub stall_timeout: Duration,
+    /// Records held before they are handed on (default 10,000)...
+    pub chunk_records: usize,
+    /// ...or bytes of keys and values (default 8 MiB), whichever comes
+    /// first: what a restore holds in memory, whatever the partition's size.
+    pub chunk_bytes: usize,
+}
+
+impl Default for RestoreOptions {
+    fn default() -> Self {
+        RestoreOptions {
+            stall_timeout: Duration::from_secs(300),
+            chunk_records: 10_000,
+            chunk_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Streams partition `partition` of a changelog, from `from` (or the start)
+/// to its end when the restore began, into `apply` in chunks bounded by
+/// `options`; returns the records restored and the end offset reached.
+pub fn restore_changelog(
+    bootstrap: &str,
+    application_id: &str,
+    store: &str,
+    partition: i32,
+    from: Option<i64>,
+    options: RestoreOptions,
+    apply: &mut dyn FnMut(&ChangelogEntries) -> Result<()>,
+) -> Result<(u64, i64)> {
     let topic = changelog_topic(application_id, store);
+    let (low, high) = changelog_watermarks(bootstrap, &topic, partition)?;
+    let start = from.unwrap_or(low).max(low);
+    if start >= high {
+        return Ok((0, high));
+    }
+    let consumer = restore_consumer(bootstrap, application_id, &topic, partition, start)?;
+    let mut chunk: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(options.chunk_records);
+    let mut chunk_bytes = 0;
+    let mut restored = 0u64;
+    let started = Instant::now();
+    let (mut last_report, mut last_progress) = (started, started);
+    let mut next = start;
+    while next < high {
+        if last_progress.elapsed() > options.stall_timeout {
+            return Err(Error::Source(format!(
+                "restoring `{topic}`/{partition}: no progress for {:?} at offset {next} of {high} (state.restore_stall_timeout)",
+                options.stall_timeout
+            )));
+        }
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            last_report = Instant::now();
+            tracing::info!(
+                topic,
+                partition,
+                records = restored,
+                remaining = high - next,
+                rate_per_s = restored as f64 / started.elapsed().as_secs_f64(),
+                "restoring"
+            );
+        }
+        let reached = match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let (key, value) = (m.key().unwrap_or_default(), m.payload());
+                chunk_bytes += key.len() + value.map_or(0, <[u8]>::len);
+                chunk.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+                restored += 1;
+                m.offset() + 1
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, topic, partition, "restore consumer error; retrying");
+                next
+            }
+            // Transaction markers and aborted records take offsets without
+            // being handed out: the position moves past them.
+            None => consumer
+                .position()
+                .ok()
+                .and_then(|p| p.find_partition(&topic, partition)?.offset().to_raw())
+                .unwrap_or(next),
+        };
+        if reached > next {
+            next = reached;
+            last_progress = Instant::now();
+        }
+        if chunk.len() >= options.chunk_records || chunk_bytes >= options.chunk_bytes {
+            apply(&chunk)?;
+            chunk.clear();
+            chunk_bytes = 0;
+        }
+    }
+    apply(&chunk)?;
+    Ok((restored, high))
+}
+
+/// A `read_committed` consumer assigned to `topic`/`partition` at `start`.
+fn restore_consumer(
+    bootstrap: &str,
+    application_id: &str,
+    topic: &str,
+    partition: i32,
+    start: i64,
+) -> Result<BaseConsumer> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("{application_id}-restore"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS)
+        // One partition read end to end: larger fetches, fewer round trips.
+        .set("max.partition.fetch.bytes", "8388608")
         .create()
         .map_err(|e| Error::Source(format!("restore consumer: {e}")))?;
-    let (low, high) = consumer
-        .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-        .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))?;
-    let start = from.unwrap_or(low).max(low);
-    let mut records = Vec::new();
-    if start >= high {
-        return Ok((records, high));
-    }
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&topic, partition, Offset::Offset(start))
+    tpl.add_partition_offset(topic, partition, Offset::Offset(start))
         .map_err(|e| Error::Source(e.to_string()))?;
     consumer
         .assign(&tpl)
         .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let started = Instant::now();
-    let mut last_report = started;
-    let mut next = start;
-    while next < high {
-        if last_report.elapsed() >= Duration::from_secs(5) {
-            last_report = Instant::now();
-            tracing::info!(
-                topic,
-                partition,
-                records = records.len(),
-                remaining = high - next,
-                rate_per_s = records.len() as f64 / started.elapsed().as_secs_f64(),
-                "restoring"
-            );
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Source(format!(
-                "restoring `{topic}`/{partition}: stuck at offset {next} of {high}"
-            )));
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                next = m.offset() + 1;
-                records.push(ChangelogRecord {
-                    store: store.to_string(),
-                    partition,
-                    key: m.key().unwrap_or_default().to_vec(),
-                    value: m.payload().map(<[u8]>::to_vec),
-                });
-            }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, topic, partition, "restore consumer error; retrying")
-            }
-            // Transaction markers take offsets without records.
-            None => {
-                next = next.max(
-                    consumer
-                        .position()
-                        .ok()
-                        .and_then(|p| p.find_partition(&topic, partition)?.offset().to_raw())
-                        .unwrap_or(next),
-                )
-            }
-        }
-    }
-    Ok((records, high))
+    Ok(consumer)
 }

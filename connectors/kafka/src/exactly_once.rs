@@ -126,6 +126,14 @@ impl SharedTransactions {
         } else {
             Ok(())
         };
+        if offsets_sent.is_ok()
+            && tidemark::runtime::fault_injection::fire_armed("after_offsets_added")
+        {
+            t.abort()?;
+            return Err(Error::BatchAborted(
+                "injected failure after the offsets were added to the transaction".into(),
+            ));
+        }
         let result = offsets_sent.and_then(|_| t.producer.commit_transaction(TIMEOUT));
         let failures = t.tracker.take_failures();
         match (result, failures.first()) {
@@ -156,9 +164,30 @@ impl SharedTransactions {
             }
         }
     }
+
+    /// Aborts the open transaction, if any: nothing sent in it becomes
+    /// visible to `read_committed` readers.
+    pub fn abort(&self) -> Result<()> {
+        self.lock().abort()
+    }
 }
 
 impl Transactions {
+    /// Aborts the open transaction; a producer that cannot abort must be
+    /// recreated (the error says so).
+    fn abort(&mut self) -> Result<()> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        self.tracker.take_failures();
+        self.producer.abort_transaction(TIMEOUT).map_err(|e| {
+            Error::Sink(format!(
+                "aborting the transaction failed, the producer must be recreated: {e}"
+            ))
+        })
+    }
+
     fn begin(&mut self) -> Result<()> {
         if !self.open {
             self.producer

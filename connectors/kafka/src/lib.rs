@@ -18,7 +18,10 @@ mod standby;
 pub mod state_backend;
 pub use state_backend::split_memory_budget;
 
-pub use changelog::{changelog_topic, read_changelog, KafkaChangelogWriter};
+pub use changelog::{
+    changelog_topic, read_changelog, restore_changelog, ChangelogEntries, KafkaChangelogWriter,
+    RestoreOptions,
+};
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
 pub use producer::send_with_backpressure;

@@ -374,24 +374,17 @@ impl KafkaSource {
 
     /// The checkpoints committed with the offsets of newly assigned
     /// partitions (the first non-empty one per partition number).
-    fn checkpoints_of(&self, assigned: &[(String, i32)]) -> Vec<(i32, String)> {
+    /// The checkpoints committed with the offsets of `assigned`. A broker
+    /// that cannot say is an error (the batch fails and is retried): tasks
+    /// started without their watermark would take rows their windows
+    /// already closed on as on time, and emit those windows again.
+    fn checkpoints_of(&self, assigned: &[(String, i32)]) -> Result<Vec<(i32, String)>> {
         if assigned.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let mut tpl = TopicPartitionList::new();
-        for (topic, partition) in assigned {
-            tpl.add_partition(topic, *partition);
-        }
-        let committed = match self
-            .consumer
-            .committed_offsets(tpl, Duration::from_secs(10))
-        {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read committed checkpoints; tasks start fresh");
-                return Vec::new();
-            }
-        };
+        let committed = self
+            .committed_offsets(assigned)
+            .map_err(|e| Error::Source(format!("reading the committed checkpoints: {e}")))?;
         let mut out: BTreeMap<i32, String> = BTreeMap::new();
         for e in committed.elements() {
             if !e.metadata().is_empty() {
@@ -399,7 +392,7 @@ impl KafkaSource {
                     .or_insert_with(|| e.metadata().to_string());
             }
         }
-        out.into_iter().collect()
+        Ok(out.into_iter().collect())
     }
 
     /// Whether every partition reached its available-now end. The cheap
@@ -555,7 +548,7 @@ impl Source for KafkaSource {
             records,
             exhausted: request.available_now && self.caught_up(true),
             revoked_partitions: revoked,
-            restored_checkpoints: self.checkpoints_of(&assigned),
+            restored_checkpoints: self.checkpoints_of(&assigned)?,
         })
     }
 
@@ -705,6 +698,13 @@ impl Source for KafkaSource {
             self.replaying = true;
         }
         Ok(behind)
+    }
+
+    fn abort(&mut self) -> Result<()> {
+        match &self.transactions {
+            Some(t) => t.abort(),
+            None => Ok(()),
+        }
     }
 
     fn rewind(&mut self) -> Result<bool> {

@@ -1,11 +1,18 @@
 //! The production state backend: RocksDB per task, with each store's
 //! changes logged to a compacted Kafka changelog topic and restored from it.
 
+use crate::changelog::changelog_watermarks;
 use crate::local_checkpoint::{
-    take_local_checkpoint, write_local_checkpoint, LocalCheckpoint, CHECKPOINT_FILE,
+    take_local_checkpoint, write_local_checkpoint, GuardedStore, LocalCheckpoint,
+    TaskCheckpointGuard, CHECKPOINT_FILE,
 };
-use crate::{changelog_topic, ensure_topic_with_config, read_changelog, KafkaChangelogWriter};
+use crate::{
+    changelog_topic, ensure_topic_with_config, restore_changelog, KafkaChangelogWriter,
+    RestoreOptions,
+};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::runtime::{PendingStore, StateBackend};
 use tidemark_state::{CachingStore, ChangeLoggingStore, MemoryBudget, StateStore, TaskDb};
@@ -43,7 +50,16 @@ pub struct RocksDbStateBackend {
     /// Records restored and time taken since the last progress report
     /// (restores run on the query's restore threads).
     restore_stats: std::sync::Arc<std::sync::Mutex<tidemark::runtime::RestoreStats>>,
+    restore_options: RestoreOptions,
+    /// Per task with a changelog: whether its local files may be vouched
+    /// for by a checkpoint file.
+    guards: std::collections::HashMap<i32, Arc<TaskCheckpointGuard>>,
 }
+
+/// How soon after the last one a running task writes its local checkpoint
+/// again (only when nothing was written since a commit): each write asks
+/// the broker for the end of every changelog partition of the task.
+const LOCAL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 
 impl RocksDbStateBackend {
     /// A backend; `memory_bytes` bounds RocksDB's block cache and write
@@ -75,7 +91,15 @@ impl RocksDbStateBackend {
             local_checkpoints: Default::default(),
             standbys: None,
             restore_stats: Default::default(),
+            restore_options: RestoreOptions::default(),
+            guards: Default::default(),
         })
+    }
+
+    /// How restores read changelogs (chunk bounds, when to give up).
+    pub fn with_restore_options(mut self, options: RestoreOptions) -> Self {
+        self.restore_options = options;
+        self
     }
 
     /// Appends changelog records inside `transactions` (exactly-once).
@@ -117,6 +141,10 @@ impl RocksDbStateBackend {
             .join(&task)
             .join(CHECKPOINT_FILE);
         let checkpoint = if self.changelog.is_some() {
+            self.guards.insert(
+                partition,
+                Arc::new(TaskCheckpointGuard::new(checkpoint_file.clone())),
+            );
             take_local_checkpoint(&checkpoint_file)
         } else {
             LocalCheckpoint::new()
@@ -175,6 +203,10 @@ impl StateBackend for RocksDbStateBackend {
                     Some(_) => db.store(name)?,
                     None => db.fresh_store(name)?,
                 };
+                let guard = self.guards.get(&partition).cloned().ok_or_else(|| {
+                    Error::Source(format!("task {partition}: no checkpoint guard"))
+                })?;
+                let local = GuardedStore::new(local, guard.clone());
                 self.opened
                     .entry(partition)
                     .or_default()
@@ -197,11 +229,20 @@ impl StateBackend for RocksDbStateBackend {
                     name.to_string(),
                 );
                 let stats = self.restore_stats.clone();
+                let restore_options = self.restore_options;
+                let restoring = RestoreInProgress::new(guard);
                 Ok(Box::new(move || {
+                    let _restoring = restoring;
                     let started = std::time::Instant::now();
-                    let (records, end) =
-                        read_changelog(&bootstrap, &application_id, &name, partition, from)?;
-                    let restored = logged.restore(records)?;
+                    let (restored, end) = restore_changelog(
+                        &bootstrap,
+                        &application_id,
+                        &name,
+                        partition,
+                        from,
+                        restore_options,
+                        &mut |entries| Ok(logged.restore_entries(entries)?),
+                    )?;
                     {
                         let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());
                         stats.records += restored;
@@ -240,7 +281,15 @@ impl StateBackend for RocksDbStateBackend {
         std::mem::take(&mut *self.restore_stats.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    fn batch_committed(&mut self) -> Result<()> {
+        for guard in self.guards.values() {
+            guard.batch_committed();
+        }
+        Ok(())
+    }
+
     fn between_batches(&mut self) -> Result<()> {
+        self.write_due_checkpoints();
         let (Some(standbys), Some((config, _))) = (self.standbys.as_mut(), &self.changelog) else {
             return Ok(());
         };
@@ -256,6 +305,7 @@ impl StateBackend for RocksDbStateBackend {
     fn close(&mut self, partition: i32) -> Result<()> {
         let db = self.tasks.remove(&partition);
         let stores = self.opened.remove(&partition).unwrap_or_default();
+        self.guards.remove(&partition);
         self.local_checkpoints.remove(&partition);
         let (Some(db), Some((config, _))) = (db, &self.changelog) else {
             return Ok(());
@@ -266,7 +316,7 @@ impl StateBackend for RocksDbStateBackend {
         let mut checkpoint = LocalCheckpoint::new();
         for name in stores {
             let topic = changelog_topic(&self.application_id, &name);
-            let end = changelog_end(&config.bootstrap, &topic, partition)?;
+            let (_, end) = changelog_watermarks(&config.bootstrap, &topic, partition)?;
             checkpoint.insert(name, end);
         }
         let file = db.path().join(CHECKPOINT_FILE);
@@ -281,17 +331,57 @@ impl StateBackend for RocksDbStateBackend {
     }
 }
 
-/// The end offset of a changelog partition (after its last commit marker).
-fn changelog_end(bootstrap: &str, topic: &str, partition: i32) -> Result<i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| Error::Source(format!("metadata client: {e}")))?;
-    let (_, high) = consumer
-        .fetch_watermarks(topic, partition, std::time::Duration::from_secs(10))
-        .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))?;
-    Ok(high)
+impl RocksDbStateBackend {
+    /// Writes the local checkpoint of every task that committed and wrote
+    /// nothing since, at most every [`LOCAL_CHECKPOINT_INTERVAL`]: a
+    /// restart after an error or a crash then replays only the changelog's
+    /// tail. A checkpoint is an optimisation: failing to write one is
+    /// logged, not an error.
+    fn write_due_checkpoints(&mut self) {
+        let Some((config, _)) = &self.changelog else {
+            return;
+        };
+        for (partition, guard) in &self.guards {
+            if !guard.checkpoint_due(LOCAL_CHECKPOINT_INTERVAL) {
+                continue;
+            }
+            let mut checkpoint = LocalCheckpoint::new();
+            let ends = self
+                .opened
+                .get(partition)
+                .into_iter()
+                .flatten()
+                .map(|name| {
+                    let topic = changelog_topic(&self.application_id, name);
+                    changelog_watermarks(&config.bootstrap, &topic, *partition)
+                        .map(|(_, end)| (name.clone(), end))
+                });
+            let written = ends
+                .map(|end| end.map(|(name, end)| checkpoint.insert(name, end)))
+                .collect::<Result<Vec<_>>>()
+                .and_then(|_| guard.write(&checkpoint));
+            if let Err(e) = written {
+                tracing::warn!(partition, error = %e, "local checkpoint not written");
+            }
+        }
+    }
+}
+
+/// Held by a store's restore while it runs (dropped when it ends, fails or
+/// never runs): its task's checkpoint waits for it.
+struct RestoreInProgress(Arc<TaskCheckpointGuard>);
+
+impl RestoreInProgress {
+    fn new(guard: Arc<TaskCheckpointGuard>) -> Self {
+        guard.restore_started();
+        RestoreInProgress(guard)
+    }
+}
+
+impl Drop for RestoreInProgress {
+    fn drop(&mut self) {
+        self.0.restore_finished();
+    }
 }
 
 impl std::fmt::Debug for RocksDbStateBackend {
