@@ -1644,6 +1644,44 @@ mod tests {
     use super::*;
     use crate::runtime::{StageInput, StageOutput};
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// A pipeline file with any of its lines dropped, doubled or cut
+        /// short parses or is refused with an error, never a panic (#15).
+        #[test]
+        fn no_mangled_pipeline_file_panics_the_parser(
+            edits in proptest::collection::vec((0usize..40, 0u8..3, 0usize..30), 0..6)
+        ) {
+            let mut lines: Vec<String> = GOOD.lines().map(str::to_string).collect();
+            for (at, edit, cut) in edits {
+                if lines.is_empty() {
+                    break;
+                }
+                let at = at % lines.len();
+                match edit {
+                    0 => {
+                        lines.remove(at);
+                    }
+                    1 => lines.insert(at, lines[at].clone()),
+                    _ => {
+                        let line = &lines[at];
+                        let end = line.char_indices().map(|(i, _)| i).nth(cut).unwrap_or(line.len());
+                        lines[at] = line[..end].to_string();
+                    }
+                }
+            }
+            if let Ok(file) = PipelineFile::parse(&lines.join("\n")) {
+                let _ = file.query_builder();
+            }
+        }
+
+        /// Any text at all parses or is refused, never a panic.
+        #[test]
+        fn no_text_panics_the_pipeline_parser(text in "\\PC{0,200}") {
+            let _ = PipelineFile::parse(&text);
+        }
+    }
+
     const GOOD: &str = r#"name: tumbling-count
 source:
   kind: files

@@ -251,6 +251,70 @@ mod tests {
     use crate::aggregate::AggregateFn;
     use crate::AggregateInput;
 
+    /// One of each built-in aggregate, sketches included: their decoders
+    /// read bytes from the state store.
+    fn every_aggregate() -> Vec<AggregateSpec> {
+        [
+            "count",
+            "sum",
+            "avg",
+            "min",
+            "max",
+            "max_by",
+            "stddev",
+            "var_pop",
+            "approx_count_distinct",
+            "approx_percentile",
+        ]
+        .iter()
+        .map(|name| {
+            AggregateSpec::new(
+                AggregateFn::built_in(name).unwrap(),
+                AggregateInput::Column("x".into()),
+            )
+        })
+        .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Corrupt state (any bytes, or a valid encoding cut or flipped) is
+        /// an error, never a panic (#15): the state codecs read what a disk
+        /// or a changelog hands back.
+        #[test]
+        fn no_bytes_panic_the_state_decoders(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+            flip in 0usize..400,
+            cut in 0usize..400,
+        ) {
+            let aggs = every_aggregate();
+            let _ = decode_key_state(&bytes, &aggs);
+            let _ = Reader(&bytes).row();
+            let _ = Reader(&bytes).value();
+            for spec in &aggs {
+                let _ = spec.function.decode(&bytes);
+            }
+            // A valid encoding, damaged.
+            let mut accs: Vec<Accumulator> = aggs.iter().map(|a| a.function.zero()).collect();
+            for (spec, acc) in aggs.iter().zip(accs.iter_mut()) {
+                spec.function.reduce(acc, &Value::Long(bytes.len() as i64));
+            }
+            let window = TimeWindow { start: 0, end: 10 };
+            let mut valid = encode_key_state(
+                &[Value::from("k")],
+                std::iter::once((window, &accs[..])),
+                &aggs,
+            );
+            {
+                let at = flip % valid.len();
+                valid[at] ^= 0xA5;
+                let _ = decode_key_state(&valid, &aggs);
+                valid.truncate(cut % (valid.len() + 1));
+                let _ = decode_key_state(&valid, &aggs);
+            }
+        }
+    }
+
     #[test]
     fn round_trips() {
         let aggs = vec![

@@ -511,6 +511,97 @@ fn arithmetic(op: BinaryOp, l: Value, r: Value) -> Value {
 mod tests {
     use super::*;
 
+    /// What generated expressions are made of: every operator and keyword,
+    /// the test row's columns, and the numbers at the edges of the types.
+    const TOKENS: &[&str] = &[
+        "n",
+        "amount",
+        "id",
+        "missing_value",
+        "nope",
+        "0",
+        "1",
+        "-1",
+        "2.5",
+        "0.0",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "1e308",
+        "-1e308",
+        "'x'",
+        "''",
+        "'%a_'",
+        "(",
+        ")",
+        "(",
+        ")",
+        "+",
+        "-",
+        "*",
+        "/",
+        "%",
+        "=",
+        "==",
+        "!=",
+        "<>",
+        "<",
+        "<=",
+        ">",
+        ">=",
+        "AND",
+        "OR",
+        "NOT",
+        "IS",
+        "NULL",
+        "TRUE",
+        "FALSE",
+        "IN",
+        "LIKE",
+        "BETWEEN",
+        "CASE",
+        "WHEN",
+        "THEN",
+        "ELSE",
+        "END",
+        ",",
+        "CAST",
+        "AS",
+        "BIGINT",
+        "DOUBLE",
+        "STRING",
+        "TIMESTAMP",
+        "coalesce",
+        "abs",
+        "length",
+        "lower",
+        "upper",
+        "substring",
+        "concat",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Any sequence of expression tokens parses or is refused, and what
+        /// parses evaluates, without a panic (#15: no input may crash the
+        /// process; filters and projections are user input).
+        #[test]
+        fn no_token_sequence_panics_the_parser_or_the_evaluator(
+            tokens in proptest::collection::vec(proptest::sample::select(TOKENS), 0..24)
+        ) {
+            if let Ok(expr) = Expr::parse(&tokens.join(" ")) {
+                let _ = expr.eval(&row());
+            }
+        }
+
+        /// Any text at all, likewise.
+        #[test]
+        fn no_text_panics_the_parser_or_the_evaluator(text in "\\PC{0,64}") {
+            if let Ok(expr) = Expr::parse(&text) {
+                let _ = expr.eval(&row());
+            }
+        }
+    }
+
     fn row() -> Row {
         [
             ("amount", Value::from(12.5)),

@@ -300,6 +300,46 @@ mod tests {
         {"name":"event_time","type":{"type":"long","logicalType":"timestamp-millis"}},
         {"name":"note","type":["null","string"],"default":null}]}"#;
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+        /// Any bytes after a known schema id (random, or a valid record
+        /// flipped or cut short) decode or are a bad record, never a panic
+        /// (#15: a topic's bytes are input like any other).
+        #[test]
+        fn no_bytes_panic_the_decoder(
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            flip in 0usize..64,
+            cut in 0usize..64,
+        ) {
+            let schema = AvroSchema::parse_str(SCHEMA).unwrap();
+            let mut decoder = AvroDecoder::new([(7, schema.clone())].into_iter().collect(), None);
+            let decode = |decoder: &mut AvroDecoder, bytes: Vec<u8>| {
+                let _ = decoder.decode(&Record {
+                    value: Some(bytes),
+                    position: SourcePosition::new("t", 0, 1),
+                    ..Default::default()
+                });
+            };
+            let mut random = vec![0, 0, 0, 0, 7];
+            random.extend(&tail);
+            decode(&mut decoder, random);
+            let row: Row = [
+                ("id", Value::from("abc")),
+                ("amount", Value::from(2.5)),
+                ("event_time", Value::Timestamp(1_000_000)),
+                ("note", Value::from("n")),
+            ]
+            .into_iter()
+            .collect();
+            let mut valid = AvroEncoder::new(schema, 7).unwrap().encode(&row).unwrap();
+            let at = 5 + flip % (valid.len() - 5);
+            valid[at] ^= tail.first().copied().unwrap_or(0x80) | 1;
+            decode(&mut decoder, valid.clone());
+            valid.truncate(cut % (valid.len() + 1));
+            decode(&mut decoder, valid);
+        }
+    }
+
     #[test]
     fn round_trips_and_rejects_unknown_ids() {
         let schema = AvroSchema::parse_str(SCHEMA).unwrap();
