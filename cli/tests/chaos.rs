@@ -100,6 +100,8 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
             _ => {}
         }
     }
+    let phase = |name: &str| eprintln!("chaos: {name} at {:.0} s", started.elapsed().as_secs_f64());
+    phase("faults done");
     for r in &mut replicas {
         assert!(
             r.child.try_wait().unwrap().is_none(),
@@ -108,6 +110,7 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
         interrupt(&mut r.child);
     }
 
+    phase("replicas stopped");
     // One available-now run finishes what the replicas left.
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(
@@ -124,6 +127,7 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
         String::from_utf8_lossy(&finish.stderr)
     );
 
+    phase("available-now run done");
     let expected = expected_rows(PARTITIONS);
     let out = consume_all(&output, expected, Duration::from_secs(60));
     let mut windows: BTreeMap<(String, String), Vec<(i64, f64)>> = BTreeMap::new();

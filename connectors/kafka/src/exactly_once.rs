@@ -54,6 +54,9 @@ impl SharedTransactions {
         identity: Arc<InstanceIdentity>,
     ) -> Result<Self> {
         let transactional_id = identity.transactional_id(stage);
+        for orphan in identity.orphaned_slots() {
+            fence(bootstrap, &format!("{stage}-{}", orphan.id));
+        }
         Self::create(bootstrap, &transactional_id, Some(identity))
     }
 
@@ -169,6 +172,30 @@ impl SharedTransactions {
     /// visible to `read_committed` readers.
     pub fn abort(&self) -> Result<()> {
         self.lock().abort()
+    }
+}
+
+/// Fences the transactional id of a dead instance: initialising a producer
+/// with it aborts what it left open. Best effort: on failure the broker
+/// aborts it at the transaction timeout anyway.
+fn fence(bootstrap: &str, transactional_id: &str) {
+    let fenced = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", transactional_id)
+        .create::<rdkafka::producer::BaseProducer>()
+        .map_err(|e| e.to_string())
+        .and_then(|p| {
+            p.init_transactions(Duration::from_secs(10))
+                .map_err(|e| e.to_string())
+        });
+    match fenced {
+        Ok(()) => tracing::info!(
+            transactional_id,
+            "a dead instance's transactional id fenced"
+        ),
+        Err(error) => {
+            tracing::warn!(transactional_id, %error, "could not fence a dead instance's transactional id")
+        }
     }
 }
 

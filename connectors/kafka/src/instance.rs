@@ -19,7 +19,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tidemark::error::{Error, Result};
 
 /// The environment variable that names an instance explicitly.
@@ -38,6 +38,18 @@ pub struct InstanceIdentity {
     origin: IdentityOrigin,
     /// The locked slot file, held for the identity's lifetime.
     _slot: Option<File>,
+    /// The directory of the application's slots, for a slot identity.
+    slots: Option<PathBuf>,
+}
+
+/// The id of an instance slot no live process holds: a dead instance's.
+/// The slot stays locked while this lives, so no process takes it
+/// meanwhile.
+#[derive(Debug)]
+pub struct OrphanedSlot {
+    /// The dead instance's id.
+    pub id: String,
+    _lock: File,
 }
 
 /// Where an [`InstanceIdentity`] came from.
@@ -63,6 +75,7 @@ impl InstanceIdentity {
                 id,
                 origin: IdentityOrigin::Environment,
                 _slot: None,
+                slots: None,
             });
         }
         match state_dir {
@@ -78,6 +91,7 @@ impl InstanceIdentity {
             id: random_id(),
             origin: IdentityOrigin::Process,
             _slot: None,
+            slots: None,
         }
     }
 
@@ -99,6 +113,7 @@ impl InstanceIdentity {
                         id,
                         origin: IdentityOrigin::StateDirectorySlot(slot),
                         _slot: Some(lock),
+                        slots: Some(dir.to_path_buf()),
                     });
                 }
                 Err(TryLockError::WouldBlock) => continue,
@@ -112,6 +127,32 @@ impl InstanceIdentity {
                 dir.display()
             ),
         ))
+    }
+
+    /// The slots of this application that no live process holds but that
+    /// have an id: instances that died (a restarted one usually takes its
+    /// own slot back, but not when a lower slot is free). Their open
+    /// transactions block `read_committed` readers and restores until the
+    /// transaction timeout; fencing their ids aborts them at once.
+    pub fn orphaned_slots(&self) -> Vec<OrphanedSlot> {
+        let Some(dir) = &self.slots else {
+            return Vec::new();
+        };
+        (0..MAX_SLOTS)
+            .map_while(|slot| {
+                let id_file = dir.join(format!("{slot}.id"));
+                id_file.exists().then_some((slot, id_file))
+            })
+            .filter_map(|(slot, id_file)| {
+                let lock = OpenOptions::new()
+                    .write(true)
+                    .open(dir.join(format!("{slot}.lock")))
+                    .ok()?;
+                lock.try_lock().ok()?;
+                let id = std::fs::read_to_string(id_file).ok()?.trim().to_string();
+                (!id.is_empty() && id != self.id).then_some(OrphanedSlot { id, _lock: lock })
+            })
+            .collect()
     }
 
     /// The instance id: what transactional ids are made from.
@@ -175,8 +216,16 @@ mod tests {
         let first_id = first.id().to_string();
         drop(first);
         // A restarted process takes the freed slot and its predecessor's id.
+        // Its id is an orphan's for the others until a process takes it.
+        let orphans = second.orphaned_slots();
+        assert_eq!(
+            orphans.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(),
+            [first_id.as_str()]
+        );
+        drop(orphans);
         let restarted = InstanceIdentity::from_slot(&slots).unwrap();
         assert_eq!(restarted.id(), first_id);
+        assert!(second.orphaned_slots().is_empty());
         assert_eq!(
             restarted.transactional_id("orders"),
             format!("orders-{first_id}")
