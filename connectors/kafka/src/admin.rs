@@ -73,3 +73,31 @@ pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
         .unwrap_or(1)
         .max(1))
 }
+
+/// A client whose end-offset queries (`fetch_watermarks`) give the high
+/// watermark, every record written, committed or not, with `properties`
+/// (the reading client's own, for its security settings).
+///
+/// Not the last stable offset a `read_committed` client is told: right
+/// after a transaction commits, and until its commit markers are written
+/// (asynchronously, by the transaction coordinator), the last stable offset
+/// still stands before that transaction's records. A reader that took it as
+/// the end would stop short of a batch that did commit: a restore would
+/// miss its state (under offsets already past its input), an
+/// available-now run its rows. Reading with `read_committed` up to the high
+/// watermark waits for the markers instead (and for an open transaction of
+/// a dead writer to be aborted).
+pub fn high_watermark_client(
+    bootstrap: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+) -> Result<rdkafka::consumer::BaseConsumer> {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    for (key, value) in properties {
+        config.set(key, value);
+    }
+    config
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| Error::Source(format!("end-offset client for {bootstrap}: {e}")))
+}

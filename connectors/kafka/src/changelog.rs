@@ -88,24 +88,11 @@ impl ChangelogWriter for KafkaChangelogWriter {
 }
 
 /// The first and the end offset of a changelog partition, the end being the
-/// high watermark: every record written, committed or not.
-///
-/// Not the last stable offset a `read_committed` client is told: right
-/// after a transaction commits, and until its commit markers are written
-/// (asynchronously, by the transaction coordinator), the last stable offset
-/// still stands before that transaction's records, while the offsets
-/// committed in it are already served to the partition's next owner. A
-/// restore that stopped there would miss the last batch's state under
-/// offsets that are past its input: rows lost. Reading with
-/// `read_committed` up to the high watermark waits for the markers instead
-/// (and for an open transaction of a fenced predecessor to be aborted).
+/// high watermark (see [`crate::admin::high_watermark_client`]): a restore
+/// that stopped at the last stable offset would miss the last batch's state
+/// right after its commit, under offsets already past its input.
 pub fn changelog_watermarks(bootstrap: &str, topic: &str, partition: i32) -> Result<(i64, i64)> {
-    let client: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|e| Error::Source(format!("changelog metadata client: {e}")))?;
-    client
+    crate::admin::high_watermark_client(bootstrap, &BTreeMap::new())?
         .fetch_watermarks(topic, partition, Duration::from_secs(10))
         .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))
 }

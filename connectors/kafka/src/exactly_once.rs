@@ -207,6 +207,9 @@ impl Transactions {
             return Ok(());
         }
         self.open = false;
+        // Records still in flight when the abort is sent made the broker
+        // refuse it (INVALID_TXN_STATE) under load: let them land first.
+        let _ = self.producer.flush(TIMEOUT);
         self.tracker.take_failures();
         self.producer.abort_transaction(TIMEOUT).map_err(|e| {
             Error::Sink(format!(

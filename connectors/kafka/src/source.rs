@@ -235,13 +235,14 @@ impl KafkaSource {
     fn capture_end_offsets(&mut self, deadline: Instant) -> Result<()> {
         self.join(deadline)?;
         let mut ends = HashMap::default();
+        let end_offsets =
+            crate::admin::high_watermark_client(&self.config.bootstrap, &self.config.properties)?;
         let committed = self
             .consumer
             .committed(Duration::from_secs(10))
             .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
         for (topic, partition) in self.assigned() {
-            let (low, high) = self
-                .consumer
+            let (low, high) = end_offsets
                 .fetch_watermarks(&topic, partition, Duration::from_secs(10))
                 .map_err(|e| Error::Source(format!("end offsets of {topic}/{partition}: {e}")))?;
             let start = committed
