@@ -147,6 +147,14 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
         .filter(|(_, w)| w.iter().any(|v| *v != (12, 18.0)))
         .collect();
     let lost = expected.saturating_sub(windows.len());
+    if lost > 0 {
+        // Which windows: per key, the window starts written.
+        let mut written: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (id, start) in windows.keys() {
+            written.entry(id).or_default().push(&start[11..16]);
+        }
+        eprintln!("chaos: windows written per key: {written:?}");
+    }
     eprintln!(
         "chaos: {killed} kills survived, {added} replica added, {stopped} stopped, \
          {broker_restarts} broker restart(s), {} records, {} windows expected, \

@@ -90,14 +90,10 @@ impl<S: StateStore, W: ChangelogWriter> ChangeLoggingStore<S, W> {
         Ok(count)
     }
 
-    /// Replays one chunk of a changelog's `(key, value)` entries (no value:
-    /// a tombstone) into the store below, in one write batch, without
-    /// logging them again.
-    pub fn restore_entries(
-        &mut self,
-        entries: &[(Vec<u8>, Option<Vec<u8>>)],
-    ) -> Result<(), StateError> {
-        self.inner.write_batch(entries)
+    /// Replays one chunk of a changelog into the store below, in one write
+    /// batch, without logging it again.
+    pub fn restore_chunk(&mut self, chunk: &ChangelogChunk) -> Result<(), StateError> {
+        self.inner.restore_batch(&mut chunk.iter())
     }
 
     fn log(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StateError> {
@@ -147,5 +143,88 @@ impl<S: StateStore, W: ChangelogWriter> StateStore for ChangeLoggingStore<S, W> 
     }
     fn flush(&mut self) -> Result<(), StateError> {
         self.inner.flush()
+    }
+}
+
+/// Store changes as a restore hands them on, in one reused buffer (no
+/// allocation per record): `(key, value)`, no value for a tombstone.
+#[derive(Debug, Default, Clone)]
+pub struct ChangelogChunk {
+    bytes: Vec<u8>,
+    /// Per entry: key length, then value length (`None`: a tombstone).
+    lengths: Vec<(u32, Option<u32>)>,
+}
+
+impl ChangelogChunk {
+    /// Appends one change.
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.bytes.extend_from_slice(key);
+        if let Some(v) = value {
+            self.bytes.extend_from_slice(v);
+        }
+        self.lengths
+            .push((key.len() as u32, value.map(|v| v.len() as u32)));
+    }
+
+    /// The changes held.
+    pub fn len(&self) -> usize {
+        self.lengths.len()
+    }
+
+    /// Whether no change is held.
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+
+    /// Bytes of keys and values held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Forgets the changes, keeping the buffers.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.lengths.clear();
+    }
+
+    /// The changes in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        let mut at = 0;
+        self.lengths.iter().map(move |(key_len, value_len)| {
+            let key = &self.bytes[at..at + *key_len as usize];
+            at += *key_len as usize;
+            let value = value_len.map(|n| {
+                let v = &self.bytes[at..at + n as usize];
+                at += n as usize;
+                v
+            });
+            (key, value)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_hands_back_its_changes_in_order_and_is_reused_after_clear() {
+        let mut chunk = ChangelogChunk::default();
+        let changes: [(&[u8], Option<&[u8]>); 4] = [
+            (b"a", Some(b"1")),
+            (b"", Some(b"")),
+            (b"gone", None),
+            (b"b", Some(b"22")),
+        ];
+        for (key, value) in changes {
+            chunk.push(key, value);
+        }
+        assert_eq!(chunk.len(), 4);
+        assert_eq!(chunk.bytes(), 1 + 1 + 4 + 1 + 2);
+        assert_eq!(chunk.iter().collect::<Vec<_>>(), changes);
+        chunk.clear();
+        assert!(chunk.is_empty());
+        chunk.push(b"c", None);
+        assert_eq!(chunk.iter().collect::<Vec<_>>(), [(&b"c"[..], None)]);
     }
 }

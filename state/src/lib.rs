@@ -14,7 +14,9 @@ mod changelog;
 mod rocks;
 
 pub use caching::CachingStore;
-pub use changelog::{ChangeLoggingStore, ChangelogRecord, ChangelogWriter, VecChangelog};
+pub use changelog::{
+    ChangeLoggingStore, ChangelogChunk, ChangelogRecord, ChangelogWriter, VecChangelog,
+};
 pub use rocks::{MemoryBudget, RocksDbStore, TaskDb};
 
 use std::collections::BTreeMap;
@@ -29,6 +31,9 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// Key-value pairs in key order, as scans return them.
 pub type Entries = Vec<Entry>;
+
+/// Changes replayed by a restore: `(key, value)`, no value for a tombstone.
+pub type RestoreEntries<'a> = dyn Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a;
 
 /// An ordered byte-key store.
 pub trait StateStore: Send {
@@ -61,6 +66,16 @@ pub trait StateStore: Send {
             }
         }
         Ok(())
+    }
+    /// Writes a chunk of a restore: as [`StateStore::write_batch`], but a
+    /// store may skip its own crash journal (RocksDB's write-ahead log),
+    /// since a restore cut short is redone from its changelog anyway; the
+    /// restore ends with [`StateStore::flush`].
+    fn restore_batch(&mut self, entries: &mut RestoreEntries<'_>) -> Result<(), StateError> {
+        let owned: Vec<(Vec<u8>, Option<Vec<u8>>)> = entries
+            .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+            .collect();
+        self.write_batch(&owned)
     }
     /// Makes everything written durable (a flush of dirty caches and
     /// memtables); called at each checkpoint.

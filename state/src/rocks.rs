@@ -2,7 +2,7 @@
 //! a column family per store, one memory budget for block cache and write
 //! buffers.
 
-use crate::{Entries, Entry, StateError, StateStore};
+use crate::{Entries, Entry, RestoreEntries, StateError, StateStore};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, Direction, IteratorMode, MultiThreaded,
     Options, WriteBatch, WriteBufferManager,
@@ -172,6 +172,19 @@ pub struct RocksDbStore {
 }
 
 impl RocksDbStore {
+    /// `entries` (puts, and deletes where no value) as one write batch.
+    fn batch_of(&self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<WriteBatch, StateError> {
+        let cf = self.cf()?;
+        let mut batch = WriteBatch::default();
+        for (key, value) in entries {
+            match value {
+                Some(v) => batch.put_cf(&cf, key, v),
+                None => batch.delete_cf(&cf, key),
+            }
+        }
+        Ok(batch)
+    }
+
     fn cf(&self) -> Result<Arc<rocksdb::BoundColumnFamily<'_>>, StateError> {
         self.db
             .cf_handle(&self.name)
@@ -263,6 +276,10 @@ impl StateStore for RocksDbStore {
             .unwrap_or(0) as usize
     }
     fn write_batch(&mut self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
+        let batch = self.batch_of(entries)?;
+        self.db.write(batch).map_err(|e| backend(&self.name, e))
+    }
+    fn restore_batch(&mut self, entries: &mut RestoreEntries<'_>) -> Result<(), StateError> {
         let cf = self.cf()?;
         let mut batch = WriteBatch::default();
         for (key, value) in entries {
@@ -271,7 +288,11 @@ impl StateStore for RocksDbStore {
                 None => batch.delete_cf(&cf, key),
             }
         }
-        self.db.write(batch).map_err(|e| backend(&self.name, e))
+        let mut options = rocksdb::WriteOptions::default();
+        options.disable_wal(true);
+        self.db
+            .write_opt(batch, &options)
+            .map_err(|e| backend(&self.name, e))
     }
     fn flush(&mut self) -> Result<(), StateError> {
         self.db

@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
         0,
         None,
         RestoreOptions::default(),
-        &mut |entries| Ok(restored.restore_entries(entries)?),
+        &mut |chunk| Ok(restored.restore_chunk(chunk)?),
     )?;
     restored.flush()?;
     let restore_s = started.elapsed().as_secs_f64();

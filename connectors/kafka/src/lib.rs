@@ -19,8 +19,7 @@ pub mod state_backend;
 pub use state_backend::split_memory_budget;
 
 pub use changelog::{
-    changelog_topic, read_changelog, restore_changelog, ChangelogEntries, KafkaChangelogWriter,
-    RestoreOptions,
+    changelog_topic, read_changelog, restore_changelog, KafkaChangelogWriter, RestoreOptions,
 };
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
-use tidemark_state::{Entries, Entry, StateError, StateStore};
+use tidemark_state::{Entries, Entry, RestoreEntries, StateError, StateStore};
 
 /// The file a cleanly closed task leaves next to its RocksDB files.
 pub(crate) const CHECKPOINT_FILE: &str = ".checkpoint";
@@ -204,6 +204,13 @@ impl<S: StateStore> StateStore for GuardedStore<S> {
             self.guard.before_write(self.inner.name())?;
         }
         self.inner.write_batch(entries)
+    }
+    fn restore_batch(
+        &mut self,
+        entries: &mut RestoreEntries<'_>,
+    ) -> std::result::Result<(), StateError> {
+        self.guard.before_write(self.inner.name())?;
+        self.inner.restore_batch(entries)
     }
     fn flush(&mut self) -> std::result::Result<(), StateError> {
         self.inner.flush()

@@ -241,8 +241,11 @@ impl StateBackend for RocksDbStateBackend {
                         partition,
                         from,
                         restore_options,
-                        &mut |entries| Ok(logged.restore_entries(entries)?),
+                        &mut |chunk| Ok(logged.restore_chunk(chunk)?),
                     )?;
+                    // Restored without the write-ahead log: on disk before
+                    // any checkpoint may vouch for it.
+                    logged.flush()?;
                     {
                         let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());
                         stats.records += restored;

@@ -15,6 +15,11 @@ use tidemark::runtime::TableFeed;
 /// each start).
 pub struct KafkaTableFeed {
     consumer: BaseConsumer,
+    /// Asks for the partitions' ends counting uncommitted records: a
+    /// catch-up right after a writer's commit must wait for its markers
+    /// rather than stop before its records (see
+    /// [`crate::admin::high_watermark_client`]).
+    end_offsets: BaseConsumer,
     topic: String,
     partitions: Vec<i32>,
     /// The next offset to read, by partition.
@@ -58,6 +63,7 @@ impl KafkaTableFeed {
             .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
         Ok(KafkaTableFeed {
             consumer,
+            end_offsets: crate::admin::high_watermark_client(bootstrap, properties)?,
             topic: topic.to_string(),
             next: partitions.iter().map(|p| (*p, 0)).collect(),
             partitions,
@@ -84,7 +90,7 @@ impl TableFeed for KafkaTableFeed {
         let mut ends = BTreeMap::new();
         for p in &self.partitions {
             let (_, high) = self
-                .consumer
+                .end_offsets
                 .fetch_watermarks(&self.topic, *p, Duration::from_secs(10))
                 .map_err(|e| Error::Source(format!("end of `{}`/{p}: {e}", self.topic)))?;
             ends.insert(*p, high);
