@@ -173,7 +173,10 @@ pub struct RocksDbStore {
 
 impl RocksDbStore {
     /// `entries` (puts, and deletes where no value) as one write batch.
-    fn batch_of(&self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<WriteBatch, StateError> {
+    fn batch_of<'a>(
+        &self,
+        entries: impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    ) -> Result<WriteBatch, StateError> {
         let cf = self.cf()?;
         let mut batch = WriteBatch::default();
         for (key, value) in entries {
@@ -276,18 +279,11 @@ impl StateStore for RocksDbStore {
             .unwrap_or(0) as usize
     }
     fn write_batch(&mut self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
-        let batch = self.batch_of(entries)?;
+        let batch = self.batch_of(entries.iter().map(|(k, v)| (k.as_slice(), v.as_deref())))?;
         self.db.write(batch).map_err(|e| backend(&self.name, e))
     }
     fn restore_batch(&mut self, entries: &mut RestoreEntries<'_>) -> Result<(), StateError> {
-        let cf = self.cf()?;
-        let mut batch = WriteBatch::default();
-        for (key, value) in entries {
-            match value {
-                Some(v) => batch.put_cf(&cf, key, v),
-                None => batch.delete_cf(&cf, key),
-            }
-        }
+        let batch = self.batch_of(entries)?;
         let mut options = rocksdb::WriteOptions::default();
         options.disable_wal(true);
         self.db
