@@ -7,7 +7,9 @@
 //!
 //! `CHAOS_KILLS` sets the number of kills (default 6, the short version CI
 //! runs); `CHAOS_SEED` replays a run's random choices (printed at the
-//! start). The long version is `scripts/chaos.sh` (100 kills).
+//! start); `TIDEMARK_TEST_LOG_DIR` keeps every process's stderr there
+//! (`tidemark-0.log`: the final run). The long version is
+//! `scripts/chaos.sh` (100 kills).
 
 mod common;
 
@@ -121,6 +123,10 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
     let finish = tidemark_run(&file, None, std::process::Stdio::piped())
         .output()
         .unwrap();
+    if let Some(mut log) = replica_log(0) {
+        use std::io::Write;
+        let _ = log.write_all(&finish.stderr);
+    }
     assert!(
         finish.status.success(),
         "{}",

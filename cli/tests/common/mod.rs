@@ -233,6 +233,15 @@ pub struct Replica {
     pub fenced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// With `TIDEMARK_TEST_LOG_DIR` set, a file there that keeps process
+/// `pid`'s stderr (its log and progress lines), for diagnosing a failed
+/// soak after the fact.
+pub fn replica_log(pid: u32) -> Option<std::fs::File> {
+    let dir = std::env::var("TIDEMARK_TEST_LOG_DIR").ok()?;
+    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::File::create(std::path::Path::new(&dir).join(format!("tidemark-{pid}.log"))).ok()
+}
+
 /// Starts `tidemark run FILE` (no instance id: it takes a state-directory
 /// slot) and counts what its stderr reports.
 pub fn start_replica(file: &std::path::Path) -> Replica {
@@ -246,8 +255,13 @@ pub fn start_replica(file: &std::path::Path) -> Replica {
     let batches_with_input = Arc::new(AtomicUsize::new(0));
     let fenced = Arc::new(AtomicUsize::new(0));
     let (counter, fenced_lines) = (batches_with_input.clone(), fenced.clone());
+    let mut log = replica_log(child.id());
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
+            if let Some(file) = log.as_mut() {
+                use std::io::Write;
+                let _ = writeln!(file, "{line}");
+            }
             if line.to_lowercase().contains("fenced") {
                 eprintln!("fenced: {line}");
                 fenced_lines.fetch_add(1, Ordering::Relaxed);
