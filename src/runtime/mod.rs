@@ -53,7 +53,9 @@ pub struct SourceBatch {
     /// tasks are closed.
     pub revoked_partitions: Vec<i32>,
     /// Checkpoints stored with the committed offsets of partitions assigned
-    /// since the last batch: their tasks resume from them.
+    /// since the last batch: their tasks resume from them. A partition may
+    /// come with several (one per topic, each written when that topic last
+    /// moved); the task merges them, which keeps the newest.
     pub restored_checkpoints: Vec<(i32, String)>,
 }
 

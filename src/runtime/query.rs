@@ -792,6 +792,65 @@ mod tests {
         assert!(sink.rows.is_empty());
     }
 
+    /// A kill between the batch that moved the watermark and the no-data
+    /// batch after it: the partition's topics hold checkpoints of different
+    /// batches (a topic that delivered nothing lately keeps an older one).
+    /// Whichever comes first, the task resumes from the newest and the
+    /// no-data batch runs.
+    #[test]
+    fn a_restart_runs_the_no_data_batch_its_newest_checkpoint_owes() {
+        use super::super::task::TaskCheckpoint;
+        use crate::watermark::{WatermarkPolicy, WatermarkTracker};
+        let minute = 60_000_000;
+        let stale = WatermarkTracker::new(minute, WatermarkPolicy::Min, None);
+        let mut owing = stale.clone();
+        owing.observe(
+            "input/0",
+            crate::time::parse_rfc3339("2026-01-01T00:10:00Z").unwrap(),
+            0,
+        );
+        assert!(owing.finish_batch(0), "the watermark moved");
+        let encode = |batch_id, watermark: &WatermarkTracker| {
+            let checkpoint = TaskCheckpoint {
+                batch_id,
+                watermark: watermark.clone(),
+            };
+            serde_json::to_string(&checkpoint).unwrap()
+        };
+        let (stale, owing) = (encode(2, &stale), encode(4, &owing));
+        for checkpoints in [
+            vec![(0, stale.clone()), (0, owing.clone())],
+            vec![(0, owing.clone()), (0, stale.clone())],
+        ] {
+            let mut source =
+                VecSource::json_batches(Vec::<Vec<&str>>::new()).restoring(checkpoints);
+            let watermarks = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let seen = watermarks.clone();
+            let mut query = counting(
+                "owed",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            )
+            .build()
+            .unwrap();
+            query
+                .builder
+                .listeners
+                .push(Box::new(move |p: &QueryProgress| {
+                    seen.lock()
+                        .unwrap()
+                        .push(p.event_time.get("watermark").cloned());
+                }));
+            let summary = query.run(&mut source, &mut CollectSink::default()).unwrap();
+            assert_eq!(summary.batches, 1, "the owed no-data batch");
+            let watermarks = watermarks.lock().unwrap();
+            assert_eq!(
+                watermarks.as_slice(),
+                [Some("2026-01-01T00:09:00Z".to_string())]
+            );
+        }
+    }
+
     #[test]
     fn an_aborted_last_batch_is_read_again_before_available_now_ends() {
         let query = counting(

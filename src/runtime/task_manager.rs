@@ -30,7 +30,7 @@ pub(super) struct TaskManager {
     tasks: BTreeMap<i32, Task>,
     restoring: BTreeMap<i32, RestoringTask>,
     /// Checkpoints of partitions whose tasks have not started yet.
-    saved_checkpoints: BTreeMap<i32, String>,
+    saved_checkpoints: BTreeMap<i32, Vec<String>>,
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
@@ -98,10 +98,11 @@ impl TaskManager {
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
                 Some(task) => restore_watermark(task, *partition, checkpoint),
-                None => {
-                    self.saved_checkpoints
-                        .insert(*partition, checkpoint.clone());
-                }
+                None => self
+                    .saved_checkpoints
+                    .entry(*partition)
+                    .or_default()
+                    .push(checkpoint.clone()),
             }
         }
         let new_partitions = self.new_partitions(batch);
@@ -176,7 +177,11 @@ impl TaskManager {
         operators: Vec<Box<dyn crate::operators::Operator>>,
     ) {
         let mut task = new_task(builder, operators);
-        if let Some(checkpoint) = self.saved_checkpoints.remove(&partition) {
+        for checkpoint in self
+            .saved_checkpoints
+            .remove(&partition)
+            .unwrap_or_default()
+        {
             restore_watermark(&mut task, partition, &checkpoint);
         }
         self.tasks.insert(partition, task);

@@ -57,9 +57,10 @@ impl VecSource {
         }
     }
 
-    /// Hands `checkpoints` back with the first batch, as Kafka does after a
-    /// restart.
-    pub fn restoring(mut self, checkpoints: std::collections::BTreeMap<i32, String>) -> Self {
+    /// Hands `checkpoints` (partition, checkpoint) back with the first
+    /// batch, as Kafka does after a restart; a partition may come with
+    /// several, one per topic.
+    pub fn restoring(mut self, checkpoints: impl IntoIterator<Item = (i32, String)>) -> Self {
         self.restore = checkpoints.into_iter().collect();
         self
     }

@@ -178,8 +178,14 @@ pub fn run_and_kill(file: &std::path::Path, batches: usize) {
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     let mut seen = 0;
+    let mut log = replica_log(child.id());
     for line in stderr.lines() {
-        if line.unwrap().starts_with("{\"id\"") {
+        let line = line.unwrap();
+        if let Some(file) = log.as_mut() {
+            use std::io::Write;
+            let _ = writeln!(file, "{line}");
+        }
+        if line.starts_with("{\"id\"") {
             seen += 1;
         }
         if seen >= batches || std::time::Instant::now() > deadline {

@@ -5,7 +5,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -373,8 +373,6 @@ impl KafkaSource {
         }
     }
 
-    /// The checkpoints committed with the offsets of newly assigned
-    /// partitions (the first non-empty one per partition number).
     /// The checkpoints committed with the offsets of `assigned`. A broker
     /// that cannot say is an error (the batch fails and is retried): tasks
     /// started without their watermark would take rows their windows
@@ -386,11 +384,13 @@ impl KafkaSource {
         let committed = self
             .committed_offsets(assigned)
             .map_err(|e| Error::Source(format!("reading the committed checkpoints: {e}")))?;
-        let mut out: BTreeMap<i32, String> = BTreeMap::new();
+        // Every topic of a task partition keeps its own copy, written when
+        // that topic last moved: one copy may be batches older than
+        // another. All are handed back; the task keeps the newest.
+        let mut out: BTreeSet<(i32, String)> = BTreeSet::new();
         for e in committed.elements() {
             if !e.metadata().is_empty() {
-                out.entry(e.partition())
-                    .or_insert_with(|| e.metadata().to_string());
+                out.insert((e.partition(), e.metadata().to_string()));
             }
         }
         Ok(out.into_iter().collect())
