@@ -2,7 +2,9 @@
 # The long chaos soak (#15): three exactly-once replicas, a producer
 # throughout, KILLS random SIGKILLs (default 100), a broker restart, a
 # replica added and one stopped, then an available-now run; every window
-# must be written exactly once. Prints the report line `chaos: ...`.
+# must be written exactly once, into a Kafka topic and (a second soak, run
+# after the first) into one Delta table all replicas commit to. Prints a
+# report line `chaos: ...` per soak.
 #
 #   scripts/chaos.sh [KILLS] [SEED]
 #

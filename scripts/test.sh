@@ -28,6 +28,10 @@ fi
 cleanup() { if ((started_kafka)) && [[ -z "${TIDEMARK_KEEP_KAFKA:-}" ]]; then bash scripts/kafka.sh stop || true; fi; }
 trap cleanup EXIT
 echo "KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP"
+# Tests that run tidemark processes keep their logs here, for diagnosing a
+# failure after the fact.
+export TIDEMARK_TEST_LOG_DIR="${TIDEMARK_TEST_LOG_DIR:-$CARGO_TARGET_DIR/test-logs/$(date +%Y%m%dT%H%M%S)}"
+echo "TIDEMARK_TEST_LOG_DIR=$TIDEMARK_TEST_LOG_DIR"
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -3,7 +3,9 @@
 //! replicas at random moments (not only after commits), a broker restart
 //! midway, a fourth replica added and one stopped (rebalances), then one
 //! `available_now` run to finish. Every window must be in the output
-//! (`read_committed`) exactly once and complete.
+//! exactly once and complete: a Kafka topic read `read_committed`, and (a
+//! second soak) one Delta table all replicas commit to, read back by the
+//! Python `deltalake` package.
 //!
 //! `CHAOS_KILLS` sets the number of kills (default 6, the short version CI
 //! runs); `CHAOS_SEED` replays a run's random choices (printed at the
@@ -45,8 +47,31 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The two soaks share the broker, which each restarts midway: one at a
+/// time.
+static ONE_SOAK_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restart_and_rebalances() {
+    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    soak(Output::Kafka);
+}
+
+/// The same soak into one Delta table that every replica commits to, read
+/// back by the Python `deltalake` package.
+#[test]
+fn replicas_write_every_window_exactly_once_into_one_delta_table_through_the_same_chaos() {
+    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    soak(Output::Delta);
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Output {
+    Kafka,
+    Delta,
+}
+
+fn soak(sink: Output) {
     let managed_broker = broker_restartable();
     let kills = env_number("CHAOS_KILLS", 6);
     let seed = env_number(
@@ -57,14 +82,23 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
             .as_nanos() as u64
             | 1,
     );
-    eprintln!("chaos: CHAOS_KILLS={kills} CHAOS_SEED={seed}");
+    eprintln!("chaos: {sink:?} CHAOS_KILLS={kills} CHAOS_SEED={seed}");
     let mut chaos = Chaos(seed);
-    let (input, output, group) = (unique("chaos-in"), unique("chaos-out"), unique("chaos-app"));
+    let (input, group) = (unique("chaos-in"), unique("chaos-app"));
+    let output = match sink {
+        Output::Kafka => unique("chaos-out"),
+        Output::Delta => "unused".to_string(),
+    };
     create_topic(&input, PARTITIONS);
-    create_topic(&output, 1);
+    if sink == Output::Kafka {
+        create_topic(&output, 1);
+    }
     let dir = tempfile::tempdir().unwrap();
     let names = (group.as_str(), input.as_str(), output.as_str());
     let file = write_pipeline(dir.path(), names, "{micro_batch: 200 milliseconds}", 50);
+    if sink == Output::Delta {
+        use_delta_sink(&file);
+    }
     let mut replicas: Vec<Replica> = (0..REPLICAS).map(|_| start_replica(&file)).collect();
 
     let started = Instant::now();
@@ -140,10 +174,18 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
 
     phase("available-now run done");
     let expected = expected_rows(PARTITIONS);
-    let out = consume_all(&output, expected, Duration::from_secs(60));
+    let rows: Vec<serde_json::Value> = match sink {
+        Output::Kafka => consume_all(&output, expected, Duration::from_secs(60))
+            .iter()
+            .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
+            .collect(),
+        Output::Delta => read_delta(&dir.path().join("table"), None)["rows"]
+            .as_array()
+            .unwrap()
+            .clone(),
+    };
     let mut windows: BTreeMap<(String, String), Vec<(i64, f64)>> = BTreeMap::new();
-    for r in &out {
-        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+    for v in &rows {
         windows
             .entry((
                 v["id"].as_str().unwrap().to_string(),

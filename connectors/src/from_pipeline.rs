@@ -169,7 +169,12 @@ pub fn connect_stage(
             base_dir,
             &source_bootstrap,
             transactions.as_ref(),
-            real_time,
+            SinkRole {
+                real_time,
+                // Kafka keeps each partition's checkpoint: a Delta table
+                // commits per task, and several instances share it.
+                task_commits: file.source.kind == SourceKind::Kafka,
+            },
         )?,
     };
     let late_data = match &file.late_data {
@@ -187,7 +192,10 @@ pub fn connect_stage(
                 base_dir,
                 &source_bootstrap,
                 transactions,
-                real_time,
+                SinkRole {
+                    real_time,
+                    task_commits: false,
+                },
             )?)
         }
         _ => None,
@@ -647,8 +655,9 @@ fn delta_sink(
     spec: &SinkSpec,
     file: &PipelineFile,
     base_dir: &Path,
-    real_time: bool,
+    role: SinkRole,
 ) -> Result<crate::delta::DeltaSink> {
+    let real_time = role.real_time;
     use crate::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
     use tidemark::operators::OutputMode;
     let mode = match (file.output_mode, spec.mode.unwrap_or_default()) {
@@ -678,6 +687,12 @@ fn delta_sink(
     config.table_properties = spec.table_properties.clone();
     config.storage_options = spec.storage_options.clone();
     config.merge_schema = spec.merge_schema;
+    config.task_commits = role.task_commits
+        && !real_time
+        && matches!(
+            config.mode,
+            DeltaWriteMode::Append | DeltaWriteMode::Changes
+        );
     if real_time {
         config.commit_interval = Some(
             spec.commit_interval
@@ -693,21 +708,30 @@ fn delta_sink(
     DeltaSink::new(config)
 }
 
+/// How a sink is used: under a real-time trigger; whether a Delta table
+/// may commit per task (the query's main sink, over a Kafka source).
+#[derive(Clone, Copy)]
+struct SinkRole {
+    real_time: bool,
+    task_commits: bool,
+}
+
 fn build_sink(
     spec: &SinkSpec,
     file: &PipelineFile,
     base_dir: &Path,
     default_bootstrap: &str,
     transactions: Option<&SharedTransactions>,
-    real_time: bool,
+    role: SinkRole,
 ) -> Result<Box<dyn Sink>> {
+    let real_time = role.real_time;
     Ok(match spec.kind {
         SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
             base_dir,
             spec.path.as_deref().unwrap_or("out.jsonl"),
         ))?),
         SinkKind::Stdout => Box::new(StdoutSink),
-        SinkKind::Delta => Box::new(delta_sink(spec, file, base_dir, real_time)?),
+        SinkKind::Delta => Box::new(delta_sink(spec, file, base_dir, role)?),
         SinkKind::Kafka => {
             let bootstrap = spec
                 .bootstrap

@@ -4,12 +4,16 @@
 //! 2. the state backend commits (changelogs acknowledged), so that no
 //!    offset is committed before the state it produced is durable;
 //! 3. the sink is told the batch's event-time progress and source offsets,
-//!    and commits the batch (a transactional sink commits offsets and
+//!    stages per-task output if it commits per task, and commits the batch (a transactional sink commits offsets and
 //!    output together here);
 //! 4. the late-data output commits, then the dead-letter output flushes;
 //! 5. the source commits its offsets with each task's checkpoint (its
-//!    watermark);
-//! 6. the state backend is told the batch committed (it may then vouch for
+//!    watermark, and the sink commit staged for it in step 3 by a sink that
+//!    commits per task);
+//! 6. such a sink publishes what it staged (a Delta commit): a task that
+//!    resumes elsewhere after a crash between 5 and 6 finds its staged
+//!    commit in its checkpoint and the sink publishes it then;
+//! 7. the state backend is told the batch committed (it may then vouch for
 //!    its local files with a checkpoint).
 //!
 //! A step that reports the batch aborted (a rebalance fenced the
@@ -104,6 +108,8 @@ fn commit_steps(
     targets.sink.event_time_progress(event_time_progress);
     targets.sink.source_offsets(&targets.source.offsets());
     fail_point("before_sink_commit", batch_id)?;
+    let staged = targets.sink.prepare(batch_id, &tasks.next_sink_seqs())?;
+    tasks.record_sink_commits(staged);
     targets.sink.commit(batch_id)?;
     crash_point("after_sink_commit", batch_id);
     fail_point("after_sink_commit", batch_id)?;
@@ -112,5 +118,15 @@ fn commit_steps(
     }
     targets.dead_letter.flush()?;
     arm("after_offsets_added", batch_id);
-    targets.source.commit(&tasks.checkpoints(batch_id))
+    targets.source.commit(&tasks.checkpoints(batch_id))?;
+    crash_point("after_source_commit", batch_id);
+    // The batch is committed: a publish that fails is not an abort (its
+    // replay would stage the output again); the query stops and whoever
+    // owns the partitions next publishes what is staged.
+    targets.sink.publish(batch_id).map_err(|e| match e {
+        Error::BatchAborted(reason) => Error::Sink(format!(
+            "publishing batch {batch_id} after its offsets committed: {reason}"
+        )),
+        other => other,
+    })
 }

@@ -5,10 +5,14 @@
 //! - `TIDEMARK_CRASH_AFTER_SINK_COMMIT=<batch id>` aborts the process right
 //!   after the sink committed that batch and before the source offsets are
 //!   committed, as a `kill -9` at the worst moment would.
+//! - `TIDEMARK_CRASH_AFTER_SOURCE_COMMIT=<batch id>` aborts it right after
+//!   the source committed, before a sink that commits per task published
+//!   what it staged (Delta from Kafka).
 //! - `TIDEMARK_FAIL_COMMIT=<step>:<batch id>` makes step `<step>` of that
 //!   batch's commit fail once per process as a rebalance or a broker error
 //!   would (the batch is aborted and replayed): `before_sink_commit`,
-//!   `after_sink_commit` (for Delta: after the table commit), or
+//!   `after_sink_commit` (for Delta: after the table commit, or after
+//!   staging when it commits per task), or
 //!   `after_offsets_added` (inside the Kafka transaction, once the offsets
 //!   were added to it).
 

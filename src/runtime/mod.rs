@@ -170,6 +170,49 @@ pub trait Sink: Send {
     fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
         Ok(None)
     }
+    /// Writes the batch's rows, `tasks` saying which task partition
+    /// emitted which: `(partition, end)` runs, each covering the rows from
+    /// the previous run's end up to `end`. A sink that commits per task
+    /// ([`Sink::prepare`]) keeps them apart; the others write them all.
+    fn write_tasks(&mut self, batch_id: u64, rows: &[Row], _tasks: &[(i32, usize)]) -> Result<()> {
+        self.write(batch_id, rows)
+    }
+    /// Stages, before the source commits, the output of every task
+    /// partition that has some, as commit `next_seqs[partition]` of that
+    /// partition; returns what each staged partition's checkpoint records
+    /// (committed with the source's offsets). Only sinks that commit per
+    /// task (Delta with several instances) stage anything.
+    fn prepare(
+        &mut self,
+        _batch_id: u64,
+        _next_seqs: &BTreeMap<i32, u64>,
+    ) -> Result<BTreeMap<i32, SinkCommit>> {
+        Ok(BTreeMap::new())
+    }
+    /// Makes what [`Sink::prepare`] staged visible, after the source
+    /// committed. Skips a partition the output already holds that commit
+    /// of (a zombie, a task that moved and was rolled forward elsewhere).
+    fn publish(&mut self, _batch_id: u64) -> Result<()> {
+        Ok(())
+    }
+    /// A task partition starts with `commit` as its last recorded sink
+    /// commit: if the output does not hold it yet (the process stopped
+    /// between the source's commit and [`Sink::publish`]), it is published
+    /// now, before the task writes anything else.
+    fn recover_task(&mut self, _partition: i32, _commit: &SinkCommit) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A task partition's last sink commit, recorded in its checkpoint with
+/// the source offsets: its sequence number (one more with every commit
+/// that had output) and the sink's name for what it staged.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SinkCommit {
+    /// The partition's commit count.
+    pub seq: u64,
+    /// What the sink staged for it (Delta: the staged commit's file).
+    pub staged: String,
 }
 
 /// Where records that fail go, with the error, so that nothing is lost.
@@ -211,6 +254,25 @@ impl<T: Sink + ?Sized> Sink for Box<T> {
     }
     fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
         (**self).recovered_batch()
+    }
+    fn abort(&mut self, batch_id: u64) {
+        (**self).abort(batch_id)
+    }
+    fn write_tasks(&mut self, batch_id: u64, rows: &[Row], tasks: &[(i32, usize)]) -> Result<()> {
+        (**self).write_tasks(batch_id, rows, tasks)
+    }
+    fn prepare(
+        &mut self,
+        batch_id: u64,
+        next_seqs: &BTreeMap<i32, u64>,
+    ) -> Result<BTreeMap<i32, SinkCommit>> {
+        (**self).prepare(batch_id, next_seqs)
+    }
+    fn publish(&mut self, batch_id: u64) -> Result<()> {
+        (**self).publish(batch_id)
+    }
+    fn recover_task(&mut self, partition: i32, commit: &SinkCommit) -> Result<()> {
+        (**self).recover_task(partition, commit)
     }
 }
 

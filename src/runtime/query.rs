@@ -292,6 +292,9 @@ impl<'a> TriggerLoop<'a> {
             &mut *self.source,
             hold_allowed,
         )?;
+        for (partition, commit) in self.tasks.take_sink_recoveries() {
+            self.sink.recover_task(partition, &commit)?;
+        }
         // Held records are read again: the input is not done with.
         self.exhausted &= !self.tasks.any_restoring();
         if !self.batch_due(&batch) {
@@ -424,10 +427,15 @@ impl<'a> TriggerLoop<'a> {
         );
         let contexts = std::mem::take(&mut routed.contexts);
         let joins = self.router.inputs.joins();
-        let end = self
-            .tasks
-            .finish_batch(contexts, &scope, joins, &mut routed.outputs)?;
-        self.sink.write(self.batch_id, &routed.outputs)?;
+        let end = self.tasks.finish_batch(
+            contexts,
+            &scope,
+            joins,
+            &mut routed.outputs,
+            &mut routed.output_tasks,
+        )?;
+        self.sink
+            .write_tasks(self.batch_id, &routed.outputs, &routed.output_tasks)?;
         if let Some(late) = self.late_data.as_mut() {
             late.write(self.batch_id, &end.late_rows)?;
         }
@@ -813,7 +821,8 @@ mod tests {
         let encode = |batch_id, watermark: &WatermarkTracker| {
             let checkpoint = TaskCheckpoint {
                 batch_id,
-                watermark: watermark.clone(),
+                watermark: Some(watermark.clone()),
+                sink: None,
             };
             serde_json::to_string(&checkpoint).unwrap()
         };

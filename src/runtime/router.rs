@@ -77,11 +77,28 @@ impl EventTimeStats {
     }
 }
 
+/// Records that the rows of `rows` added since the last mark came from task
+/// `partition`: `tasks` holds `(partition, end)` runs, each covering the
+/// rows from the previous run's end up to `end`.
+pub(super) fn mark_task(rows: &[Row], tasks: &mut Vec<(i32, usize)>, partition: i32) {
+    let end = rows.len();
+    let start = tasks.last().map_or(0, |(_, e)| *e);
+    if end == start {
+        return;
+    }
+    match tasks.last_mut() {
+        Some((p, e)) if *p == partition => *e = end,
+        _ => tasks.push((partition, end)),
+    }
+}
+
 /// What routing a batch's records did.
 #[derive(Default)]
 pub(super) struct RoutedBatch {
     /// Rows the operators emitted while taking the records.
     pub(super) outputs: Vec<Row>,
+    /// Which task emitted which of `outputs` (see [`mark_task`]).
+    pub(super) output_tasks: Vec<(i32, usize)>,
     /// Records sent to the dead-letter output.
     pub(super) bad_records: u64,
     /// Data records taken (not markers, not records of restoring tasks).
@@ -243,6 +260,7 @@ impl RecordRouter {
         } else {
             task.push_input(input_index, row, contexts, &mut routed.outputs)
         };
+        mark_task(&routed.outputs, &mut routed.output_tasks, partition);
         pushed.map_err(|e| with_position(e, record))
     }
 

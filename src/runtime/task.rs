@@ -2,7 +2,7 @@
 //! watermark, and the restore of its state.
 
 use super::builder::QueryBuilder;
-use super::StateBackend;
+use super::{SinkCommit, StateBackend};
 use crate::error::{Error, Result};
 use crate::operators::{BatchContext, Operator};
 use crate::row::Row;
@@ -63,6 +63,7 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
         operators,
         side_chains,
         scratch: Default::default(),
+        sink_commit: None,
         watermark: builder.watermark.map(|d| {
             let mut tracker = WatermarkTracker::new(
                 d.as_micros() as i64,
@@ -87,6 +88,9 @@ pub(super) struct Task {
     /// The steps of each join's second stream before the join.
     pub(super) side_chains: Vec<SideChain>,
     pub(super) watermark: Option<WatermarkTracker>,
+    /// The last sink commit of this partition's output (a sink that
+    /// commits per task), restored from and kept in its checkpoint.
+    pub(super) sink_commit: Option<SinkCommit>,
     /// Two row buffers [`Task::push_row`] reuses.
     pub(super) scratch: (Vec<Row>, Vec<Row>),
 }
@@ -298,12 +302,15 @@ pub(super) fn restore_thread_died() -> Error {
 pub(super) const RESTORE_GRACE: Duration = Duration::from_millis(100);
 
 /// What a task checkpoints with its source offsets: the batch that
-/// committed them and the watermark.
+/// committed them, the watermark and the last sink commit of its output.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct TaskCheckpoint {
     #[serde(rename = "batchId")]
     pub(super) batch_id: u64,
-    pub(super) watermark: WatermarkTracker,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) watermark: Option<WatermarkTracker>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) sink: Option<SinkCommit>,
 }
 
 /// The batch id a task checkpoint was committed by (`None` for a
@@ -314,19 +321,31 @@ pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
         .map(|c| c.batch_id)
 }
 
-/// Restores a task's watermark from the checkpoint its source kept.
-pub(super) fn restore_watermark(task: &mut Task, partition: i32, checkpoint: &str) {
-    let Some(w) = task.watermark.as_mut() else {
-        return;
-    };
-    let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint)
-        .map(|c| c.watermark)
-        .or_else(|_| serde_json::from_str::<WatermarkTracker>(checkpoint));
-    match saved {
-        Ok(saved) => {
-            w.restore(&saved);
-            tracing::info!(partition, watermark = w.in_effect(), "watermark restored");
+/// Restores a task's watermark and last sink commit from a checkpoint its
+/// source kept. Several checkpoints of one partition merge: both only
+/// move forward, so the merge is the newest.
+pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &str) {
+    let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint).or_else(|_| {
+        serde_json::from_str::<WatermarkTracker>(checkpoint).map(|w| TaskCheckpoint {
+            batch_id: 0,
+            watermark: Some(w),
+            sink: None,
+        })
+    });
+    let saved = match saved {
+        Ok(saved) => saved,
+        Err(e) => {
+            tracing::warn!(partition, error = %e, "unreadable checkpoint ignored");
+            return;
         }
-        Err(e) => tracing::warn!(partition, error = %e, "unreadable checkpoint ignored"),
+    };
+    if let (Some(w), Some(saved)) = (task.watermark.as_mut(), saved.watermark) {
+        w.restore(&saved);
+        tracing::info!(partition, watermark = w.in_effect(), "watermark restored");
+    }
+    if let Some(saved) = saved.sink {
+        if task.sink_commit.as_ref().is_none_or(|c| c.seq < saved.seq) {
+            task.sink_commit = Some(saved);
+        }
     }
 }

@@ -8,10 +8,10 @@
 use super::builder::QueryBuilder;
 use super::router::BatchScope;
 use super::task::{
-    new_task, pending_task, restore_thread_died, restore_watermark, RestoringTask, Task,
+    new_task, pending_task, restore_checkpoint, restore_thread_died, RestoringTask, Task,
     TaskCheckpoint, RESTORE_GRACE,
 };
-use super::{Source, SourceBatch, StateBackend};
+use super::{SinkCommit, Source, SourceBatch, StateBackend};
 use crate::error::Result;
 use crate::operators::BatchContext;
 use crate::record::Record;
@@ -31,6 +31,8 @@ pub(super) struct TaskManager {
     restoring: BTreeMap<i32, RestoringTask>,
     /// Checkpoints of partitions whose tasks have not started yet.
     saved_checkpoints: BTreeMap<i32, Vec<String>>,
+    /// Sink commits of tasks that resumed, for the sink to check.
+    sink_recoveries: Vec<(i32, SinkCommit)>,
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
@@ -55,6 +57,7 @@ impl TaskManager {
             tasks: BTreeMap::new(),
             restoring: BTreeMap::new(),
             saved_checkpoints: BTreeMap::new(),
+            sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
         }
@@ -97,7 +100,10 @@ impl TaskManager {
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
-                Some(task) => restore_watermark(task, *partition, checkpoint),
+                Some(task) => {
+                    restore_checkpoint(task, *partition, checkpoint);
+                    self.note_sink_recovery(*partition);
+                }
                 None => self
                     .saved_checkpoints
                     .entry(*partition)
@@ -182,9 +188,10 @@ impl TaskManager {
             .remove(&partition)
             .unwrap_or_default()
         {
-            restore_watermark(&mut task, partition, &checkpoint);
+            restore_checkpoint(&mut task, partition, &checkpoint);
         }
         self.tasks.insert(partition, task);
+        self.note_sink_recovery(partition);
     }
 
     /// Waits for restores up to the grace period; a restore that outlasts
@@ -236,6 +243,41 @@ impl TaskManager {
             }
         }
         Ok(())
+    }
+
+    /// A task resumed with a recorded sink commit: the sink checks it is
+    /// published before the task writes more.
+    fn note_sink_recovery(&mut self, partition: i32) {
+        if let Some(commit) = self
+            .tasks
+            .get(&partition)
+            .and_then(|t| t.sink_commit.clone())
+        {
+            self.sink_recoveries.push((partition, commit));
+        }
+    }
+
+    /// The sink commits of tasks that resumed since the last call.
+    pub(super) fn take_sink_recoveries(&mut self) -> Vec<(i32, SinkCommit)> {
+        std::mem::take(&mut self.sink_recoveries)
+    }
+
+    /// Each task's next sink commit number.
+    pub(super) fn next_sink_seqs(&self) -> BTreeMap<i32, u64> {
+        self.tasks
+            .iter()
+            .map(|(p, t)| (*p, t.sink_commit.as_ref().map_or(1, |c| c.seq + 1)))
+            .collect()
+    }
+
+    /// Records what the sink staged for each task this batch: it goes
+    /// into their checkpoints.
+    pub(super) fn record_sink_commits(&mut self, commits: BTreeMap<i32, SinkCommit>) {
+        for (partition, commit) in commits {
+            if let Some(task) = self.tasks.get_mut(&partition) {
+                task.sink_commit = Some(commit);
+            }
+        }
     }
 
     /// Whether a task's watermark moved since its last batch: stateful
@@ -301,6 +343,7 @@ impl TaskManager {
         scope: &BatchScope,
         joins: bool,
         out: &mut Vec<Row>,
+        out_tasks: &mut Vec<(i32, usize)>,
     ) -> Result<BatchEnd> {
         let mut end = BatchEnd::default();
         for (partition, task) in self.tasks.iter_mut() {
@@ -308,6 +351,7 @@ impl TaskManager {
                 .remove(partition)
                 .unwrap_or_else(|| scope.contexts(task));
             task.finish_batch(&task_contexts, out)?;
+            super::router::mark_task(out, out_tasks, *partition);
             let used = task_contexts[0].watermark;
             if let Some(w) = task.watermark.as_ref().filter(|_| joins) {
                 for (stream, watermark) in w.stream_watermarks() {
@@ -333,10 +377,12 @@ impl TaskManager {
     pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, String> {
         self.tasks
             .iter()
+            .filter(|(_, t)| t.watermark.is_some() || t.sink_commit.is_some())
             .filter_map(|(p, t)| {
                 let checkpoint = TaskCheckpoint {
                     batch_id,
-                    watermark: t.watermark.clone()?,
+                    watermark: t.watermark.clone(),
+                    sink: t.sink_commit.clone(),
                 };
                 Some((*p, serde_json::to_string(&checkpoint).ok()?))
             })

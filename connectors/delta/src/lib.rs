@@ -16,6 +16,7 @@
 
 mod columns;
 mod compaction;
+mod task_commits;
 
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches, filter_record_batch};
@@ -71,6 +72,11 @@ pub struct DeltaSinkConfig {
     pub merge_schema: bool,
     /// The `txn` app id: the query's id.
     pub app_id: String,
+    /// Commit per task partition, staged before the source commits and
+    /// published after (see `task_commits`): several instances write one
+    /// table. Append and changes modes, with a source that keeps each
+    /// partition's checkpoint (Kafka).
+    pub task_commits: bool,
     /// Real-time mode: commit this often (no `txn` skip: at-least-once).
     pub commit_interval: Option<Duration>,
     /// Write a Delta checkpoint every this many commits (0: never).
@@ -93,6 +99,7 @@ impl DeltaSinkConfig {
             storage_options: BTreeMap::new(),
             merge_schema: false,
             app_id: app_id.to_string(),
+            task_commits: false,
             commit_interval: None,
             checkpoint_every: 10,
             compact_min_files: 0,
@@ -119,6 +126,9 @@ pub struct DeltaSink {
     source_offsets: Option<serde_json::Value>,
     /// Append tables: compaction on a thread of its own.
     compactor: Option<compaction::Background>,
+    /// Task commits: the open batch's rows per partition, and what was
+    /// staged of them.
+    tasks: task_commits::TaskBuffers,
 }
 
 /// The commit-info keys under which a batch's id and end offsets are kept.
@@ -133,6 +143,17 @@ impl DeltaSink {
     /// Opens the table at the configured location, if it exists; a missing
     /// table is created from the first batch's columns.
     pub fn new(config: DeltaSinkConfig) -> Result<Self> {
+        let per_task_modes = matches!(
+            config.mode,
+            DeltaWriteMode::Append | DeltaWriteMode::Changes
+        );
+        if config.task_commits && (!per_task_modes || config.commit_interval.is_some()) {
+            return Err(Error::config(
+                "sink.mode",
+                "several instances writing one Delta table need output mode append or \
+                 `mode: changes` under micro-batch triggers",
+            ));
+        }
         if let DeltaWriteMode::Upsert { keys } = &config.mode {
             if keys.is_empty() {
                 return Err(Error::config(
@@ -163,6 +184,7 @@ impl DeltaSink {
             commit_micros: Vec::new(),
             source_offsets: None,
             compactor: None,
+            tasks: Default::default(),
         };
         sink.table = sink.open_existing()?;
         Ok(sink)
@@ -201,10 +223,15 @@ impl DeltaSink {
 
     /// The last batch id committed by this query, from the table's `txn`.
     pub fn committed_batch(&self) -> Result<Option<u64>> {
+        self.txn_version(&self.config.app_id)
+    }
+
+    /// The version of application `app_id`'s last `txn` in the table.
+    fn txn_version(&self, app_id: &str) -> Result<Option<u64>> {
         let Some(table) = &self.table else {
             return Ok(None);
         };
-        let app_id = self.config.app_id.clone();
+        let app_id = app_id.to_string();
         self.runtime.block_on(async {
             let state = table
                 .snapshot()
@@ -384,26 +411,11 @@ impl DeltaSink {
             WriteMode::Default
         };
         let app_id = self.config.app_id.clone();
-        let adds = self.runtime.block_on(async {
-            let adds = write_files(table, batch, mode).await?;
-            if plan.widened {
-                let state = table
-                    .snapshot()
-                    .map_err(|e| delta_error("table state", e))?;
-                let kernel: StructType = plan
-                    .schema
-                    .as_ref()
-                    .try_into_kernel()
-                    .map_err(|e| delta_error("the widened schema", e))?;
-                let metadata = state
-                    .metadata()
-                    .clone()
-                    .with_schema(&kernel)
-                    .map_err(|e| delta_error("the widened schema", e))?;
-                actions.push(Action::Metadata(metadata));
-            }
-            Ok::<_, Error>(adds)
-        })?;
+        let adds = self.runtime.block_on(write_files(table, batch, mode))?;
+        if plan.widened {
+            actions.push(self.widened_metadata(plan)?);
+        }
+        let table = self.table.as_mut().expect("the table exists");
         let new_paths: Vec<String> = adds.iter().map(|a| a.path.clone()).collect();
         actions.extend(adds.into_iter().map(Action::Add));
         let mut properties = CommitProperties::default();
@@ -442,6 +454,25 @@ impl DeltaSink {
         }
         self.maintain()?;
         Ok(())
+    }
+
+    /// The table's metadata with `plan`'s widened schema.
+    fn widened_metadata(&self, plan: &columns::SchemaPlan) -> Result<Action> {
+        let table = self.table.as_ref().expect("the table exists");
+        let state = table
+            .snapshot()
+            .map_err(|e| delta_error("table state", e))?;
+        let kernel: StructType = plan
+            .schema
+            .as_ref()
+            .try_into_kernel()
+            .map_err(|e| delta_error("the widened schema", e))?;
+        let metadata = state
+            .metadata()
+            .clone()
+            .with_schema(&kernel)
+            .map_err(|e| delta_error("the widened schema", e))?;
+        Ok(Action::Metadata(metadata))
     }
 
     /// Every active file, as remove actions.
@@ -698,7 +729,42 @@ impl Sink for DeltaSink {
         Ok(())
     }
 
+    fn write_tasks(&mut self, batch_id: u64, rows: &[Row], tasks: &[(i32, usize)]) -> Result<()> {
+        if !self.config.task_commits {
+            return self.write(batch_id, rows);
+        }
+        self.tasks.add(rows, tasks);
+        Ok(())
+    }
+
+    fn prepare(
+        &mut self,
+        batch_id: u64,
+        next_seqs: &BTreeMap<i32, u64>,
+    ) -> Result<BTreeMap<i32, tidemark::runtime::SinkCommit>> {
+        if !self.config.task_commits {
+            return Ok(BTreeMap::new());
+        }
+        task_commits::stage(self, batch_id, next_seqs)
+    }
+
+    fn publish(&mut self, batch_id: u64) -> Result<()> {
+        task_commits::publish(self, batch_id)
+    }
+
+    fn recover_task(
+        &mut self,
+        partition: i32,
+        commit: &tidemark::runtime::SinkCommit,
+    ) -> Result<()> {
+        if !self.config.task_commits {
+            return Ok(());
+        }
+        task_commits::recover(self, partition, commit)
+    }
+
     fn abort(&mut self, batch_id: u64) {
+        self.tasks.clear();
         // Rows committed already (real-time commits) stay: at-least-once.
         let before = self.buffer.len();
         let keep: Vec<bool> = self.buffer_batches.iter().map(|b| *b != batch_id).collect();
@@ -717,7 +783,8 @@ impl Sink for DeltaSink {
     }
 
     fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
-        if self.config.commit_interval.is_some() {
+        if self.config.commit_interval.is_some() || self.config.task_commits {
+            // Task commits recover per partition (`recover_task`).
             // Real-time commits carry no batch record: at-least-once.
             return Ok(None);
         }
@@ -729,6 +796,10 @@ impl Sink for DeltaSink {
     }
 
     fn commit(&mut self, batch_id: u64) -> Result<()> {
+        if self.config.task_commits {
+            // Staged in `prepare`, published after the source's commit.
+            return Ok(());
+        }
         match self.config.commit_interval {
             // Real-time: what is left, at the checkpoint.
             Some(_) => self.commit_buffer(None),

@@ -377,7 +377,7 @@ impl KafkaSource {
     /// that cannot say is an error (the batch fails and is retried): tasks
     /// started without their watermark would take rows their windows
     /// already closed on as on time, and emit those windows again.
-    fn checkpoints_of(&self, assigned: &[(String, i32)]) -> Result<Vec<(i32, String)>> {
+    fn checkpoints_of(&mut self, assigned: &[(String, i32)]) -> Result<Vec<(i32, String)>> {
         if assigned.is_empty() {
             return Ok(Vec::new());
         }
@@ -391,6 +391,13 @@ impl KafkaSource {
         for e in committed.elements() {
             if !e.metadata().is_empty() {
                 out.insert((e.partition(), e.metadata().to_string()));
+            }
+            // Known from the start, a topic that delivers nothing still
+            // gets its task's new checkpoints with its unchanged offset.
+            if let Some(offset) = e.offset().to_raw().filter(|o| *o >= 0) {
+                let key = topic_partition(e.topic(), e.partition());
+                self.next_offsets.entry(key.clone()).or_insert(offset);
+                self.committed.entry(key).or_insert(offset);
             }
         }
         Ok(out.into_iter().collect())
@@ -724,13 +731,6 @@ impl Source for KafkaSource {
                 .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
             let key = topic_partition(&topic, partition);
             self.first_uncommitted.remove(&key);
-            if let Some(held) = self.held.get_mut(&partition) {
-                for (tp, resume) in held.iter_mut() {
-                    if tp.0 == topic {
-                        *resume = offset.to_raw().filter(|o| *o >= 0);
-                    }
-                }
-            }
             match offset {
                 Offset::Offset(o) => {
                     self.next_offsets.insert(key.clone(), o);
@@ -743,6 +743,20 @@ impl Source for KafkaSource {
             }
         }
         self.committed_checkpoints.clear();
+        // Every partition is read again from its commit, held ones too: the
+        // replay must hold the whole aborted input, and it runs inside one
+        // poll, which a held partition (released only between polls) would
+        // block until the replay's deadline.
+        if !self.held.is_empty() {
+            let mut tpl = TopicPartitionList::new();
+            for (topic, partition) in assigned.iter().filter(|(_, p)| self.held.contains_key(p)) {
+                tpl.add_partition(topic, *partition);
+            }
+            self.consumer
+                .resume(&tpl)
+                .map_err(|e| Error::Source(format!("resuming held partitions: {e}")))?;
+            self.held.clear();
+        }
         // The next batch hands back every owned partition's checkpoint, as
         // after an assignment.
         self.log
