@@ -92,15 +92,13 @@ fn two_instances_group_by_a_non_key_field_through_the_repartition_topic() {
             let file = d.path().join("pipeline.yaml");
             let text = pipeline(&app, &input, &output, "{micro_batch: 200 milliseconds}");
             std::fs::write(&file, text).unwrap();
-            tidemark_run(&file, Some(&format!("i{i}")), Stdio::null())
-                .spawn()
-                .unwrap()
+            start_replica_as(&file, Some(&format!("i{i}")))
         })
         .collect();
     let expected = REGIONS.len() * 9;
     wait_for_records(&output, expected);
     for instance in &mut instances {
-        interrupt(instance);
+        interrupt(&mut instance.child);
     }
     assert_one_row_per_region_and_window(&consume_all(&output, expected, Duration::from_secs(10)));
     // The rows really went through the internal topic, keyed by region.
@@ -336,5 +334,48 @@ fn a_chained_aggregation_runs_behind_the_repartition_or_is_refused() {
     assert!(
         stderr.contains("steps") && stderr.contains("second repartition"),
         "{stderr}"
+    );
+}
+
+/// Kafka keeps at most 4 KiB of metadata with a committed offset, and a
+/// repartition reader's watermark holds every upstream partition: with 128
+/// input partitions its checkpoint keeps only the watermarks. Two runs
+/// (the second resumes from the first's checkpoints) write every window
+/// once.
+#[test]
+fn a_repartition_reader_of_128_input_partitions_checkpoints_and_resumes() {
+    const WIDE: i32 = 128;
+    let (input, output, app) = (unique("rpw-in"), unique("rpw-out"), unique("rpw-app"));
+    create_topic(&input, WIDE);
+    create_topic(&output, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_pipeline(dir.path(), (&app, &input, &output), "available_now", 20_000);
+    for (from, to) in [(0, 300), (300, 600)] {
+        produce_seconds(&input, WIDE, from, to);
+        let mut run = tidemark_run(&file, None, Stdio::piped()).spawn().unwrap();
+        let mut stderr = run.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut log = String::new();
+            std::io::Read::read_to_string(&mut stderr, &mut log).unwrap();
+            log
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        let status = loop {
+            if let Some(status) = run.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                run.kill().unwrap();
+                panic!("seconds {from}..{to}: the run did not finish in 5 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let log = reader.join().unwrap();
+        assert!(status.success(), "seconds {from}..{to}: {log}");
+        assert!(!log.contains("metadata"), "seconds {from}..{to}: {log}");
+    }
+    assert_exact_windows(
+        &consume_all(&output, expected_rows(WIDE), Duration::from_secs(60)),
+        WIDE,
     );
 }

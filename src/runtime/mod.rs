@@ -85,8 +85,9 @@ pub trait Source: Send {
         Ok(())
     }
     /// Goes back to the last committed position after an aborted batch:
-    /// the next batch re-reads from there and hands back every owned
-    /// partition's checkpoint in [`SourceBatch::restored_checkpoints`].
+    /// the next batch re-reads from there, held partitions included (they
+    /// are released), and hands back every owned partition's checkpoint in
+    /// [`SourceBatch::restored_checkpoints`].
     /// Sources that cannot return `false` and the query fails instead.
     fn rewind(&mut self) -> Result<bool> {
         Ok(false)

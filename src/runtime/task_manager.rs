@@ -372,20 +372,13 @@ impl TaskManager {
         Ok(end)
     }
 
-    /// Each task's checkpoint for `batch_id`: its watermark, kept with the
-    /// source offsets.
+    /// Each task's checkpoint for `batch_id`: its watermark and last sink
+    /// commit, kept with the source offsets.
     pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, String> {
         self.tasks
             .iter()
             .filter(|(_, t)| t.watermark.is_some() || t.sink_commit.is_some())
-            .filter_map(|(p, t)| {
-                let checkpoint = TaskCheckpoint {
-                    batch_id,
-                    watermark: t.watermark.clone(),
-                    sink: t.sink_commit.clone(),
-                };
-                Some((*p, serde_json::to_string(&checkpoint).ok()?))
-            })
+            .filter_map(|(p, t)| Some((*p, task_checkpoint(batch_id, t)?)))
             .collect()
     }
 
@@ -394,6 +387,12 @@ impl TaskManager {
     /// after a rebalance.
     pub(super) fn drop_tasks(&mut self) {
         self.tasks.clear();
+        // The rewound source holds nothing back any more (the replay needs
+        // every partition): a restore still running is waited for, as a
+        // replay's are, so that its partition's records are not skipped.
+        for restoring in self.restoring.values_mut() {
+            restoring.held = false;
+        }
     }
 
     /// Closes every task once every batch so far committed: tasks close in
@@ -411,5 +410,74 @@ impl TaskManager {
             }
         }
         Ok(())
+    }
+}
+
+/// The largest checkpoint kept whole. Kafka keeps at most
+/// `offset.metadata.max.bytes` (4 KiB by default) with a committed offset.
+const CHECKPOINT_BUDGET: usize = 3 * 1024;
+
+/// `task`'s checkpoint. A watermark fed by many inputs (a repartition
+/// reader holds every upstream partition, about 40 bytes each) that would
+/// not fit keeps only its watermarks, not each input's progress: after a
+/// restore the watermark holds where it was until every input has reported
+/// again, which their next batches' markers do.
+fn task_checkpoint(batch_id: u64, task: &Task) -> Option<String> {
+    let mut checkpoint = TaskCheckpoint {
+        batch_id,
+        watermark: task.watermark.clone(),
+        sink: task.sink_commit.clone(),
+    };
+    let whole = serde_json::to_string(&checkpoint).ok()?;
+    if whole.len() <= CHECKPOINT_BUDGET {
+        return Some(whole);
+    }
+    if let Some(w) = checkpoint.watermark.as_mut() {
+        w.forget_inputs();
+    }
+    serde_json::to_string(&checkpoint).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Query;
+
+    /// A repartition reader's watermark holds every upstream partition: with
+    /// 500 of them the checkpoint still fits Kafka's 4 KiB, and keeps the
+    /// watermarks (in effect and previous) and the sink commit.
+    #[test]
+    fn a_checkpoint_of_any_number_of_inputs_fits_the_offset_metadata_limit() {
+        let builder = Query::builder("wide")
+            .event_time("t")
+            .watermark("1 minute")
+            .unwrap();
+        let mut task = new_task(&builder, Vec::new());
+        task.sink_commit = Some(SinkCommit {
+            seq: 7,
+            staged: "p3-s7".into(),
+        });
+        let w = task.watermark.as_mut().unwrap();
+        for origin in 0..500 {
+            w.observe(&format!("upstream/{origin}"), 3_600_000_000 + origin, 0);
+        }
+        w.finish_batch(0);
+        let (in_effect, previous) = (w.in_effect(), w.late_threshold());
+        assert_eq!(in_effect, 3_540_000_000, "the slowest input, less a minute");
+        let checkpoint = task_checkpoint(12, &task).unwrap();
+        assert!(checkpoint.len() <= 4096, "{} bytes", checkpoint.len());
+
+        let mut restored = new_task(&builder, Vec::new());
+        restore_checkpoint(&mut restored, 0, &checkpoint);
+        let w = restored.watermark.as_ref().unwrap();
+        assert_eq!((w.in_effect(), w.late_threshold()), (in_effect, previous));
+        assert_eq!(restored.sink_commit, task.sink_commit);
+
+        // A narrow one keeps its inputs.
+        let mut narrow = new_task(&builder, Vec::new());
+        let w = narrow.watermark.as_mut().unwrap();
+        w.observe("in/0", 3_600_000_000, 0);
+        let checkpoint = task_checkpoint(1, &narrow).unwrap();
+        assert!(checkpoint.contains("3600000000"), "{checkpoint}");
     }
 }

@@ -251,10 +251,15 @@ pub fn replica_log(pid: u32) -> Option<std::fs::File> {
 /// Starts `tidemark run FILE` (no instance id: it takes a state-directory
 /// slot) and counts what its stderr reports.
 pub fn start_replica(file: &std::path::Path) -> Replica {
+    start_replica_as(file, None)
+}
+
+/// [`start_replica`] with instance id `instance` (`TIDEMARK_INSTANCE_ID`).
+pub fn start_replica_as(file: &std::path::Path, instance: Option<&str>) -> Replica {
     use std::io::{BufRead, BufReader};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
-    let mut child = tidemark_run(file, None, std::process::Stdio::piped())
+    let mut child = tidemark_run(file, instance, std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let stderr = BufReader::new(child.stderr.take().unwrap());

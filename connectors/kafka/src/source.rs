@@ -365,6 +365,11 @@ impl KafkaSource {
                 !(r.position.topic.as_ref() == topic && r.position.partition == partition)
             });
             let key = topic_partition(&topic, partition);
+            // Another member reads it now: a replay's bound or an
+            // available-now end for it would never be reached here.
+            if let Some(ends) = self.end_offsets.as_mut() {
+                ends.remove(&key);
+            }
             self.next_offsets.remove(&key);
             self.first_uncommitted.remove(&key);
             self.committed.remove(&key);
