@@ -10,6 +10,7 @@ use crate::{
     changelog_topic, ensure_topic_with_config, restore_changelog, KafkaChangelogWriter,
     RestoreOptions,
 };
+use rdkafka::consumer::Consumer;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,9 @@ pub struct RocksDbStateBackend {
     /// Per task with a changelog: whether its local files may be vouched
     /// for by a checkpoint file.
     guards: std::collections::HashMap<i32, Arc<TaskCheckpointGuard>>,
+    /// Asks the broker for changelog ends when local checkpoints are
+    /// written; made on first use and kept.
+    end_offsets: Option<rdkafka::consumer::BaseConsumer>,
 }
 
 /// How soon after the last one a running task writes its local checkpoint
@@ -93,6 +97,7 @@ impl RocksDbStateBackend {
             restore_stats: Default::default(),
             restore_options: RestoreOptions::default(),
             guards: Default::default(),
+            end_offsets: None,
         })
     }
 
@@ -344,6 +349,23 @@ impl RocksDbStateBackend {
         let Some((config, _)) = &self.changelog else {
             return;
         };
+        if !self
+            .guards
+            .values()
+            .any(|g| g.checkpoint_due(LOCAL_CHECKPOINT_INTERVAL))
+        {
+            return;
+        }
+        if self.end_offsets.is_none() {
+            match crate::admin::high_watermark_client(&config.bootstrap, &Default::default()) {
+                Ok(client) => self.end_offsets = Some(client),
+                Err(e) => {
+                    tracing::warn!(error = %e, "local checkpoints not written");
+                    return;
+                }
+            }
+        }
+        let client = self.end_offsets.as_ref().expect("made above");
         for (partition, guard) in &self.guards {
             if !guard.checkpoint_due(LOCAL_CHECKPOINT_INTERVAL) {
                 continue;
@@ -356,8 +378,12 @@ impl RocksDbStateBackend {
                 .flatten()
                 .map(|name| {
                     let topic = changelog_topic(&self.application_id, name);
-                    changelog_watermarks(&config.bootstrap, &topic, *partition)
+                    client
+                        .fetch_watermarks(&topic, *partition, Duration::from_secs(10))
                         .map(|(_, end)| (name.clone(), end))
+                        .map_err(|e| {
+                            Error::Source(format!("end offset of `{topic}`/{partition}: {e}"))
+                        })
                 });
             let written = ends
                 .map(|end| end.map(|(name, end)| checkpoint.insert(name, end)))
