@@ -147,10 +147,10 @@ fn soak(sink: Output) {
     }
 
     phase("replicas stopped");
-    // Replicas are static members (`group.instance.id`): the coordinator
-    // keeps a stopped one's partitions for its 6 s session timeout, and an
-    // available-now run ends once the partitions it was given are caught up.
-    // Started sooner, the final run finished without those partitions.
+    // A replica killed (SIGKILL) without leaving the group keeps its
+    // partitions until its 6 s session timeout, and an available-now run
+    // ends once the partitions it was given are caught up. Started sooner,
+    // the final run could finish without those partitions.
     std::thread::sleep(Duration::from_secs(8));
     // One available-now run finishes what the replicas left.
     let text = std::fs::read_to_string(&file).unwrap();
