@@ -112,17 +112,24 @@ pub(super) fn stage(
     batch_id: u64,
     next_seqs: &BTreeMap<i32, u64>,
 ) -> Result<BTreeMap<i32, SinkCommit>> {
-    let mut by_partition = std::mem::take(&mut sink.tasks.rows);
-    by_partition.retain(|_, rows| !rows.is_empty());
-    if by_partition.is_empty() {
+    // All rows in one vector (moved, not copied), each partition's a range
+    // of it: the schema is inferred once over them all.
+    let mut all: Vec<Row> = Vec::new();
+    let mut ranges = Vec::new();
+    for (partition, rows) in std::mem::take(&mut sink.tasks.rows) {
+        if !rows.is_empty() {
+            ranges.push((partition, all.len()..all.len() + rows.len()));
+            all.extend(rows);
+        }
+    }
+    if all.is_empty() {
         return Ok(BTreeMap::new());
     }
     if sink.config.mode == super::DeltaWriteMode::Changes {
-        for row in by_partition.values_mut().flatten() {
+        for row in all.iter_mut() {
             row.set("batch_id", tidemark::row::Value::Long(batch_id as i64));
         }
     }
-    let all: Vec<Row> = by_partition.values().flatten().cloned().collect();
     let inferred = columns::infer_schema(&all)?;
     refresh(sink)?;
     if sink.table.is_none() {
@@ -144,13 +151,13 @@ pub(super) fn stage(
         WriteMode::Default
     };
     let mut out = BTreeMap::new();
-    for (partition, rows) in by_partition {
+    for (partition, range) in ranges {
         let Some(seq) = next_seqs.get(&partition).copied() else {
             return Err(Error::Sink(format!(
                 "rows of partition {partition}, which has no task"
             )));
         };
-        let batch = columns::to_record_batch(&rows, &plan.schema)?;
+        let batch = columns::to_record_batch(&all[range], &plan.schema)?;
         let table = sink.table.as_ref().expect("created above");
         let adds = sink.runtime.block_on(write_files(table, batch, mode))?;
         let mut actions: Vec<Action> = widened.iter().cloned().collect();
