@@ -412,8 +412,9 @@ impl QueryBuilder {
             .count()
     }
 
-    /// Whether any step keeps state.
-    pub(super) fn has_stateful_steps(&self) -> bool {
+    /// Whether a step keeps state across batches (aggregations, joins,
+    /// deduplication, windows).
+    pub fn has_stateful_steps(&self) -> bool {
         self.steps.iter().any(|s| s.shape.is_stateful())
     }
 

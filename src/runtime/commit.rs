@@ -2,7 +2,8 @@
 //!
 //! 1. operators flush their state into their stores;
 //! 2. the state backend commits (changelogs acknowledged), so that no
-//!    offset is committed before the state it produced is durable;
+//!    offset is committed before the state it produced is durable; local
+//!    state under a source with a batch log keeps a version of it;
 //! 3. the sink is told the batch's event-time progress and source offsets,
 //!    stages per-task output if it commits per task, and commits the batch (a transactional sink commits offsets and
 //!    output together here);
@@ -103,6 +104,7 @@ fn commit_steps(
     }
     if let Some(backend) = targets.backend.as_mut() {
         backend.commit()?;
+        backend.version(batch_id)?;
     }
     tracing::debug!(batch_id, tasks = tasks.tasks().len(), "batch committing");
     targets.sink.event_time_progress(event_time_progress);

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 /// What the trigger loop asks a source for.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchRequest {
+    /// The id of the batch this poll belongs to: a source that logs its
+    /// batches (the files source) records what it hands out under it.
+    pub batch_id: u64,
     /// Return by then, with what has arrived.
     pub deadline: Instant,
     /// At most this many records.
@@ -119,6 +122,36 @@ pub trait Source: Send {
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None
+    }
+    /// What the source's own batch log says, read when the query starts: a
+    /// source that numbers its batches (the files source, as Spark's commit
+    /// log does) tells the last one it committed, so that the query goes on
+    /// from the next and local state goes back to that batch's version.
+    fn batch_log(&mut self) -> Result<BatchLog> {
+        Ok(BatchLog::NotKept)
+    }
+}
+
+/// A source's record of the batches it committed (see
+/// [`Source::batch_log`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchLog {
+    /// The source keeps no log of batches (Kafka keeps per-partition
+    /// checkpoints with its offsets instead).
+    NotKept,
+    /// A log is kept and holds no committed batch: a first run.
+    Empty,
+    /// The last batch the source committed.
+    Committed(u64),
+}
+
+impl BatchLog {
+    /// The last committed batch, if any.
+    pub fn last_committed(self) -> Option<u64> {
+        match self {
+            BatchLog::Committed(batch_id) => Some(batch_id),
+            _ => None,
+        }
     }
 }
 
@@ -353,6 +386,21 @@ pub trait StateBackend: Send {
     fn take_restore_stats(&mut self) -> RestoreStats {
         RestoreStats::default()
     }
+    /// The source keeps a batch log (see [`Source::batch_log`]) whose last
+    /// committed batch is `committed`; called before any task opens.
+    /// Local state without a changelog goes back to its version of that
+    /// batch (Spark's versioned state store: a batch replayed after a crash
+    /// runs on the state it first ran on) and keeps a version per batch
+    /// from now on; `None`: a first run, nothing kept.
+    fn resume_at_version(&mut self, _committed: Option<u64>) -> Result<()> {
+        Ok(())
+    }
+    /// Called right after [`StateBackend::commit`] of batch `batch_id`,
+    /// before the sink commits: a backend keeping versions snapshots the
+    /// state the batch left.
+    fn version(&mut self, _batch_id: u64) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A store whose state is restored when the closure runs (see
@@ -392,6 +440,12 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn take_restore_stats(&mut self) -> RestoreStats {
         (**self).take_restore_stats()
+    }
+    fn resume_at_version(&mut self, committed: Option<u64>) -> Result<()> {
+        (**self).resume_at_version(committed)
+    }
+    fn version(&mut self, batch_id: u64) -> Result<()> {
+        (**self).version(batch_id)
     }
 }
 

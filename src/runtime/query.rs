@@ -8,7 +8,7 @@ use super::inputs::Inputs;
 use super::reporter::{state_progress, CommittedBatch, OpenBatch, PollOutcome, ProgressReporter};
 use super::router::{BatchScope, RecordRouter};
 use super::task_manager::{Backend, TaskManager};
-use super::{BatchRequest, Decoder, Sink, Source, SourceBatch, Trigger};
+use super::{BatchLog, BatchRequest, Decoder, Sink, Source, SourceBatch, Trigger};
 use crate::error::{Error, Result};
 use crate::operators::OutputMode;
 use crate::record::Record;
@@ -258,12 +258,22 @@ impl<'a> TriggerLoop<'a> {
         Ok(self.summary)
     }
 
-    /// Batch ids continue where the sink's record ends; the batch the sink
-    /// holds but the source did not commit runs again with its own id, over
-    /// exactly its input, and the sink skips it.
+    /// Batch ids continue where the source's batch log or the sink's
+    /// record ends (local state goes back to the source's last committed
+    /// batch); the batch the sink holds but the source did not commit runs
+    /// again with its own id, over exactly its input, and the sink skips it.
     fn recover(&mut self) -> Result<()> {
-        if let Some((committed, end)) = self.sink.recovered_batch()? {
+        let log = self.source.batch_log()?;
+        if log != BatchLog::NotKept {
+            if let Some(backend) = self.backend.as_mut() {
+                backend.resume_at_version(log.last_committed())?;
+            }
+        }
+        if let Some(committed) = log.last_committed() {
             self.batch_id = committed + 1;
+        }
+        if let Some((committed, end)) = self.sink.recovered_batch()? {
+            self.batch_id = self.batch_id.max(committed + 1);
             if self.source.replay_until(committed, &end)? {
                 tracing::info!(
                     batch_id = committed,
@@ -355,6 +365,7 @@ impl<'a> TriggerLoop<'a> {
             return Ok((batch, 0));
         }
         let request = BatchRequest {
+            batch_id: self.batch_id,
             deadline: if real_time {
                 Instant::now() + self.cadence.interval
             } else {

@@ -148,6 +148,16 @@ impl TaskDb {
         self.store(name)
     }
 
+    /// Writes a consistent copy of the database to `path` (which must not
+    /// exist): RocksDB's checkpoint, hard links to its immutable files
+    /// after a flush of what is in memory.
+    pub fn checkpoint_to(&self, path: &Path) -> Result<(), StateError> {
+        let name = path.display().to_string();
+        rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .and_then(|c| c.create_checkpoint(path))
+            .map_err(|e| backend(&name, e))
+    }
+
     /// The task's directory.
     pub fn path(&self) -> &Path {
         &self.path

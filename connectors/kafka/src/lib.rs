@@ -9,6 +9,7 @@ mod dead_letter;
 mod exactly_once;
 mod producer;
 mod sink;
+mod sink_progress;
 mod source;
 mod table_feed;
 
@@ -16,6 +17,7 @@ pub mod instance;
 mod local_checkpoint;
 mod standby;
 pub mod state_backend;
+mod state_versions;
 pub use state_backend::split_memory_budget;
 
 pub use changelog::{

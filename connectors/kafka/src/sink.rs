@@ -12,6 +12,7 @@ use tidemark::time::TimestampMicros;
 use tidemark_avro::AvroEncoder;
 
 use crate::producer::{flush_producer, producer, send_with_backpressure, DeliveryTracker};
+use crate::sink_progress::SinkProgress;
 
 /// How the sink encodes row values.
 pub enum ValueFormat {
@@ -51,6 +52,12 @@ pub struct KafkaSink {
     format: ValueFormat,
     transactions: Option<super::SharedTransactions>,
     markers: Option<MarkerState>,
+    /// Set when the sink commits its transaction itself (the source has
+    /// none): the batch's progress record goes in it.
+    progress: Option<SinkProgress>,
+    /// The last batch the progress record holds: a replay of it (or of an
+    /// earlier one) writes nothing.
+    recovered: Option<u64>,
 }
 
 /// What a repartition sink needs to broadcast watermark markers.
@@ -69,6 +76,16 @@ impl KafkaSink {
         self
     }
 
+    /// Commits the batch's transaction itself, with a record of the batch
+    /// in it (consumer group `group`'s offset on the output topic), for a
+    /// source that cannot commit inside the transaction (files): a batch
+    /// replayed after a crash is recognised from it (see
+    /// [`Sink::recovered_batch`]). Needs [`KafkaSink::with_transactions`].
+    pub fn with_batch_progress(mut self, bootstrap: &str, group: &str) -> Result<Self> {
+        self.progress = Some(SinkProgress::new(bootstrap, &self.topic, group)?);
+        Ok(self)
+    }
+
     /// Makes this the writing side of a repartition topic with `partitions`
     /// partitions: at each commit, every input in `origins` that delivered
     /// rows in the batch gets a [`WatermarkMarker`] in every partition.
@@ -80,6 +97,11 @@ impl KafkaSink {
             changed: Vec::new(),
         });
         self
+    }
+
+    /// Whether the progress record holds `batch_id` already.
+    fn already_out(&self, batch_id: u64) -> bool {
+        self.recovered.is_some_and(|r| batch_id <= r)
     }
 
     fn send(&self, record: BaseRecord<'_, String, Vec<u8>>) -> Result<()> {
@@ -139,6 +161,8 @@ impl KafkaSink {
             format,
             transactions: None,
             markers: None,
+            progress: None,
+            recovered: None,
         })
     }
 }
@@ -148,7 +172,10 @@ impl Sink for KafkaSink {
         format!("KafkaSink[{}]", self.topic)
     }
 
-    fn write(&mut self, _batch_id: u64, rows: &[Row]) -> Result<()> {
+    fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {
+        if self.already_out(batch_id) {
+            return Ok(());
+        }
         // One buffer for every JSON value: librdkafka copies the payload.
         let mut json = Vec::with_capacity(256);
         for row in rows {
@@ -175,6 +202,31 @@ impl Sink for KafkaSink {
         Ok(())
     }
 
+    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+        if let Some(progress) = self.progress.as_mut() {
+            progress.set_end(offsets);
+        }
+    }
+
+    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+        match &self.progress {
+            Some(progress) => {
+                let last = progress.last_batch()?;
+                self.recovered = last.as_ref().map(|(batch_id, _)| *batch_id);
+                Ok(last)
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn abort(&mut self, _batch_id: u64) {
+        if let (Some(t), Some(_)) = (&self.transactions, &self.progress) {
+            if let Err(error) = t.abort() {
+                tracing::warn!(%error, "aborting the sink's transaction");
+            }
+        }
+    }
+
     fn event_time_progress(&mut self, max_event_time: &BTreeMap<String, TimestampMicros>) {
         if let Some(markers) = self.markers.as_mut() {
             for (origin, t) in max_event_time {
@@ -186,11 +238,22 @@ impl Sink for KafkaSink {
     }
 
     fn commit(&mut self, batch_id: u64) -> Result<()> {
+        if self.already_out(batch_id) {
+            tracing::info!(batch_id, topic = %self.topic, "batch already committed to the topic; its replay writes nothing");
+            // Whatever the replay sent into the transaction (its dead
+            // letters) went out with the first run.
+            return self.transactions.as_ref().map_or(Ok(()), |t| t.abort());
+        }
         self.send_markers()?;
-        if let Some(t) = &self.transactions {
+        match (&self.transactions, &self.progress) {
+            (Some(t), Some(progress)) => {
+                let (offsets, group) = progress.offsets_for(batch_id)?;
+                return t.commit(&offsets, &group);
+            }
             // The source commits the transaction with its offsets; an
             // empty batch still opens one so that its offsets commit.
-            return t.begin();
+            (Some(t), None) => return t.begin(),
+            (None, _) => {}
         }
         flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("batch {batch_id}: flushing `{}`: {e}", self.topic))

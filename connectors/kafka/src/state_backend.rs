@@ -6,6 +6,7 @@ use crate::local_checkpoint::{
     take_local_checkpoint, write_local_checkpoint, GuardedStore, LocalCheckpoint,
     TaskCheckpointGuard, CHECKPOINT_FILE,
 };
+use crate::state_versions::StateVersions;
 use crate::{
     changelog_topic, ensure_topic_with_config, restore_changelog, KafkaChangelogWriter,
     RestoreOptions,
@@ -58,6 +59,9 @@ pub struct RocksDbStateBackend {
     /// Asks the broker for changelog ends when local checkpoints are
     /// written; made on first use and kept.
     end_offsets: Option<rdkafka::consumer::BaseConsumer>,
+    /// Without a changelog, under a source that logs its batches: a
+    /// version of each task's state per batch.
+    versions: Option<StateVersions>,
 }
 
 /// How soon after the last one a running task writes its local checkpoint
@@ -98,6 +102,7 @@ impl RocksDbStateBackend {
             restore_options: RestoreOptions::default(),
             guards: Default::default(),
             end_offsets: None,
+            versions: None,
         })
     }
 
@@ -283,6 +288,28 @@ impl StateBackend for RocksDbStateBackend {
             Some((_, writer)) => writer.flush(),
             None => Ok(()),
         }
+    }
+
+    fn resume_at_version(&mut self, committed: Option<u64>) -> Result<()> {
+        // A changelog is the truth a task restores from; versions are for
+        // state that lives on local disk alone.
+        if self.changelog.is_some() {
+            return Ok(());
+        }
+        let versions = StateVersions::new(self.state_dir.join(&self.application_id));
+        versions.roll_back(committed)?;
+        self.versions = Some(versions);
+        Ok(())
+    }
+
+    fn version(&mut self, batch_id: u64) -> Result<()> {
+        let Some(versions) = &self.versions else {
+            return Ok(());
+        };
+        for (partition, db) in &self.tasks {
+            versions.snapshot(*partition, db, batch_id)?;
+        }
+        Ok(())
     }
 
     fn take_restore_stats(&mut self) -> tidemark::runtime::RestoreStats {
