@@ -127,6 +127,11 @@ pub enum Format {
     Json,
     /// Avro in the Confluent wire format.
     Avro,
+    /// files source: comma-separated values with a header row, read with
+    /// Arrow's CSV reader (columns typed by `schema`).
+    Csv,
+    /// files source: Parquet files, read with Arrow's Parquet reader.
+    Parquet,
 }
 
 /// `schema: {column: type, ...}` in order; types are checked on read.
@@ -163,7 +168,7 @@ impl<'de> Deserialize<'de> for SchemaSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
-    /// A directory whose files are each one micro-batch of JSON lines.
+    /// A directory files land in, read a few per micro-batch, each once.
     Files,
     /// A Kafka consumer group.
     Kafka,
@@ -212,6 +217,28 @@ pub struct SourceSpec {
     /// topic (`groupBy`).
     #[serde(default)]
     pub keyed_by: Option<Vec<String>>,
+    /// files: the directory where the source records which files each
+    /// batch read and which batches committed (default, with `state_dir`:
+    /// `<state_dir>/<name>/files-source`). Without one, every run reads the
+    /// whole directory again.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    /// files: at most this many files per batch (Spark's
+    /// `maxFilesPerTrigger`; default 1, a file per micro-batch).
+    #[serde(default)]
+    pub max_files_per_batch: Option<usize>,
+    /// files: only file names matching this glob (`*.csv.gz`).
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// files: `earliest` (default: the files there and those that land
+    /// later) or `latest` (only those that land after the first start).
+    #[serde(default)]
+    pub start: Option<StartingOffsets>,
+    /// files: a file modified more recently than this is left for a later
+    /// batch (for writers that write in place; default 0: names tell, a
+    /// temporary name such as `.x`, `_x`, `x.tmp` or `x.part` is never read).
+    #[serde(default)]
+    pub settle_delay: Option<DurationSpec>,
 }
 
 /// Where a new consumer group starts.
@@ -1172,13 +1199,22 @@ impl PipelineFile {
                 _ => {}
             }
         }
+        self.check_files_source()?;
         if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
-            && (self.source.kind != SourceKind::Kafka
-                || !matches!(self.sink.kind, SinkKind::Kafka | SinkKind::Delta))
+            && !matches!(self.sink.kind, SinkKind::Kafka | SinkKind::Delta)
         {
             return err(
                 "processing_guarantee",
-                "exactly_once needs a kafka source and a kafka or delta sink (allowed otherwise: at_least_once)",
+                "exactly_once needs a kafka or delta sink (allowed otherwise: at_least_once)",
+            );
+        }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+            && self.source.kind == SourceKind::Files
+            && self.files_checkpoint().is_none()
+        {
+            return err(
+                "processing_guarantee",
+                "exactly_once over a files source needs it to remember its progress: set `state_dir` or `source.checkpoint`",
             );
         }
         if self.sink.kind == SinkKind::Delta && self.sink.path.is_none() {
@@ -1427,6 +1463,63 @@ impl PipelineFile {
             }
             _ => vec![(left, step + 1)],
         }
+    }
+
+    /// Where the files source records its progress: `source.checkpoint`,
+    /// else `<state_dir>/<name>/files-source` (relative to the file's
+    /// directory, as every path).
+    pub fn files_checkpoint(&self) -> Option<String> {
+        if self.source.kind != SourceKind::Files {
+            return None;
+        }
+        self.source.checkpoint.clone().or_else(|| {
+            self.state_spec()
+                .map(|s| format!("{}/{}/files-source", s.dir.trim_end_matches('/'), self.name))
+        })
+    }
+
+    /// The files source's own keys: only with `kind: files`, and valid.
+    fn check_files_source(&self) -> std::result::Result<(), (String, String)> {
+        let src = &self.source;
+        let err = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
+        let files_keys = [
+            ("source.checkpoint", src.checkpoint.is_some()),
+            (
+                "source.max_files_per_batch",
+                src.max_files_per_batch.is_some(),
+            ),
+            ("source.pattern", src.pattern.is_some()),
+            ("source.start", src.start.is_some()),
+            ("source.settle_delay", src.settle_delay.is_some()),
+        ];
+        if src.kind != SourceKind::Files {
+            if let Some((key, _)) = files_keys.iter().find(|(_, set)| *set) {
+                return err(key, "belongs to the files source (`kind: files`)");
+            }
+            if matches!(src.format, Format::Csv | Format::Parquet) {
+                return err("source.format", "csv and parquet are formats of the files source; a kafka source reads json or avro");
+            }
+        }
+        if matches!(self.sink.format, Format::Csv | Format::Parquet) {
+            return err("sink.format", "a sink writes json or avro");
+        }
+        if src.max_files_per_batch == Some(0) {
+            return err("source.max_files_per_batch", "must be at least 1");
+        }
+        if let Some(Err(e)) = src.pattern.as_deref().map(glob::Pattern::new) {
+            return err("source.pattern", &format!("not a glob pattern: {e}"));
+        }
+        if src.kind == SourceKind::Files && src.format == Format::Avro {
+            return err(
+                "source.format",
+                "the files source reads json (lines), csv or parquet",
+            );
+        }
+        let changelog = self.state_spec().and_then(|s| s.changelog).unwrap_or(false);
+        if self.files_checkpoint().is_some() && changelog {
+            return err("state.changelog", "a files source keeps its state on local disk, versioned with its checkpoint: leave `changelog` unset or false");
+        }
+        Ok(())
     }
 
     /// The state settings from `state:` or `state_dir:`, if any.

@@ -2,7 +2,9 @@
 //! names.
 
 use crate::avro::{read_schema_file, AvroDecoder, AvroEncoder};
-use crate::files::{FileDeadLetter, FilesSource, JsonlSink, StdoutSink};
+use crate::files::{
+    FileDeadLetter, FileFormat, FilesSource, FilesSourceOptions, FilesStart, JsonlSink, StdoutSink,
+};
 use crate::instance::InstanceIdentity;
 use crate::kafka::{
     default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
@@ -12,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
-use tidemark::error::Result;
+use tidemark::error::{Error, Result};
 use tidemark::pipeline::{
     DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SchemaSpec, SinkKind,
     SinkSpec, SourceKind, StartingOffsets, TopicList,
@@ -132,9 +134,18 @@ pub fn connect_stage(
         .bootstrap
         .clone()
         .unwrap_or_else(default_bootstrap);
+    // A files source has no cluster: its transactions (a Kafka sink's,
+    // under exactly-once) run on the sink's.
+    let files_into_kafka =
+        file.source.kind == SourceKind::Files && file.sink.kind == SinkKind::Kafka;
+    let source_bootstrap = match (files_into_kafka, &file.sink.bootstrap) {
+        (true, Some(sink_bootstrap)) => sink_bootstrap.clone(),
+        _ => source_bootstrap,
+    };
     let transactions = match file.processing_guarantee {
-        ProcessingGuarantee::AtLeastOnce => None,
-        ProcessingGuarantee::ExactlyOnce => {
+        ProcessingGuarantee::ExactlyOnce
+            if file.source.kind == SourceKind::Kafka || files_into_kafka =>
+        {
             // Stable per instance: a restarted instance takes its slot's id
             // back, fences the old process and aborts what it left open.
             Some(SharedTransactions::for_instance(
@@ -143,6 +154,7 @@ pub fn connect_stage(
                 identity.clone(),
             )?)
         }
+        _ => None,
     };
     let source = build_source(
         file,
@@ -263,17 +275,7 @@ fn build_source(
     let src = &file.source;
     let joined = stage.query.joined_topics();
     if src.kind == SourceKind::Files {
-        let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
-        return Ok(match joined.first() {
-            None => Box::new(FilesSource::new(dir)?),
-            Some(_) if src.topic.is_none() => {
-                return Err(tidemark::error::Error::config(
-                    "source.topic",
-                    "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
-                ))
-            }
-            Some(_) => Box::new(FilesSource::with_inputs(dir, file.input_topics())?),
-        });
+        return files_source(file, stage, base_dir);
     }
     let topics = stage_topics(file, stage);
     let mut properties = src.properties.clone();
@@ -307,6 +309,52 @@ fn build_source(
         Some(t) => Box::new(source.with_transactions(t.clone())),
         None => Box::new(source),
     })
+}
+
+/// The files source `file` describes: its directory (a sub-directory per
+/// stream with a join), how it reads it and where it records progress.
+fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<Box<dyn Source>> {
+    let src = &file.source;
+    let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
+    let inputs = match stage.query.joined_topics().first() {
+        None => Vec::new(),
+        Some(_) if src.topic.is_none() => {
+            return Err(tidemark::error::Error::config(
+                "source.topic",
+                "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
+            ))
+        }
+        Some(_) => file.input_topics(),
+    };
+    let checkpoint = file.files_checkpoint().map(|c| resolve(base_dir, &c));
+    if checkpoint.is_some() && file.state_spec().is_none() && stage.query.has_stateful_steps() {
+        return Err(tidemark::error::Error::config(
+            "state_dir",
+            "a files source that remembers its progress (`source.checkpoint`) with stateful steps needs `state_dir` too: the state must survive with the progress",
+        ));
+    }
+    let options = FilesSourceOptions {
+        max_files_per_batch: src.max_files_per_batch.unwrap_or(1),
+        pattern: src
+            .pattern
+            .as_deref()
+            .map(glob::Pattern::new)
+            .transpose()
+            .map_err(|e| tidemark::error::Error::config("source.pattern", e.to_string()))?,
+        start: match src.start {
+            Some(StartingOffsets::Latest) => FilesStart::Latest,
+            _ => FilesStart::Earliest,
+        },
+        settle_delay: src.settle_delay.map_or(std::time::Duration::ZERO, |d| d.0),
+        format: match src.format {
+            Format::Csv => FileFormat::Csv,
+            Format::Parquet => FileFormat::Parquet,
+            Format::Json | Format::Avro => FileFormat::JsonLines,
+        },
+        schema: file.schema(),
+        checkpoint,
+    };
+    Ok(Box::new(FilesSource::with_options(dir, inputs, options)?))
 }
 
 /// The consumer settings of a stage reading `input`, from those of the
@@ -353,6 +401,13 @@ fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<
         StageInput::Repartition { .. } => (Format::Json, file.schema()),
     };
     let decoder: Box<dyn Decoder> = match format {
+        // The files source hands CSV and Parquet rows over as JSON objects,
+        // and a line it could not read with the reason why.
+        Format::Csv | Format::Parquet => {
+            return Ok(Box::new(crate::files::FileReadErrors(JsonDecoder::new(
+                schema,
+            ))));
+        }
         Format::Json => Box::new(JsonDecoder::new(schema)),
         Format::Avro => {
             let mut schemas = std::collections::HashMap::new();
@@ -746,6 +801,9 @@ fn build_sink(
                         spec.avro_schema_id.unwrap_or(1),
                     )?)
                 }
+                Format::Csv | Format::Parquet => {
+                    return Err(Error::config("sink.format", "a sink writes json or avro"))
+                }
             };
             let sink = KafkaSink::new(
                 &bootstrap,
@@ -755,6 +813,12 @@ fn build_sink(
                 &sink_properties(spec, real_time),
             )?;
             match transactions {
+                // No source transaction to commit in: the sink commits
+                // its own, with a record of the batch.
+                Some(t) if file.source.kind == SourceKind::Files => Box::new(
+                    sink.with_transactions(t.clone())
+                        .with_batch_progress(&bootstrap, &format!("{}-sink-progress", file.name))?,
+                ),
                 Some(t) => Box::new(sink.with_transactions(t.clone())),
                 None => Box::new(sink),
             }

@@ -1,198 +1,43 @@
-//! The files source (one file = one micro-batch), the JSON-lines and stdout
-//! sinks, and the file dead-letter output.
+//! The files source (files landing in a directory, read a few per batch,
+//! each once), the JSON-lines and stdout sinks, and the file dead-letter
+//! output.
 #![deny(missing_docs)]
 
+mod formats;
+mod listing;
+mod progress;
+mod source;
+
+pub use formats::FileFormat;
+pub use source::{FilesSource, FilesSourceOptions, FilesStart};
+
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use tidemark::error::{Error, Result};
-use tidemark::record::{Record, SourcePosition};
+use tidemark::record::Record;
 use tidemark::row::Row;
-use tidemark::runtime::{BatchRequest, DeadLetter, Sink, Source, SourceBatch};
+use tidemark::runtime::{DeadLetter, Sink};
 
-/// Reads a directory whose files are each one micro-batch of JSON lines, in
-/// name order. A file is read once; files added later are picked up by the
-/// next batch (micro-batch trigger).
-///
-/// ```no_run
-/// let source = tidemark_files::FilesSource::new("batches/").unwrap();
-/// ```
+/// Decodes the files source's records with `D`, refusing first a record
+/// its reader could not read (a malformed CSV line): a bad record naming
+/// the file and line, with the reader's reason.
 #[derive(Debug)]
-pub struct FilesSource {
-    dir: PathBuf,
-    /// Several streams (a join): each a sub-directory of `dir`, batch `i`
-    /// being the files named alike in each.
-    inputs: Vec<String>,
-    done: Vec<PathBuf>,
-    handed_out: usize,
-    committed: usize,
-}
+pub struct FileReadErrors<D>(pub D);
 
-impl FilesSource {
-    /// A source over `dir`, which must exist.
-    pub fn new(dir: impl AsRef<Path>) -> Result<Self> {
-        let dir = dir.as_ref().to_path_buf();
-        if !dir.is_dir() {
-            return Err(Error::config(
-                "source.path",
-                format!("`{}` is not a directory", dir.display()),
-            ));
-        }
-        Ok(FilesSource {
-            dir,
-            inputs: Vec::new(),
-            done: Vec::new(),
-            handed_out: 0,
-            committed: 0,
-        })
-    }
-
-    /// A source of several streams: `dir/<input>/` each; a batch is the
-    /// files of one name across them (a stream may lack a file: no rows of
-    /// it in that batch). Records carry their stream's name as topic.
-    pub fn with_inputs(dir: impl AsRef<Path>, inputs: Vec<String>) -> Result<Self> {
-        let mut source = FilesSource::new(dir)?;
-        for input in &inputs {
-            if !source.dir.join(input).is_dir() {
-                return Err(Error::config(
-                    "source.path",
-                    format!(
-                        "`{}` has no sub-directory `{input}` for that stream",
-                        source.dir.display()
-                    ),
-                ));
-            }
-        }
-        source.inputs = inputs;
-        Ok(source)
-    }
-
-    /// The pending batch names (multi-stream mode): file names in any
-    /// stream's directory, not yet read.
-    fn pending_names(&self) -> Result<Vec<PathBuf>> {
-        let mut names = std::collections::BTreeSet::new();
-        for input in &self.inputs {
-            let dir = self.dir.join(input);
-            for entry in fs::read_dir(&dir)
-                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-            {
-                let path = entry
-                    .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-                    .path();
-                let Some(name) = path.file_name() else {
-                    continue;
-                };
-                if path.is_file() && !name.to_string_lossy().starts_with('.') {
-                    names.insert(PathBuf::from(name));
-                }
-            }
-        }
-        Ok(names
-            .into_iter()
-            .filter(|n| !self.done.contains(n))
-            .collect())
-    }
-
-    fn read_lines(file: &Path, topic: &std::sync::Arc<str>, out: &mut Vec<Record>) -> Result<()> {
-        let reader = BufReader::new(
-            File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?,
-        );
-        for (line_no, line) in reader.split(b'\n').enumerate() {
-            let line = line.map_err(|e| Error::io(format!("reading {}", file.display()), e))?;
-            if line.iter().all(|b| b.is_ascii_whitespace()) {
-                continue;
-            }
-            out.push(Record {
-                value: Some(line),
-                position: SourcePosition::new(topic.clone(), 0, line_no as i64 + 1),
-                ..Default::default()
-            });
-        }
-        Ok(())
-    }
-
-    fn pending(&self) -> Result<Vec<PathBuf>> {
-        let mut files: Vec<PathBuf> = fs::read_dir(&self.dir)
-            .map_err(|e| Error::io(format!("reading {}", self.dir.display()), e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.is_file()
-                    && !p
-                        .file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            })
-            .filter(|p| !self.done.contains(p))
-            .collect();
-        files.sort();
-        Ok(files)
-    }
-}
-
-impl Source for FilesSource {
-    fn describe(&self) -> String {
-        format!("FileStreamSource[{}]", self.dir.display())
-    }
-
-    fn next_batch(&mut self, request: &BatchRequest) -> Result<SourceBatch> {
-        if !self.inputs.is_empty() {
-            let pending = self.pending_names()?;
-            let Some(name) = pending.first().cloned() else {
-                return Ok(SourceBatch {
-                    exhausted: request.available_now,
-                    ..Default::default()
-                });
-            };
-            let mut records = Vec::new();
-            for input in &self.inputs {
-                let file = self.dir.join(input).join(&name);
-                if file.is_file() {
-                    Self::read_lines(&file, &std::sync::Arc::from(input.as_str()), &mut records)?;
-                }
-            }
-            self.done.push(name);
-            self.handed_out += 1;
-            return Ok(SourceBatch {
-                records,
-                exhausted: request.available_now && pending.len() == 1,
-                ..Default::default()
-            });
-        }
-        let pending = self.pending()?;
-        let Some(file) = pending.first().cloned() else {
-            return Ok(SourceBatch {
-                exhausted: request.available_now,
-                ..Default::default()
-            });
-        };
-        let name: std::sync::Arc<str> = std::sync::Arc::from(file.display().to_string());
-        let mut records = Vec::new();
-        Self::read_lines(&file, &name, &mut records)?;
-        self.done.push(file);
-        self.handed_out += 1;
-        Ok(SourceBatch {
-            records,
-            exhausted: request.available_now && pending.len() == 1,
-            revoked_partitions: Vec::new(),
-            restored_checkpoints: Vec::new(),
-        })
-    }
-
-    fn commit(&mut self, _checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {
-        // A replayed directory starts from its first file: nothing to keep.
-        self.committed = self.handed_out;
-        Ok(())
-    }
-
-    fn offsets(&self) -> serde_json::Value {
-        serde_json::json!({ "logOffset": self.handed_out as i64 - 1 })
-    }
-
-    fn watermark_input(&self, topic: &str, _partition: i32) -> String {
-        if self.inputs.is_empty() {
-            // Every file belongs to one input: the directory.
-            self.dir.display().to_string()
-        } else {
-            format!("{}/{topic}", self.dir.display())
+impl<D: tidemark::runtime::Decoder> tidemark::runtime::Decoder for FileReadErrors<D> {
+    fn decode(&mut self, record: &Record) -> Result<Row> {
+        let unread = record
+            .headers
+            .iter()
+            .find(|(name, _)| name == formats::READ_ERROR_HEADER);
+        match unread {
+            Some((_, reason)) => Err(Error::BadRecord {
+                position: record.position.clone(),
+                field: "<line>".into(),
+                reason: String::from_utf8_lossy(reason).into_owned(),
+            }),
+            None => self.0.decode(record),
         }
     }
 }
@@ -399,7 +244,13 @@ impl tidemark::runtime::TableFeed for FilesTableFeed {
                     .map(|n| n.to_string_lossy().to_string())
                     .unwrap_or_default(),
             );
-            FilesSource::read_lines(file, &topic, &mut records)?;
+            formats::read_file(
+                file,
+                FileFormat::JsonLines,
+                &topic,
+                &tidemark::schema::Schema::default(),
+                &mut records,
+            )?;
             self.read += 1;
         }
         Ok(records)

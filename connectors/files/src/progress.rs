@@ -1,0 +1,290 @@
+//! The files source's checkpoint: which files each batch read and which
+//! batches committed, as Spark's file source keeps them (its offset log
+//! with the files of each batch, and the query's commit log).
+//!
+//! ```text
+//! <checkpoint>/offsets/<batch id>   written before the batch's records are handed out:
+//!                                   {"batchId": N, "files": [{"path", "size", "modifiedMs"}]}
+//! <checkpoint>/commits/<batch id>   written when the batch commits, after the sink:
+//!                                   {"batchId": N, "checkpoints": {"0": <task checkpoint>}}
+//! <checkpoint>/skipped              `start: latest`: the files there at the first start
+//! ```
+//!
+//! A batch logged in `offsets/` but not in `commits/` stopped between the
+//! two: it is read again, over exactly its logged files, with its id (the
+//! sink, which committed first, recognises it). Files named in any logged
+//! batch are never read again. Every file is written to a temporary name,
+//! synced and renamed, so that a crash leaves either the whole entry or
+//! none.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tidemark::error::{Error, Result};
+
+/// One file a batch read: its name under the source directory, with the
+/// size and modification time it had then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LoggedFile {
+    /// The path relative to the source directory (`input/name` for a
+    /// source of several streams).
+    pub(crate) path: String,
+    /// Its size in bytes.
+    pub(crate) size: u64,
+    /// Its modification time, milliseconds since the epoch.
+    #[serde(rename = "modifiedMs")]
+    pub(crate) modified_ms: i64,
+}
+
+/// The files a batch read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BatchFiles {
+    #[serde(rename = "batchId")]
+    pub(crate) batch_id: u64,
+    pub(crate) files: Vec<LoggedFile>,
+}
+
+/// A committed batch, with the task checkpoints committed with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BatchCommit {
+    #[serde(rename = "batchId")]
+    pub(crate) batch_id: u64,
+    pub(crate) checkpoints: BTreeMap<i32, String>,
+}
+
+/// The checkpoint directory of one files source.
+#[derive(Debug)]
+pub(crate) struct ProgressLog {
+    dir: PathBuf,
+    /// Locked while the source lives: a second run on the same checkpoint
+    /// would read files twice or record over this one.
+    _lock: fs::File,
+}
+
+/// What a checkpoint directory held when the source started.
+#[derive(Debug, Default)]
+pub(crate) struct LoggedProgress {
+    /// Every file any logged batch read.
+    pub(crate) seen: BTreeSet<String>,
+    /// The last committed batch, if any.
+    pub(crate) last_commit: Option<BatchCommit>,
+    /// Batches logged after the last commit, in order: read again.
+    pub(crate) uncommitted: Vec<BatchFiles>,
+}
+
+impl ProgressLog {
+    /// The log in `dir`, created if missing.
+    pub(crate) fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+        let dir = dir.into();
+        for sub in ["offsets", "commits"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path)
+                .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+        }
+        let lock_path = dir.join("lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(format!("opening {}", lock_path.display()), e))?;
+        if lock.try_lock().is_err() {
+            return Err(Error::config(
+                "source.checkpoint",
+                format!(
+                    "`{}` is in use by another run of this query: one process per files checkpoint",
+                    dir.display()
+                ),
+            ));
+        }
+        Ok(ProgressLog { dir, _lock: lock })
+    }
+
+    /// Reads every entry.
+    pub(crate) fn read(&self) -> Result<LoggedProgress> {
+        let batches: Vec<BatchFiles> = self.entries("offsets")?;
+        let last_commit: Option<BatchCommit> = self.entries("commits")?.pop();
+        let committed = last_commit.as_ref().map(|c| c.batch_id);
+        let mut progress = LoggedProgress {
+            last_commit,
+            ..Default::default()
+        };
+        for batch in batches {
+            progress
+                .seen
+                .extend(batch.files.iter().map(|f| f.path.clone()));
+            if committed.is_none_or(|c| batch.batch_id > c) {
+                progress.uncommitted.push(batch);
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Logs the files of batch `batch.batch_id`, before they are read.
+    pub(crate) fn log_batch(&self, batch: &BatchFiles) -> Result<()> {
+        self.write("offsets", batch.batch_id, batch)
+    }
+
+    /// Records the files a first run with `start: latest` skipped.
+    pub(crate) fn log_skipped(&self, files: &[String]) -> Result<()> {
+        let path = self.dir.join("skipped");
+        let text = serde_json::to_vec(files).map_err(|e| Error::Source(e.to_string()))?;
+        write_durably(&self.dir.join(".skipped.tmp"), &path, &text)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+
+    /// The files a first run skipped, if it recorded any (`None`: no run
+    /// recorded skipping).
+    pub(crate) fn read_skipped(&self) -> Result<Option<Vec<String>>> {
+        let path = self.dir.join("skipped");
+        match fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| Error::Source(format!("{} is unreadable: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    /// Logs that batch `commit.batch_id` committed.
+    pub(crate) fn log_commit(&self, commit: &BatchCommit) -> Result<()> {
+        self.write("commits", commit.batch_id, commit)?;
+        self.prune(commit.batch_id)
+    }
+
+    /// The entries of `sub`, in batch order; an entry that cannot be read
+    /// is an error naming it (the log is the source's memory: guessing
+    /// would read files twice or never).
+    fn entries<T: for<'de> Deserialize<'de>>(&self, sub: &str) -> Result<Vec<T>> {
+        let dir = self.dir.join(sub);
+        let mut ids = BTreeMap::new();
+        for entry in
+            fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+        {
+            let path = entry
+                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+                .path();
+            let id = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.parse::<u64>().ok());
+            if let Some(id) = id {
+                ids.insert(id, path);
+            }
+        }
+        ids.into_values()
+            .map(|path| {
+                let text = fs::read_to_string(&path)
+                    .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+                serde_json::from_str(&text).map_err(|e| {
+                    Error::Source(format!(
+                        "the files source's checkpoint entry {} is unreadable: {e}",
+                        path.display()
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    fn write<T: Serialize>(&self, sub: &str, batch_id: u64, value: &T) -> Result<()> {
+        let path = self.dir.join(sub).join(batch_id.to_string());
+        let temporary = self.dir.join(sub).join(format!(".{batch_id}.tmp"));
+        let text = serde_json::to_vec(value).map_err(|e| Error::Source(e.to_string()))?;
+        write_durably(&temporary, &path, &text)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+    }
+
+    /// Keeps the commit log short: only the last commit is read back. The
+    /// offsets log stays whole, as the record of every file read.
+    fn prune(&self, committed: u64) -> Result<()> {
+        let dir = self.dir.join("commits");
+        for entry in
+            fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
+        {
+            let Ok(entry) = entry else { continue };
+            let old = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|id| id + 1 < committed);
+            if old {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `temporary`, syncs it and renames it to `path`, then
+/// syncs the directory: the entry is whole or absent after a crash.
+fn write_durably(temporary: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = fs::File::create(temporary)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    fs::rename(temporary, path)?;
+    if let Some(parent) = path.parent() {
+        fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> LoggedFile {
+        LoggedFile {
+            path: path.into(),
+            size: 1,
+            modified_ms: 2,
+        }
+    }
+
+    #[test]
+    fn a_logged_batch_without_its_commit_is_uncommitted_and_its_files_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ProgressLog::open(dir.path()).unwrap();
+        assert!(log.read().unwrap().last_commit.is_none());
+        for (id, name) in [(0, "a"), (1, "b"), (2, "c")] {
+            log.log_batch(&BatchFiles {
+                batch_id: id,
+                files: vec![file(name)],
+            })
+            .unwrap();
+        }
+        for id in [0, 1] {
+            log.log_commit(&BatchCommit {
+                batch_id: id,
+                checkpoints: [(0, format!("cp{id}"))].into(),
+            })
+            .unwrap();
+        }
+        drop(log);
+        let read = ProgressLog::open(dir.path()).unwrap().read().unwrap();
+        assert_eq!(read.seen, ["a", "b", "c"].map(String::from).into());
+        assert_eq!(read.last_commit.unwrap().checkpoints[&0], "cp1");
+        assert_eq!(read.uncommitted.len(), 1);
+        assert_eq!(read.uncommitted[0].files, vec![file("c")]);
+    }
+
+    #[test]
+    fn a_second_run_on_one_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ProgressLog::open(dir.path()).unwrap();
+        let error = ProgressLog::open(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("in use by another run"), "{error}");
+        drop(first);
+        ProgressLog::open(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_entry_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ProgressLog::open(dir.path()).unwrap();
+        fs::write(dir.path().join("commits").join("3"), "{not json").unwrap();
+        let error = log.read().unwrap_err().to_string();
+        assert!(error.contains("commits/3"), "{error}");
+    }
+}
