@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod decode;
+mod env_vars;
 mod json_row;
 pub mod pipeline;
 pub mod runtime;

@@ -1094,6 +1094,52 @@ impl fmt::Display for PipelineError {
 
 impl std::error::Error for PipelineError {}
 
+/// A YAML error at `path`, placed at the key's line when serde_yaml lost it.
+fn yaml_error(text: &str, path: String, inner: serde_yaml::Error) -> PipelineError {
+    let (_, message) = split_yaml_message(&inner.to_string());
+    // serde_yaml loses the place of errors raised while checking a value
+    // (it reports 1:1); the path finds the key's line instead.
+    let by_path = (path != ".")
+        .then(|| crate::yaml_paths::position_of(text, &path))
+        .flatten();
+    let by_serde = inner
+        .location()
+        .filter(|l| (l.line(), l.column()) != (1, 1))
+        .map(|l| (l.line(), l.column()));
+    let place = match (by_path, by_serde) {
+        (Some(p), Some(s)) => Some(if s.0 >= p.0 { s } else { p }),
+        (p, s) => p.or(s),
+    };
+    PipelineError {
+        line: place.map(|p| p.0),
+        column: place.map(|p| p.1),
+        message: if path == "." {
+            message
+        } else {
+            format!("`{path}`: {message}")
+        },
+    }
+}
+
+/// A failed `${VAR}` substitution, naming the variable and the value's key
+/// (never a value: it may be a secret).
+fn env_var_error(text: &str, path: &str, error: crate::env_vars::EnvVarError) -> PipelineError {
+    let message = match error {
+        crate::env_vars::EnvVarError::Unset(name) => format!(
+            "`{path}`: environment variable `{name}` is not set (set it, or give a default: `${{{name}:-value}}`)"
+        ),
+        crate::env_vars::EnvVarError::Unclosed => {
+            format!("`{path}`: `${{` without its closing `}}` (write `$${{` for a literal `${{`)")
+        }
+    };
+    let place = crate::yaml_paths::position_of(text, path);
+    PipelineError {
+        line: place.map(|p| p.0),
+        column: place.map(|p| p.1),
+        message,
+    }
+}
+
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
     let needle = format!("{key}:");
     text.lines()
@@ -1115,33 +1161,27 @@ impl PipelineFile {
     /// assert!(file.message.contains("unknown unit"));
     /// ```
     pub fn parse(text: &str) -> std::result::Result<PipelineFile, PipelineError> {
-        let deserializer = serde_yaml::Deserializer::from_str(text);
-        let file: PipelineFile = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        Self::parse_with_env(text, &|name| std::env::var(name).ok())
+    }
+
+    /// [`PipelineFile::parse`] with `${VAR}` / `${VAR:-default}` in string
+    /// values taken from `lookup` instead of the process environment.
+    pub fn parse_with_env(
+        text: &str,
+        lookup: &impl Fn(&str) -> Option<String>,
+    ) -> std::result::Result<PipelineFile, PipelineError> {
+        let parsed = if text.contains("${") {
+            let mut yaml: serde_yaml::Value =
+                serde_yaml::from_str(text).map_err(|e| yaml_error(text, ".".to_string(), e))?;
+            crate::env_vars::substitute_in_yaml(&mut yaml, "", lookup)
+                .map_err(|(path, e)| env_var_error(text, &path, e))?;
+            serde_path_to_error::deserialize(yaml)
+        } else {
+            serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text))
+        };
+        let file: PipelineFile = parsed.map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner();
-            let (_, message) = split_yaml_message(&inner.to_string());
-            // serde_yaml loses the place of errors raised while checking a
-            // value (it reports 1:1); the path finds the key's line instead.
-            let by_path = (path != ".")
-                .then(|| crate::yaml_paths::position_of(text, &path))
-                .flatten();
-            let by_serde = inner
-                .location()
-                .filter(|l| (l.line(), l.column()) != (1, 1))
-                .map(|l| (l.line(), l.column()));
-            let place = match (by_path, by_serde) {
-                (Some(p), Some(s)) => Some(if s.0 >= p.0 { s } else { p }),
-                (p, s) => p.or(s),
-            };
-            PipelineError {
-                line: place.map(|p| p.0),
-                column: place.map(|p| p.1),
-                message: if path == "." {
-                    message
-                } else {
-                    format!("`{path}`: {message}")
-                },
-            }
+            yaml_error(text, path, e.into_inner())
         })?;
         file.check().map_err(|(key, message)| PipelineError {
             line: line_of_key(text, key.rsplit('.').next().unwrap_or(&key)),
@@ -1992,6 +2032,18 @@ sink: {kind: jsonl, path: out.jsonl}
         let text = GOOD.replace(from, to);
         assert_ne!(text, GOOD, "replacement `{from}` not found");
         PipelineError::clone(&PipelineFile::parse(&text).unwrap_err())
+    }
+
+    #[test]
+    fn environment_variables_fill_string_values_and_an_unset_one_is_named() {
+        let text = "name: demo\nsource:\n  kind: kafka\n  topic: t\n  properties: {sasl.password: \"${PW}\", client.id: \"${ID:-app}\"}\nsink: {kind: stdout}\n";
+        let env = |name: &str| (name == "PW").then(|| "s3cr\"et: #x".to_string());
+        let file = PipelineFile::parse_with_env(text, &env).unwrap();
+        assert_eq!(file.source.properties["sasl.password"], "s3cr\"et: #x");
+        assert_eq!(file.source.properties["client.id"], "app");
+        let error = PipelineFile::parse_with_env(text, &|_| None).unwrap_err();
+        assert_eq!(error.line, Some(5), "{error}");
+        assert!(error.message.contains("`PW` is not set"), "{error}");
     }
 
     #[test]
