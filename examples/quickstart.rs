@@ -27,7 +27,11 @@ fn main() -> anyhow::Result<()> {
     // The mock cluster lives as long as `_mock`.
     let (_mock, bootstrap) = match std::env::var("KAFKA_BOOTSTRAP") {
         Ok(b) => {
-            ensure_topic(&b, topic, 4)?;
+            ensure_topic(
+                &tidemark_connectors::kafka::KafkaConnection::new(&b),
+                topic,
+                4,
+            )?;
             (None, b)
         }
         Err(_) => {
@@ -79,7 +83,7 @@ fn main() -> anyhow::Result<()> {
     );
 
     let source = KafkaSource::new(KafkaSourceConfig {
-        bootstrap: bootstrap.clone(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap.clone()),
         topics: vec![topic.into()],
         group: format!("quickstart-{}", std::process::id()),
         earliest: true,

@@ -15,6 +15,17 @@
 #   scripts/kafka.sh logs     tail of broker.log
 #   scripts/kafka.sh classpath  prints the classpath glob (for running Kafka CLI
 #                             classes: java -cp "$(scripts/kafka.sh classpath)" ...)
+#   scripts/kafka.sh secure-env prints the secured listener's settings as
+#                             KEY=value lines (see below)
+#
+# Besides PLAINTEXT on 127.0.0.1:9092 the broker has a secured listener,
+# SASL_SSL on localhost:9094: TLS with a certificate signed by a CA made at the
+# first start (tls/ca.pem; tls/other-ca.pem is a second CA that signed
+# nothing, for testing a wrong CA), SASL SCRAM-SHA-512 and SCRAM-SHA-256 with
+# the user `tidemark` (password in tls/scram-password, made at random). An
+# authorizer with prefixed ACLs gives the topics, groups and transactional ids
+# named `secure-*` to User:tidemark alone: a client reaching them over
+# PLAINTEXT (User:ANONYMOUS) is refused; everything else stays open to all.
 #
 # Environment:
 #   TIDEMARK_KAFKA_HOME             work dir (default ~/.cache/tidemark-kafka):
@@ -22,6 +33,7 @@
 #                                   broker.log, broker.pid
 #   TIDEMARK_KAFKA_PORT             client port (default 9092)
 #   TIDEMARK_KAFKA_CONTROLLER_PORT  controller port (default 9093)
+#   TIDEMARK_KAFKA_SECURE_PORT      SASL_SSL port (default 9094)
 #   TIDEMARK_KAFKA_HEAP_OPTS        default "-Xmx768m -Xms256m"
 #   TIDEMARK_KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
 #   JAVA_HOME                       java to use (default: java on PATH; needs 17+)
@@ -38,6 +50,10 @@ KH="${TIDEMARK_KAFKA_HOME:-$HOME/.cache/tidemark-kafka}"
 HOST=127.0.0.1
 PORT="${TIDEMARK_KAFKA_PORT:-9092}"
 CPORT="${TIDEMARK_KAFKA_CONTROLLER_PORT:-9093}"
+SPORT="${TIDEMARK_KAFKA_SECURE_PORT:-9094}"
+SECURE_HOST=localhost
+SCRAM_USER=tidemark
+SECURE_PREFIX=secure-
 HEAP_OPTS="${TIDEMARK_KAFKA_HEAP_OPTS:--Xmx768m -Xms256m}"
 START_TIMEOUT="${TIDEMARK_KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT=30
@@ -53,6 +69,7 @@ CLIENT_PROPS="$KH/client.properties"
 LOG="$KH/broker.log"
 OUT="$KH/broker.out"
 PID_FILE="$KH/broker.pid"
+TLS="$KH/tls"
 
 if [[ -n "${JAVA_HOME:-}" && -x "$JAVA_HOME/bin/java" ]]; then
   JAVA="$JAVA_HOME/bin/java"
@@ -148,11 +165,23 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@$HOST:$CPORT
 controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CPORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CPORT,SASL_SSL://$HOST:$SPORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT,SASL_SSL://$SECURE_HOST:$SPORT
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
 log.dirs=$DATA
+
+# the secured listener: TLS + SCRAM
+sasl.enabled.mechanisms=SCRAM-SHA-512,SCRAM-SHA-256
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$TLS/broker.p12
+listener.name.sasl_ssl.ssl.keystore.password=$(cat "$TLS/store-password")
+listener.name.sasl_ssl.ssl.key.password=$(cat "$TLS/store-password")
+# ACLs guard only what has ACLs (the secure-* resources)
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=true
 
 # single node: every replication factor / min ISR is 1
 offsets.topic.replication.factor=1
@@ -241,6 +270,62 @@ reconnect.backoff.max.ms=500
 EOF
 }
 
+# A CA, a broker certificate it signs (localhost / 127.0.0.1), a second CA
+# that signs nothing, and the SCRAM password; made once.
+make_tls() {
+  [[ -f "$TLS/broker.p12" && -f "$TLS/other-ca.pem" && -f "$TLS/scram-password" ]] && return 0
+  local keytool store_pw
+  keytool="$(dirname "$(readlink -f "$JAVA")")/keytool"
+  rm -rf "$TLS" && mkdir -p "$TLS"
+  store_pw="$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
+  echo "$store_pw" >"$TLS/store-password"
+  head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$TLS/scram-password"
+  chmod 600 "$TLS"/*
+  local kt=("$keytool" -storetype PKCS12 -storepass "$store_pw" -keypass "$store_pw")
+  local san="SAN=dns:localhost,ip:127.0.0.1"
+  for ca in ca other-ca; do
+    "${kt[@]}" -genkeypair -alias "$ca" -keyalg RSA -keysize 2048 -validity 3650 \
+      -dname "CN=tidemark test $ca" -ext bc:c -keystore "$TLS/$ca.p12" 2>/dev/null
+    "${kt[@]}" -exportcert -rfc -alias "$ca" -keystore "$TLS/$ca.p12" -file "$TLS/$ca.pem" 2>/dev/null
+  done
+  "${kt[@]}" -genkeypair -alias broker -keyalg RSA -keysize 2048 -validity 3650 \
+    -dname "CN=localhost" -ext "$san" -keystore "$TLS/broker.p12" 2>/dev/null
+  "${kt[@]}" -certreq -alias broker -keystore "$TLS/broker.p12" 2>/dev/null |
+    "${kt[@]}" -gencert -rfc -alias ca -keystore "$TLS/ca.p12" -ext "$san" -validity 3650 \
+      -outfile "$TLS/broker.pem" 2>/dev/null
+  "${kt[@]}" -importcert -noprompt -alias ca -file "$TLS/ca.pem" -keystore "$TLS/broker.p12" 2>/dev/null
+  "${kt[@]}" -importcert -alias broker -file "$TLS/broker.pem" -keystore "$TLS/broker.p12" 2>/dev/null
+  log "made a test CA and broker certificate in $TLS"
+}
+
+# The SCRAM user and the ACLs that give it the secure-* resources (both
+# idempotent: adding what exists changes nothing).
+secure_listener_users() {
+  local pw
+  pw="$(cat "$TLS/scram-password")"
+  local mechanism resource
+  # One mechanism per request: the broker refuses two for a user at once.
+  for mechanism in SCRAM-SHA-512 SCRAM-SHA-256; do
+    kafka_tool 60 kafka.admin.ConfigCommand --bootstrap-server "$BOOTSTRAP" \
+      --command-config "$CLIENT_PROPS" --alter --entity-type users --entity-name "$SCRAM_USER" \
+      --add-config "$mechanism=[password=$pw]" >/dev/null || return 1
+  done
+  for resource in "--topic $SECURE_PREFIX" "--group $SECURE_PREFIX" "--transactional-id $SECURE_PREFIX"; do
+    # shellcheck disable=SC2086
+    kafka_tool 60 org.apache.kafka.tools.AclCommand --bootstrap-server "$BOOTSTRAP" \
+      --command-config "$CLIENT_PROPS" --add --allow-principal "User:$SCRAM_USER" \
+      --operation All $resource --resource-pattern-type prefixed >/dev/null || return 1
+  done
+}
+
+cmd_secure_env() {
+  echo "KAFKA_SECURE_BOOTSTRAP=$SECURE_HOST:$SPORT"
+  echo "KAFKA_SECURE_CA=$TLS/ca.pem"
+  echo "KAFKA_SECURE_OTHER_CA=$TLS/other-ca.pem"
+  echo "KAFKA_SECURE_USER=$SCRAM_USER"
+  echo "KAFKA_SECURE_PASSWORD_FILE=$TLS/scram-password"
+}
+
 format_storage() {
   if [[ -f "$DATA/meta.properties" ]]; then
     return 0
@@ -298,6 +383,13 @@ cmd_start() {
   flock -w 300 9 || die "could not lock $KH/.lock"
 
   local pid t0=$SECONDS
+  if pid="$(broker_pid)" && ! port_open "$HOST" "$SPORT"; then
+    log "running without the secured listener (an older configuration): restarting"
+    flock -u 9
+    cmd_stop
+    exec 9>"$KH/.lock"
+    flock -w 300 9 || die "could not lock $KH/.lock"
+  fi
   if pid="$(broker_pid)"; then
     if broker_answers; then
       log "already running (pid $pid)"
@@ -311,11 +403,12 @@ cmd_start() {
   fi
   rm -f "$PID_FILE"
 
-  if port_open "$HOST" "$PORT" || port_open "$HOST" "$CPORT"; then
+  if port_open "$HOST" "$PORT" || port_open "$HOST" "$CPORT" || port_open "$HOST" "$SPORT"; then
     die "port $PORT or $CPORT on $HOST is already in use by a process not started from $KH (set TIDEMARK_KAFKA_PORT / TIDEMARK_KAFKA_CONTROLLER_PORT or stop it)"
   fi
 
   assemble
+  make_tls
   write_config
   mkdir -p "$DATA"
   format_storage
@@ -345,6 +438,7 @@ cmd_start() {
   [[ "$pid" =~ ^[0-9]+$ ]] || die "broker launcher did not write $PID_FILE"
 
   wait_ready "$pid" || exit 1
+  secure_listener_users || die "could not create the SCRAM user and ACLs of the secured listener"
   log "broker ready (pid $pid) in $((SECONDS - t0)) s"
   print_bootstrap
 }
@@ -402,8 +496,9 @@ case "${1:-}" in
   reset) cmd_reset ;;
   logs) tail -n "${2:-100}" "$LOG" ;;
   classpath) echo "$LIBS/*" ;;
+  secure-env) cmd_secure_env ;;
   *)
-    echo "usage: $0 start|stop|restart|status|reset|logs [N]|classpath" >&2
+    echo "usage: $0 start|stop|restart|status|reset|logs [N]|classpath|secure-env" >&2
     exit 2
     ;;
 esac

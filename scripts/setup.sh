@@ -7,7 +7,9 @@
 #   system packages  cmake, a C++ compiler, pkg-config; clang and libclang
 #                    (RocksDB's bindings are generated with libclang at build
 #                    time); curl headers (librdkafka 2.12's cmake build
-#                    includes curl/curl.h even with curl off); for the tests
+#                    includes curl/curl.h; with curl on it fetches OAUTHBEARER
+#                    OIDC tokens); OpenSSL and Cyrus SASL headers (librdkafka's
+#                    TLS, SCRAM and GSSAPI); for the tests
 #                    only, Java 17 and Maven (the real broker is assembled
 #                    from Maven Central jars)
 #   rust components  rustfmt, clippy (tests only)
@@ -34,6 +36,8 @@ compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null ||
   compgen -G "/usr/lib/*-linux-gnu/libclang-[0-9]*.so*" >/dev/null || missing+=(libclang-dev)
 compgen -G "/usr/include/*-linux-gnu/curl/curl.h" >/dev/null ||
   [[ -f /usr/include/curl/curl.h ]] || missing+=(libcurl4-openssl-dev)
+[[ -f /usr/include/openssl/ssl.h ]] || missing+=(libssl-dev)
+[[ -f /usr/include/sasl/sasl.h ]] || missing+=(libsasl2-dev)
 if ((!build_only)); then
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || missing+=(maven)

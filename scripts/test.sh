@@ -19,10 +19,10 @@ bash scripts/setup.sh
 started_kafka=0
 if [[ -z "${KAFKA_BOOTSTRAP:-}" ]]; then
   step "starting Apache Kafka (scripts/kafka.sh)"
-  if ! bash scripts/kafka.sh status >/dev/null 2>&1; then
-    bash scripts/kafka.sh start
-    started_kafka=1
-  fi
+  bash scripts/kafka.sh status >/dev/null 2>&1 || started_kafka=1
+  # Also when running: start restarts a broker left from an older
+  # configuration (without the secured listener the tests need).
+  bash scripts/kafka.sh start
   export KAFKA_BOOTSTRAP=127.0.0.1:${TIDEMARK_KAFKA_PORT:-9092}
 fi
 cleanup() { if ((started_kafka)) && [[ -z "${TIDEMARK_KEEP_KAFKA:-}" ]]; then bash scripts/kafka.sh stop || true; fi; }

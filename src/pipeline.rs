@@ -13,6 +13,7 @@ use crate::runtime::stages::{
 };
 use crate::runtime::{Clock, QueryBuilder, Topology, Trigger};
 use crate::schema::{FieldType, Schema};
+use crate::secrets::Properties;
 use crate::watermark::WatermarkPolicy;
 use crate::window::WindowSpec;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -30,6 +31,20 @@ pub struct PipelineFile {
     /// prefix, transactional id prefix, state directory.
     #[serde(alias = "application_id")]
     pub name: String,
+    /// How every Kafka client of the query connects — the source's
+    /// consumer, the transactional producer, changelog, standby, restore,
+    /// dead-letter, table-feed, repartition and admin clients: bootstrap
+    /// servers and librdkafka properties (security, timeouts).
+    /// `source.properties`, `sink.properties` and `dead_letter.properties`
+    /// add to it for their own client only.
+    #[serde(default)]
+    pub kafka: Option<KafkaSpec>,
+    /// A Confluent-compatible schema registry (a URL, or `{url,
+    /// properties}`): the Avro source fetches writer schemas from it by
+    /// id; an Avro Kafka sink registers its schema there and writes the id
+    /// it gets back.
+    #[serde(default)]
+    pub schema_registry: Option<RegistrySpec>,
     /// Where records come from.
     pub source: SourceSpec,
     /// Optional virtual processing time per batch.
@@ -174,6 +189,85 @@ pub enum SourceKind {
     Kafka,
 }
 
+/// The `kafka:` section: one client configuration for the whole query.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSpec {
+    /// Bootstrap servers of the cluster the query reads (default:
+    /// `KAFKA_BOOTSTRAP`, else `127.0.0.1:9092`; `source.bootstrap` wins).
+    #[serde(default)]
+    pub bootstrap: Option<String>,
+    /// librdkafka properties every client gets (`security.protocol`,
+    /// `sasl.*`, `ssl.*`...); secret values are masked wherever shown.
+    #[serde(default)]
+    pub properties: Properties,
+}
+
+/// The `schema_registry:` section: a URL, or a URL with client properties
+/// (`basic.auth.user.info`, `bearer.auth.token`, `ssl.ca.location`,
+/// `request.timeout.ms`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RegistrySpec {
+    /// The registry's base URL.
+    pub url: String,
+    /// Client properties; secret values are masked wherever shown.
+    pub properties: Properties,
+}
+
+impl fmt::Debug for RegistrySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistrySpec")
+            .field("url", &crate::secrets::mask_url(&self.url))
+            .field("properties", &self.properties)
+            .finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for RegistrySpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Full {
+            url: String,
+            #[serde(default)]
+            properties: Properties,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Url(String),
+            Full(Full),
+        }
+        Ok(
+            match Either::deserialize(deserializer).map_err(|_| {
+                de::Error::custom("expected a URL or {url: <URL>, properties: {...}}")
+            })? {
+                Either::Url(url) => RegistrySpec {
+                    url,
+                    properties: Properties::default(),
+                },
+                Either::Full(full) => RegistrySpec {
+                    url: full.url,
+                    properties: full.properties,
+                },
+            },
+        )
+    }
+}
+
+/// How an Avro Kafka sink names the subject it registers its schema under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectNameStrategySpec {
+    /// `<topic>-value` (Confluent's default, TopicNameStrategy).
+    #[default]
+    Topic,
+    /// The record's full name (RecordNameStrategy).
+    Record,
+    /// `<topic>-<record full name>` (TopicRecordNameStrategy).
+    TopicRecord,
+}
+
 /// The `source:` section.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -202,15 +296,16 @@ pub struct SourceSpec {
     /// Column types; empty keeps every JSON field with its inferred type.
     #[serde(default)]
     pub schema: SchemaSpec,
-    /// avro: a Confluent schema registry URL.
+    /// avro: a Confluent schema registry URL (or the top-level
+    /// `schema_registry`, which also takes credentials).
     #[serde(default)]
     pub schema_registry: Option<String>,
     /// avro: local `.avsc` files by schema id (`{1: schemas/order.avsc}`).
     #[serde(default)]
     pub avro_schemas: BTreeMap<u32, String>,
-    /// Extra librdkafka properties.
+    /// librdkafka properties for this client only, over `kafka.properties`.
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    pub properties: Properties,
     /// kafka: the columns the record key is made of. A grouping on exactly
     /// these columns runs where the records are (Kafka Streams'
     /// `groupByKey`); any other grouping first goes through a repartition
@@ -957,12 +1052,19 @@ pub struct SinkSpec {
     /// kafka avro: the schema file and the id to write in the wire header.
     #[serde(default)]
     pub avro_schema: Option<String>,
-    /// kafka avro: the schema id written in the Confluent header.
+    /// kafka avro: the schema id written in the Confluent header (without
+    /// a `schema_registry`; with one the sink registers its schema and
+    /// writes the id the registry gives).
     #[serde(default)]
     pub avro_schema_id: Option<u32>,
-    /// Extra librdkafka properties.
+    /// kafka avro with a `schema_registry`: the subject the schema is
+    /// registered under: `topic` (`<topic>-value`, the default), `record`
+    /// or `topic_record`.
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    pub subject_name_strategy: SubjectNameStrategySpec,
+    /// librdkafka properties for this client only, over `kafka.properties`.
+    #[serde(default)]
+    pub properties: Properties,
     /// delta, output mode update: `changes` (default) or `upsert` (keyed
     /// by `key`, default the grouping columns).
     #[serde(default)]
@@ -975,7 +1077,7 @@ pub struct SinkSpec {
     pub table_properties: BTreeMap<String, String>,
     /// delta: object-store options (credentials, region, endpoint).
     #[serde(default)]
-    pub storage_options: BTreeMap<String, String>,
+    pub storage_options: Properties,
     /// delta: add new nullable columns instead of refusing them.
     #[serde(default)]
     pub merge_schema: bool,
@@ -1002,6 +1104,11 @@ pub struct DeadLetterSpec {
     /// file: the JSON-lines file.
     #[serde(default)]
     pub path: Option<String>,
+    /// kafka: librdkafka properties of the dead-letter producer, over
+    /// `kafka.properties` (under exactly_once dead letters go out in the
+    /// query's transaction, whose producer these cannot reach).
+    #[serde(default)]
+    pub properties: Properties,
 }
 
 /// Dead-letter output kinds.
@@ -1204,11 +1311,12 @@ impl PipelineFile {
         }
         if self.source.format == Format::Avro
             && self.source.schema_registry.is_none()
+            && self.schema_registry.is_none()
             && self.source.avro_schemas.is_empty()
         {
             return err(
                 "source.format",
-                "avro needs `schema_registry: <url>` or `avro_schemas: {<id>: <file.avsc>}`",
+                "avro needs a `schema_registry` (top level: a URL or {url, properties}) or `source.avro_schemas: {<id>: <file.avsc>}`",
             );
         }
         match self.sink.kind {
@@ -1255,6 +1363,32 @@ impl PipelineFile {
             return err(
                 "processing_guarantee",
                 "exactly_once over a files source needs it to remember its progress: set `state_dir` or `source.checkpoint`",
+            );
+        }
+        if self.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+            && self
+                .dead_letter
+                .as_ref()
+                .is_some_and(|d| d.kind == DeadLetterKind::Kafka && !d.properties.is_empty())
+        {
+            return err(
+                "dead_letter.properties",
+                "under exactly_once dead letters go out in the query's transaction, whose producer takes `kafka.properties` and `sink.properties`: move these there",
+            );
+        }
+        if self.schema_registry.is_some() && self.source.schema_registry.is_some() {
+            return err(
+                "source.schema_registry",
+                "give the registry once, as the top-level `schema_registry` (it serves the source and the sink)",
+            );
+        }
+        if self.schema_registry.is_some()
+            && self.sink.format == Format::Avro
+            && self.sink.avro_schema_id.is_some()
+        {
+            return err(
+                "sink.avro_schema_id",
+                "with a `schema_registry` the sink registers `avro_schema` under its subject and writes the id the registry gives: leave `avro_schema_id` out",
             );
         }
         if self.sink.kind == SinkKind::Delta && self.sink.path.is_none() {
@@ -2326,5 +2460,28 @@ sink: {kind: kafka, topic: out}
             .join("\n");
         let e = PipelineFile::parse(&text).unwrap_err();
         assert!(e.message.contains("missing field `source`"), "{e}");
+    }
+
+    /// The file's one client configuration and the registry's credentials
+    /// parse, and no secret survives `Debug` (which logs and errors use).
+    #[test]
+    fn kafka_and_registry_sections_parse_and_debug_masks_their_secrets() {
+        let text = "name: sec\nkafka:\n  bootstrap: b:9093\n  properties: {security.protocol: SASL_SSL, sasl.password: \"${PW}\"}\nschema_registry: {url: \"https://r:8081\", properties: {basic.auth.user.info: \"u:${PW}\"}}\nsource: {kind: kafka, topic: t, format: avro}\nsink: {kind: stdout}\ndead_letter: {kind: kafka, topic: d, properties: {ssl.key.password: \"${PW}\"}}\n";
+        let lookup = |name: &str| (name == "PW").then(|| "hunter2-secret".to_string());
+        let file = PipelineFile::parse_with_env(text, &lookup).unwrap();
+        let kafka = file.kafka.as_ref().unwrap();
+        assert_eq!(kafka.bootstrap.as_deref(), Some("b:9093"));
+        assert_eq!(kafka.properties["sasl.password"], "hunter2-secret");
+        let registry = file.schema_registry.as_ref().unwrap();
+        assert_eq!(
+            registry.properties["basic.auth.user.info"],
+            "u:hunter2-secret"
+        );
+        let shown = format!("{file:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("SASL_SSL"), "{shown}");
+        let url_only = "name: r\nschema_registry: http://r:8081\nsource: {kind: kafka, topic: t}\nsink: {kind: stdout}\n";
+        let file = PipelineFile::parse(url_only).unwrap();
+        assert_eq!(file.schema_registry.unwrap().url, "http://r:8081");
     }
 }

@@ -100,6 +100,23 @@ fn describe(file: &PipelineFile) -> tidemark::Result<TopologyDescription> {
     TopologyDescription::of_pipeline(file)
 }
 
+/// The Kafka clients the query creates and how each connects, secrets
+/// masked.
+fn print_kafka_clients(file: &PipelineFile) {
+    match tidemark_connectors::KafkaClients::of_pipeline(file) {
+        Ok(clients) => {
+            let listed = clients.describe(file);
+            if !listed.is_empty() {
+                println!("Kafka clients:");
+            }
+            for (client, connection) in listed {
+                println!("  {client}: {connection}");
+            }
+        }
+        Err(e) => println!("Kafka clients: {e}"),
+    }
+}
+
 struct StatusLine {
     terminal: bool,
     print_json: bool,
@@ -204,6 +221,7 @@ fn main() -> ExitCode {
             Ok((_, f)) => match describe(&f) {
                 Ok(topology) => {
                     print!("{topology}");
+                    print_kafka_clients(&f);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -231,7 +231,7 @@ fn a_rust_built_query_grouping_off_the_record_key_is_repartitioned_by_the_librar
             .max_records_per_batch(200))
     };
     let source = KafkaSourceConfig {
-        bootstrap: bootstrap(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         topics: vec![input.clone()],
         group: app.clone(),
         earliest: true,
@@ -240,11 +240,10 @@ fn a_rust_built_query_grouping_off_the_record_key_is_repartitioned_by_the_librar
     let sink_topic = output.clone();
     let runner = tidemark_connectors::TopologyRunner::new(query, source, move || {
         let sink = KafkaSink::new(
-            &bootstrap(),
+            &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
             &sink_topic,
             KeyColumns(Vec::new()),
             ValueFormat::Json,
-            &Default::default(),
         )?;
         Ok(Box::new(sink) as Box<dyn tidemark::runtime::Sink>)
     });

@@ -1,23 +1,25 @@
 //! Builds the source, sink, decoder and dead-letter output a pipeline file
 //! names.
 
-use crate::avro::{read_schema_file, AvroDecoder, AvroEncoder};
+use crate::avro::{
+    read_schema_file, AvroDecoder, AvroEncoder, RegistryClient, RegistryConfig, SubjectNameStrategy,
+};
 use crate::files::{
     FileDeadLetter, FileFormat, FilesSource, FilesSourceOptions, FilesStart, JsonlSink, StdoutSink,
 };
 use crate::instance::InstanceIdentity;
 use crate::kafka::{
-    default_bootstrap, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
+    KafkaConnection, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
     SharedTransactions, ValueFormat,
 };
-use std::collections::BTreeMap;
+use crate::kafka_clients::KafkaClients;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
 use tidemark::error::{Error, Result};
 use tidemark::pipeline::{
     DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SchemaSpec, SinkKind,
-    SinkSpec, SourceKind, StartingOffsets, TopicList,
+    SinkSpec, SourceKind, StartingOffsets, SubjectNameStrategySpec, TopicList,
 };
 use tidemark::runtime::{
     DeadLetter, Decoder, QueryBuilder, Sink, Source, Stage, StageInput, StageOutput, StateBackend,
@@ -129,19 +131,12 @@ pub fn connect_stage(
     base_dir: &Path,
     identity: &Arc<InstanceIdentity>,
 ) -> Result<Connected> {
-    let source_bootstrap = file
-        .source
-        .bootstrap
-        .clone()
-        .unwrap_or_else(default_bootstrap);
     // A files source has no cluster: its transactions (a Kafka sink's,
     // under exactly-once) run on the sink's.
     let files_into_kafka =
         file.source.kind == SourceKind::Files && file.sink.kind == SinkKind::Kafka;
-    let source_bootstrap = match (files_into_kafka, &file.sink.bootstrap) {
-        (true, Some(sink_bootstrap)) => sink_bootstrap.clone(),
-        _ => source_bootstrap,
-    };
+    let clients = KafkaClients::of_pipeline(file)?;
+    clients.check(file)?;
     let transactions = match file.processing_guarantee {
         ProcessingGuarantee::ExactlyOnce
             if file.source.kind == SourceKind::Kafka || files_into_kafka =>
@@ -149,27 +144,21 @@ pub fn connect_stage(
             // Stable per instance: a restarted instance takes its slot's id
             // back, fences the old process and aborts what it left open.
             Some(SharedTransactions::for_instance(
-                &source_bootstrap,
+                &clients.transactions,
                 &stage.name,
                 identity.clone(),
             )?)
         }
         _ => None,
     };
-    let source = build_source(
-        file,
-        stage,
-        base_dir,
-        &source_bootstrap,
-        transactions.as_ref(),
-    )?;
+    let source = build_source(file, stage, base_dir, &clients, transactions.as_ref())?;
     let decoder = build_decoder(file, stage, base_dir)?;
-    let table_feeds = build_table_feeds(file, stage, base_dir, &source_bootstrap)?;
+    let table_feeds = build_table_feeds(file, stage, base_dir, &clients.cluster)?;
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
     let writes_sink = stage.output == StageOutput::Sink;
     let sink = match &stage.output {
         StageOutput::Repartition { topic, keys } => repartition_sink(
-            &source_bootstrap,
+            &clients.cluster,
             topic,
             keys,
             &stage_main_topics(file, stage),
@@ -179,7 +168,7 @@ pub fn connect_stage(
             &file.sink,
             file,
             base_dir,
-            &source_bootstrap,
+            &clients.sink,
             transactions.as_ref(),
             SinkRole {
                 real_time,
@@ -193,16 +182,14 @@ pub fn connect_stage(
         Some(spec) if writes_sink => {
             // In the batch's transaction when it writes to the source's
             // cluster (a transaction spans one cluster).
-            let same_cluster = spec
-                .bootstrap
-                .as_ref()
-                .is_none_or(|b| *b == source_bootstrap);
+            let connection = clients.other_sink(spec, file);
+            let same_cluster = connection.bootstrap == clients.cluster.bootstrap;
             let transactions = transactions.as_ref().filter(|_| same_cluster);
             Some(build_sink(
                 spec,
                 file,
                 base_dir,
-                &source_bootstrap,
+                &connection,
                 transactions,
                 SinkRole {
                     real_time,
@@ -212,13 +199,14 @@ pub fn connect_stage(
         }
         _ => None,
     };
-    let dead_letter = build_dead_letter(file, base_dir, &source_bootstrap, transactions.as_ref())?;
+    let dead_letter =
+        build_dead_letter(file, base_dir, &clients.dead_letter, transactions.as_ref())?;
     let state_backend = match writes_sink {
         true => build_state_backend(
             file,
             stage,
             base_dir,
-            &source_bootstrap,
+            &clients.cluster,
             transactions.as_ref(),
         )?,
         false => None,
@@ -269,7 +257,7 @@ fn build_source(
     file: &PipelineFile,
     stage: &Stage,
     base_dir: &Path,
-    source_bootstrap: &str,
+    clients: &KafkaClients,
     transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn Source>> {
     let src = &file.source;
@@ -278,9 +266,9 @@ fn build_source(
         return files_source(file, stage, base_dir);
     }
     let topics = stage_topics(file, stage);
-    let mut properties = src.properties.clone();
+    let mut properties = src.properties.0.clone();
     if !joined.is_empty() {
-        check_co_partitioned(source_bootstrap, &topics)?;
+        check_co_partitioned(&clients.cluster, &topics)?;
         // Partition n of every topic to the same instance: the range
         // assignor splits each topic alike.
         properties
@@ -297,7 +285,7 @@ fn build_source(
     let group = src.group.clone().unwrap_or_else(|| file.name.clone());
     let source = KafkaSource::new(stage_source_config(
         KafkaSourceConfig {
-            bootstrap: source_bootstrap.to_string(),
+            cluster: clients.cluster.clone(),
             topics,
             group,
             earliest: src.starting_offsets != Some(StartingOffsets::Latest),
@@ -414,7 +402,7 @@ fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<
             for (id, path) in &src.avro_schemas {
                 schemas.insert(*id, read_schema_file(&resolve(base_dir, path))?);
             }
-            Box::new(AvroDecoder::new(schemas, src.schema_registry.clone()))
+            Box::new(AvroDecoder::new(schemas, registry_client(file, base_dir)?))
         }
     };
     let global_tables = stage_global_tables(file, stage);
@@ -443,7 +431,7 @@ fn build_table_feeds(
     file: &PipelineFile,
     stage: &Stage,
     base_dir: &Path,
-    source_bootstrap: &str,
+    cluster: &KafkaConnection,
 ) -> Result<Vec<(String, Box<dyn tidemark::runtime::TableFeed>)>> {
     let src = &file.source;
     let global_tables = stage_global_tables(file, stage);
@@ -456,11 +444,7 @@ fn build_table_feeds(
             ));
         };
         let feed: Box<dyn tidemark::runtime::TableFeed> = match src.kind {
-            SourceKind::Kafka => Box::new(crate::kafka::KafkaTableFeed::new(
-                source_bootstrap,
-                topic,
-                &BTreeMap::new(),
-            )?),
+            SourceKind::Kafka => Box::new(crate::kafka::KafkaTableFeed::new(cluster, topic)?),
             SourceKind::Files => Box::new(crate::files::FilesTableFeed::new(
                 resolve(base_dir, src.path.as_deref().unwrap_or(".")).join(topic),
             )?),
@@ -475,12 +459,12 @@ fn build_table_feeds(
 fn build_dead_letter(
     file: &PipelineFile,
     base_dir: &Path,
-    source_bootstrap: &str,
+    connection: &KafkaConnection,
     transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn DeadLetter>> {
     // Under exactly-once, dead letters go out in the batch's transaction.
     let kafka = |topic: &str| -> Result<Box<dyn DeadLetter>> {
-        let dead_letter = KafkaDeadLetter::new(source_bootstrap, topic)?;
+        let dead_letter = KafkaDeadLetter::new(connection, topic)?;
         Ok(match transactions {
             Some(t) => Box::new(dead_letter.with_transactions(t.clone())),
             None => Box::new(dead_letter),
@@ -506,7 +490,7 @@ fn build_state_backend(
     file: &PipelineFile,
     stage: &Stage,
     base_dir: &Path,
-    source_bootstrap: &str,
+    cluster: &KafkaConnection,
     transactions: Option<&SharedTransactions>,
 ) -> Result<Option<Box<dyn StateBackend>>> {
     let src = &file.source;
@@ -519,11 +503,10 @@ fn build_state_backend(
                     let topics = stage_topics(file, stage);
                     let mut partitions = 1;
                     for topic in &topics {
-                        partitions =
-                            partitions.max(crate::kafka::partition_count(source_bootstrap, topic)?);
+                        partitions = partitions.max(crate::kafka::partition_count(cluster, topic)?);
                     }
                     Some(crate::state_backend::ChangelogConfig {
-                        bootstrap: source_bootstrap.to_string(),
+                        cluster: cluster.clone(),
                         partitions,
                         replication: spec.replication,
                     })
@@ -560,12 +543,12 @@ fn build_state_backend(
 /// A join's topics must have as many partitions each: task `n` joins
 /// partition `n` of every topic (records keyed by the join key, with the
 /// same partitioner).
-pub(crate) fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result<()> {
+pub(crate) fn check_co_partitioned(cluster: &KafkaConnection, topics: &[String]) -> Result<()> {
     let mut counts = Vec::new();
     for topic in topics {
         counts.push((
             topic.clone(),
-            crate::kafka::partition_count(bootstrap, topic)?,
+            crate::kafka::partition_count(cluster, topic)?,
         ));
     }
     if counts.windows(2).any(|w| w[0].1 != w[1].1) {
@@ -585,10 +568,10 @@ pub(crate) fn check_co_partitioned(bootstrap: &str, topics: &[String]) -> Result
 }
 
 /// The input partitions (`topic/partition`) of a Kafka source.
-fn input_partitions(bootstrap: &str, topics: &[String]) -> Result<Vec<String>> {
+fn input_partitions(cluster: &KafkaConnection, topics: &[String]) -> Result<Vec<String>> {
     let mut origins = Vec::new();
     for topic in topics {
-        let count = crate::kafka::partition_count(bootstrap, topic)?;
+        let count = crate::kafka::partition_count(cluster, topic)?;
         origins.extend((0..count).map(|p| format!("{topic}/{p}")));
     }
     Ok(origins)
@@ -597,22 +580,16 @@ fn input_partitions(bootstrap: &str, topics: &[String]) -> Result<Vec<String>> {
 /// A writing stage's sink: rows keyed by the grouping columns, plus
 /// watermark markers for every partition of the stage's `inputs`.
 pub(crate) fn repartition_sink(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     topic: &str,
     keys: &[String],
     inputs: &[String],
     transactions: Option<&SharedTransactions>,
 ) -> Result<Box<dyn Sink>> {
-    let origins = input_partitions(bootstrap, inputs)?;
-    let partitions = crate::kafka::partition_count(bootstrap, topic)?;
-    let sink = KafkaSink::new(
-        bootstrap,
-        topic,
-        KeyColumns(keys.to_vec()),
-        ValueFormat::Json,
-        &BTreeMap::new(),
-    )?
-    .with_watermark_markers(origins, partitions);
+    let origins = input_partitions(cluster, inputs)?;
+    let partitions = crate::kafka::partition_count(cluster, topic)?;
+    let sink = KafkaSink::new(cluster, topic, KeyColumns(keys.to_vec()), ValueFormat::Json)?
+        .with_watermark_markers(origins, partitions);
     Ok(match transactions {
         Some(t) => Box::new(sink.with_transactions(t.clone())),
         None => Box::new(sink),
@@ -622,12 +599,8 @@ pub(crate) fn repartition_sink(
 /// Creates the repartition topics of `file`'s `topology` if missing and
 /// checks its partitioning (see [`prepare_topology`]).
 pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Result<()> {
-    let bootstrap = file
-        .source
-        .bootstrap
-        .clone()
-        .unwrap_or_else(default_bootstrap);
-    prepare_topology(&bootstrap, &file.input_topics(), topology)
+    let clients = KafkaClients::of_pipeline(file)?;
+    prepare_topology(&clients.cluster, &file.input_topics(), topology)
 }
 
 /// Readies `topology`, whose input topics are `inputs` on the cluster at
@@ -638,7 +611,7 @@ pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Re
 /// refuses a grouping that its last stage would run on rows not
 /// partitioned by its keys, unless that stage reads a single partition.
 pub(crate) fn prepare_topology(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     inputs: &[String],
     topology: &Topology,
 ) -> Result<()> {
@@ -649,10 +622,10 @@ pub(crate) fn prepare_topology(
     let mut widest = 1;
     // A pattern subscription's topics are not known here.
     for topic in inputs.iter().filter(|t| !t.starts_with('^')) {
-        widest = widest.max(crate::kafka::partition_count(bootstrap, topic)?);
+        widest = widest.max(crate::kafka::partition_count(cluster, topic)?);
     }
     for (topic, keyed) in topology.repartition_topics() {
-        crate::kafka::ensure_topic(bootstrap, topic, if keyed { widest } else { 1 })?;
+        crate::kafka::ensure_topic(cluster, topic, if keyed { widest } else { 1 })?;
     }
     let last_reads_one_partition = topology
         .repartition_topics()
@@ -678,31 +651,12 @@ pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
     if file.source.kind != SourceKind::Kafka || file.join().is_none() {
         return Ok(false);
     }
-    let bootstrap = file
-        .source
-        .bootstrap
-        .clone()
-        .unwrap_or_else(default_bootstrap);
+    let clients = KafkaClients::of_pipeline(file)?;
     let mut counts = std::collections::BTreeSet::new();
     for topic in file.input_topics() {
-        counts.insert(crate::kafka::partition_count(&bootstrap, &topic)?);
+        counts.insert(crate::kafka::partition_count(&clients.cluster, &topic)?);
     }
     Ok(counts.len() > 1)
-}
-
-/// The sink's producer settings; in real-time mode records wait at most
-/// 1 ms for company (`linger.ms: 1`) unless the file says otherwise.
-/// Measured on the 2-core test machine at 10k records/s: with 0 every record
-/// became its own produce request and the broker fell behind (p99 198 ms);
-/// with 1 the p99 was 4.4 ms.
-fn sink_properties(spec: &SinkSpec, real_time: bool) -> BTreeMap<String, String> {
-    let mut properties = spec.properties.clone();
-    if real_time {
-        properties
-            .entry("linger.ms".into())
-            .or_insert_with(|| "1".into());
-    }
-    properties
 }
 
 /// A Delta sink for `spec`, writing as `file`'s output mode asks.
@@ -763,6 +717,34 @@ fn delta_sink(
     DeltaSink::new(config)
 }
 
+/// A client of the file's schema registry, if it names one.
+fn registry_client(file: &PipelineFile, base_dir: &Path) -> Result<Option<RegistryClient>> {
+    let mut config = match (&file.schema_registry, &file.source.schema_registry) {
+        (Some(spec), _) => RegistryConfig {
+            url: spec.url.clone(),
+            properties: spec.properties.clone(),
+        },
+        (None, Some(url)) => RegistryConfig {
+            url: url.clone(),
+            properties: Default::default(),
+        },
+        (None, None) => return Ok(None),
+    };
+    // A CA file is found beside the pipeline file, as every other path.
+    if let Some(ca) = config.properties.get_mut("ssl.ca.location") {
+        *ca = resolve(base_dir, ca).display().to_string();
+    }
+    RegistryClient::new(&config).map(Some)
+}
+
+fn subject_name_strategy(spec: &SinkSpec) -> SubjectNameStrategy {
+    match spec.subject_name_strategy {
+        SubjectNameStrategySpec::Topic => SubjectNameStrategy::Topic,
+        SubjectNameStrategySpec::Record => SubjectNameStrategy::Record,
+        SubjectNameStrategySpec::TopicRecord => SubjectNameStrategy::TopicRecord,
+    }
+}
+
 /// How a sink is used: under a real-time trigger; whether a Delta table
 /// may commit per task (the query's main sink, over a Kafka source).
 #[derive(Clone, Copy)]
@@ -775,11 +757,10 @@ fn build_sink(
     spec: &SinkSpec,
     file: &PipelineFile,
     base_dir: &Path,
-    default_bootstrap: &str,
+    connection: &KafkaConnection,
     transactions: Option<&SharedTransactions>,
     role: SinkRole,
 ) -> Result<Box<dyn Sink>> {
-    let real_time = role.real_time;
     Ok(match spec.kind {
         SinkKind::Jsonl => Box::new(JsonlSink::new(resolve(
             base_dir,
@@ -788,36 +769,37 @@ fn build_sink(
         SinkKind::Stdout => Box::new(StdoutSink),
         SinkKind::Delta => Box::new(delta_sink(spec, file, base_dir, role)?),
         SinkKind::Kafka => {
-            let bootstrap = spec
-                .bootstrap
-                .clone()
-                .unwrap_or_else(|| default_bootstrap.to_string());
             let format = match spec.format {
                 Format::Json => ValueFormat::Json,
                 Format::Avro => {
                     let path = spec.avro_schema.as_deref().unwrap_or_default();
-                    ValueFormat::Avro(AvroEncoder::new(
-                        read_schema_file(&resolve(base_dir, path))?,
-                        spec.avro_schema_id.unwrap_or(1),
-                    )?)
+                    let schema = read_schema_file(&resolve(base_dir, path))?;
+                    let id = match (registry_client(file, base_dir)?, spec.avro_schema_id) {
+                        (Some(registry), None) => {
+                            let topic = spec.topic.as_deref().unwrap_or_default();
+                            let subject = subject_name_strategy(spec).subject(topic, &schema);
+                            registry.register(&subject, &schema)?
+                        }
+                        (_, id) => id.unwrap_or(1),
+                    };
+                    ValueFormat::Avro(AvroEncoder::new(schema, id)?)
                 }
                 Format::Csv | Format::Parquet => {
                     return Err(Error::config("sink.format", "a sink writes json or avro"))
                 }
             };
             let sink = KafkaSink::new(
-                &bootstrap,
+                connection,
                 spec.topic.as_deref().unwrap_or_default(),
                 KeyColumns(spec.key.clone()),
                 format,
-                &sink_properties(spec, real_time),
             )?;
             match transactions {
                 // No source transaction to commit in: the sink commits
                 // its own, with a record of the batch.
                 Some(t) if file.source.kind == SourceKind::Files => Box::new(
                     sink.with_transactions(t.clone())
-                        .with_batch_progress(&bootstrap, &format!("{}-sink-progress", file.name))?,
+                        .with_batch_progress(connection, &format!("{}-sink-progress", file.name))?,
                 ),
                 Some(t) => Box::new(sink.with_transactions(t.clone())),
                 None => Box::new(sink),

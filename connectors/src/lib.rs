@@ -12,6 +12,7 @@ pub use tidemark_kafka as kafka;
 pub use tidemark_kafka::{instance, state_backend};
 
 mod from_pipeline;
+mod kafka_clients;
 mod runner;
 mod topology_runner;
 
@@ -19,6 +20,7 @@ pub use from_pipeline::{
     connect, connect_as, connect_stage, ensure_repartition_topics, instance_identity,
     join_needs_repartition, Connected,
 };
+pub use kafka_clients::KafkaClients;
 pub use runner::{is_transient, PipelineRunner};
 pub use tidemark_kafka::split_memory_budget;
 pub use topology_runner::TopologyRunner;

@@ -95,6 +95,9 @@ impl PipelineRunner {
         // every stage's transactional id derives from it.
         let identity = Arc::new(crate::instance_identity(&self.file, &self.base)?);
         tracing::info!(instance = identity.id(), origin = ?identity.origin(), "instance identity");
+        // Refused credentials are a configuration error, not a reason to
+        // retry: found before anything else talks to the cluster.
+        crate::KafkaClients::of_pipeline(&self.file)?.check(&self.file)?;
         let co_partitioned = !crate::join_needs_repartition(&self.file)?;
         let topology = self.file.topology(co_partitioned)?;
         if self.file.source.kind == tidemark::pipeline::SourceKind::Kafka {

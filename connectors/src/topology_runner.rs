@@ -6,7 +6,9 @@
 //!
 //! ```no_run
 //! use tidemark::prelude::*;
-//! use tidemark_connectors::kafka::{KafkaSink, KafkaSourceConfig, KeyColumns, ValueFormat};
+//! use tidemark_connectors::kafka::{
+//!     KafkaConnection, KafkaSink, KafkaSourceConfig, KeyColumns, ValueFormat,
+//! };
 //! use tidemark_connectors::TopologyRunner;
 //!
 //! let query = || {
@@ -17,16 +19,23 @@
 //!         .window_aggregate(["region"], WindowSpec::tumbling("1 minute")?, vec![AggregateSpec::count()])
 //!         .output_mode(OutputMode::Update))
 //! };
+//! // Every client the runner creates (consumers, repartition producers,
+//! // admin) connects with these settings.
+//! let cluster = KafkaConnection::new("broker-1:9093")
+//!     .property("security.protocol", "SASL_SSL")
+//!     .property("sasl.mechanism", "SCRAM-SHA-512")
+//!     .property("sasl.username", "app")
+//!     .property("sasl.password", std::env::var("KAFKA_PASSWORD").unwrap_or_default());
 //! let input = KafkaSourceConfig {
-//!     bootstrap: "127.0.0.1:9092".into(),
+//!     cluster: cluster.clone(),
 //!     topics: vec!["events".into()],
 //!     group: "per-region".into(),
 //!     earliest: true,
 //!     properties: Default::default(),
 //! };
-//! let summary = TopologyRunner::new(query, input, || {
-//!     let sink = KafkaSink::new("127.0.0.1:9092", "counts", KeyColumns(vec!["region".into()]),
-//!                               ValueFormat::Json, &Default::default())?;
+//! let summary = TopologyRunner::new(query, input, move || {
+//!     let sink = KafkaSink::new(&cluster, "counts", KeyColumns(vec!["region".into()]),
+//!                               ValueFormat::Json)?;
 //!     Ok(Box::new(sink) as Box<dyn tidemark::runtime::Sink>)
 //! })
 //! .run()
@@ -117,7 +126,7 @@ impl TopologyRunner {
                 .into_iter()
                 .flat_map(|(_, t)| t),
         );
-        crate::from_pipeline::prepare_topology(&self.input.bootstrap, &inputs, &topology)?;
+        crate::from_pipeline::prepare_topology(&self.input.cluster, &inputs, &topology)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, trigger, &self.stop, |index| {
             retry_transient(&names[index], &self.stop, self.task_timeout, || {
@@ -140,7 +149,7 @@ impl TopologyRunner {
             config
                 .topics
                 .extend(joined.into_iter().flat_map(|(_, t)| t));
-            check_co_partitioned(&config.bootstrap, &config.topics)?;
+            check_co_partitioned(&config.cluster, &config.topics)?;
             // Partition n of every topic to the same instance.
             config
                 .properties
@@ -151,7 +160,7 @@ impl TopologyRunner {
         let mut sink = match &stage.output {
             StageOutput::Sink => (self.sink)()?,
             StageOutput::Repartition { topic, keys } => {
-                repartition_sink(&self.input.bootstrap, topic, keys, &own_topics, None)?
+                repartition_sink(&self.input.cluster, topic, keys, &own_topics, None)?
             }
         };
         let query = stage.query.build()?.with_stop_handle(self.stop.clone());

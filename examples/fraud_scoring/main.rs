@@ -32,8 +32,16 @@ fn main() -> anyhow::Result<()> {
     );
     let (_mock, bootstrap) = match std::env::var("KAFKA_BOOTSTRAP") {
         Ok(b) => {
-            ensure_topic(&b, &transactions, 2)?;
-            ensure_topic(&b, &alerts, 1)?;
+            ensure_topic(
+                &tidemark_connectors::kafka::KafkaConnection::new(&b),
+                &transactions,
+                2,
+            )?;
+            ensure_topic(
+                &tidemark_connectors::kafka::KafkaConnection::new(&b),
+                &alerts,
+                1,
+            )?;
             (None, b)
         }
         Err(_) => {

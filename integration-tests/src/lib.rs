@@ -14,6 +14,85 @@ pub fn bootstrap() -> String {
     tidemark_connectors::kafka::default_bootstrap()
 }
 
+/// A client configuration for the broker under test, in plaintext.
+pub fn plain() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap());
+    config
+}
+
+/// The secured listener of the broker under test: SASL_SSL with SCRAM.
+/// From `KAFKA_SECURE_BOOTSTRAP`, `KAFKA_SECURE_CA`, `KAFKA_SECURE_OTHER_CA`,
+/// `KAFKA_SECURE_USER` and `KAFKA_SECURE_PASSWORD` when set, else from
+/// `scripts/kafka.sh secure-env` (the broker the script runs).
+#[derive(Debug, Clone)]
+pub struct Secured {
+    /// Its bootstrap servers.
+    pub bootstrap: String,
+    /// The CA file that signed the broker's certificate.
+    pub ca: String,
+    /// A CA file that did not sign it.
+    pub other_ca: String,
+    /// A SCRAM user allowed the `secure-*` topics, groups and transactional ids.
+    pub user: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl Secured {
+    /// The secured listener under test; panics (failing the test) when
+    /// there is none.
+    pub fn from_env() -> Secured {
+        let mut settings: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("KAFKA_SECURE_"))
+            .collect();
+        if !settings.contains_key("KAFKA_SECURE_BOOTSTRAP") {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/kafka.sh");
+            let out = std::process::Command::new("bash")
+                .args([script, "secure-env"])
+                .output()
+                .expect("scripts/kafka.sh secure-env");
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some((k, v)) = line.split_once('=') {
+                    settings.insert(k.to_string(), v.to_string());
+                }
+            }
+        }
+        let get = |key: &str| {
+            settings.get(key).cloned().unwrap_or_else(|| {
+                panic!("no secured Kafka listener: set {key} (or run scripts/kafka.sh start)")
+            })
+        };
+        let password = match settings.get("KAFKA_SECURE_PASSWORD") {
+            Some(password) => password.clone(),
+            None => std::fs::read_to_string(get("KAFKA_SECURE_PASSWORD_FILE"))
+                .expect("the secured listener's password file")
+                .trim()
+                .to_string(),
+        };
+        Secured {
+            bootstrap: get("KAFKA_SECURE_BOOTSTRAP"),
+            ca: get("KAFKA_SECURE_CA"),
+            other_ca: get("KAFKA_SECURE_OTHER_CA"),
+            user: get("KAFKA_SECURE_USER"),
+            password,
+        }
+    }
+
+    /// A client configuration for it.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanism", "SCRAM-SHA-512")
+            .set("sasl.username", &self.user)
+            .set("sasl.password", &self.password)
+            .set("ssl.ca.location", &self.ca);
+        config
+    }
+}
+
 /// A name unique to this test run.
 pub fn unique(prefix: &str) -> String {
     format!(
@@ -24,7 +103,12 @@ pub fn unique(prefix: &str) -> String {
 
 /// Creates a topic.
 pub fn create_topic(name: &str, partitions: i32) {
-    tidemark_connectors::kafka::ensure_topic(&bootstrap(), name, partitions).expect("create topic");
+    tidemark_connectors::kafka::ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        name,
+        partitions,
+    )
+    .expect("create topic");
 }
 
 /// Produces `(key, value)` records and waits for their acknowledgement.
@@ -34,8 +118,19 @@ pub fn produce(topic: &str, records: &[(String, Vec<u8>)]) {
 
 /// Produces to one partition (or by key hash when `None`), in order.
 pub fn produce_to(topic: &str, partition: Option<i32>, records: &[(String, Vec<u8>)]) {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    produce_with(&plain(), topic, partition, records)
+}
+
+/// [`produce_to`] with the client configuration `base` (another listener,
+/// a compression codec).
+pub fn produce_with(
+    base: &ClientConfig,
+    topic: &str,
+    partition: Option<i32>,
+    records: &[(String, Vec<u8>)],
+) {
+    let producer: ThreadedProducer<DefaultProducerContext> = base
+        .clone()
         .set("enable.idempotence", "true")
         .create()
         .expect("producer");
@@ -98,24 +193,28 @@ pub fn consume_until(
     timeout: Duration,
     done: impl Fn(&[Consumed]) -> bool,
 ) -> Vec<Consumed> {
-    consume_isolated(topic, timeout, "read_committed", done)
+    consume_with(&plain(), topic, timeout, "read_committed", done)
 }
 
 /// Every record of `topic`, committed or not (aborted transactions' and
 /// open ones' too), read for `timeout`: to tell, when a test misses
 /// records, whether they were never written or are held back.
 pub fn consume_uncommitted(topic: &str, timeout: Duration) -> Vec<Consumed> {
-    consume_isolated(topic, timeout, "read_uncommitted", |_| false)
+    consume_with(&plain(), topic, timeout, "read_uncommitted", |_| false)
 }
 
-fn consume_isolated(
+/// Reads `topic` from the beginning with the client configuration `base`
+/// and `isolation_level` until `done` holds or `timeout` passed, then one
+/// more second to catch extras.
+pub fn consume_with(
+    base: &ClientConfig,
     topic: &str,
     timeout: Duration,
     isolation_level: &str,
     done: impl Fn(&[Consumed]) -> bool,
 ) -> Vec<Consumed> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    let consumer: BaseConsumer = base
+        .clone()
         .set("group.id", unique("reader"))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")

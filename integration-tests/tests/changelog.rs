@@ -12,7 +12,7 @@ fn rocksdb_state_is_rebuilt_from_its_changelog_after_the_local_copy_is_lost() {
     let app = unique("state-app");
     let store_name = "counts";
     ensure_topic_with_config(
-        &bootstrap(),
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         &changelog_topic(&app, store_name),
         2,
         1,
@@ -21,7 +21,11 @@ fn rocksdb_state_is_rebuilt_from_its_changelog_after_the_local_copy_is_lost() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let budget = MemoryBudget::new(32 << 20);
-    let writer = KafkaChangelogWriter::new(&bootstrap(), &app).unwrap();
+    let writer = KafkaChangelogWriter::new(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        &app,
+    )
+    .unwrap();
 
     // Task 0_1 counts 1,000 updates over 50 keys, deletes 10 of them, and
     // checkpoints twice.
@@ -55,7 +59,14 @@ fn rocksdb_state_is_rebuilt_from_its_changelog_after_the_local_copy_is_lost() {
 
     // The caching layer sent at most two values per key (one per checkpoint)
     // plus the tombstones, not 1,000 updates.
-    let (records, end) = read_changelog(&bootstrap(), &app, store_name, 1, None).unwrap();
+    let (records, end) = read_changelog(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        &app,
+        store_name,
+        1,
+        None,
+    )
+    .unwrap();
     assert!(records.len() <= 50 * 2 + 10, "{} records", records.len());
     assert_eq!(end as usize, records.len());
     assert_eq!(records.iter().filter(|r| r.value.is_none()).count(), 10);
@@ -91,7 +102,14 @@ fn a_restore_waits_for_open_transactions_and_keeps_only_what_they_commit() {
     let app = unique("state-txn-app");
     let store_name = "counts";
     let topic = changelog_topic(&app, store_name);
-    ensure_topic_with_config(&bootstrap(), &topic, 1, 1, &[("cleanup.policy", "compact")]).unwrap();
+    ensure_topic_with_config(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        &topic,
+        1,
+        1,
+        &[("cleanup.policy", "compact")],
+    )
+    .unwrap();
     let producer: ThreadedProducer<_> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("transactional.id", format!("{app}-writer"))
@@ -113,7 +131,15 @@ fn a_restore_waits_for_open_transactions_and_keeps_only_what_they_commit() {
     // 100 records in a transaction that commits 3 s after the restore began.
     write(0, 100);
     let (records, end) = std::thread::scope(|s| {
-        let restore = s.spawn(|| read_changelog(&bootstrap(), &app, store_name, 0, None));
+        let restore = s.spawn(|| {
+            read_changelog(
+                &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+                &app,
+                store_name,
+                0,
+                None,
+            )
+        });
         std::thread::sleep(Duration::from_secs(3));
         producer.commit_transaction(timeout).unwrap();
         restore.join().unwrap().unwrap()
@@ -124,7 +150,15 @@ fn a_restore_waits_for_open_transactions_and_keeps_only_what_they_commit() {
     // 20 more in a transaction that aborts while a restore waits.
     write(100, 120);
     let (records, _) = std::thread::scope(|s| {
-        let restore = s.spawn(|| read_changelog(&bootstrap(), &app, store_name, 0, None));
+        let restore = s.spawn(|| {
+            read_changelog(
+                &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+                &app,
+                store_name,
+                0,
+                None,
+            )
+        });
         std::thread::sleep(Duration::from_secs(3));
         producer.abort_transaction(timeout).unwrap();
         restore.join().unwrap().unwrap()

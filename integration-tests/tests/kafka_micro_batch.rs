@@ -14,7 +14,7 @@ use tidemark_integration_tests::*;
 
 fn source(topic: &str, group: &str) -> KafkaSource {
     KafkaSource::new(KafkaSourceConfig {
-        bootstrap: bootstrap(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         topics: vec![topic.to_string()],
         group: group.to_string(),
         earliest: true,
@@ -43,11 +43,10 @@ fn micro_batches_pick_up_records_produced_while_running_and_stop_cleanly() {
     let (topic_in, topic_out) = (input.clone(), output.clone());
     let runner = std::thread::spawn(move || {
         let mut sink = KafkaSink::new(
-            &bootstrap(),
+            &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
             &topic_out,
             KeyColumns::default(),
             ValueFormat::Json,
-            &Default::default(),
         )
         .unwrap();
         query
@@ -166,18 +165,31 @@ fn avro_schemas_come_from_the_registry_and_unknown_ids_are_dead_letters() {
     let query = Query::builder("registry")
         .decoder(tidemark_connectors::avro::AvroDecoder::new(
             Default::default(),
-            Some(url),
+            Some(
+                tidemark_connectors::avro::RegistryClient::new(
+                    &tidemark_connectors::avro::RegistryConfig {
+                        url,
+                        properties: Default::default(),
+                    },
+                )
+                .unwrap(),
+            ),
         ))
-        .dead_letter(tidemark_connectors::kafka::KafkaDeadLetter::new(&bootstrap(), &dlq).unwrap())
+        .dead_letter(
+            tidemark_connectors::kafka::KafkaDeadLetter::new(
+                &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+                &dlq,
+            )
+            .unwrap(),
+        )
         .trigger(Trigger::AvailableNow)
         .build()
         .unwrap();
     let mut sink = KafkaSink::new(
-        &bootstrap(),
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         &output,
         KeyColumns(vec!["sensor".into()]),
         ValueFormat::Json,
-        &Default::default(),
     )
     .unwrap();
     let summary = query
@@ -275,13 +287,20 @@ fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
         ],
     );
     let transactional_id = unique("eo-dl-tx");
-    let transactions = SharedTransactions::new(&bootstrap(), &transactional_id).unwrap();
+    let transactions = SharedTransactions::new(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        &transactional_id,
+    )
+    .unwrap();
     let fencing_id = transactional_id.clone();
     let query = Query::builder("eo-dead-letters")
         .dead_letter(
-            KafkaDeadLetter::new(&bootstrap(), &dlq)
-                .unwrap()
-                .with_transactions(transactions.clone()),
+            KafkaDeadLetter::new(
+                &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+                &dlq,
+            )
+            .unwrap()
+            .with_transactions(transactions.clone()),
         )
         // After the bad record was dead-lettered, a newer producer with the
         // same transactional id fences this one: the batch cannot commit.
@@ -302,11 +321,10 @@ fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
         .unwrap();
     let mut source = source(&input, &unique("eo-dl-app")).with_transactions(transactions.clone());
     let mut sink = KafkaSink::new(
-        &bootstrap(),
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         &output,
         KeyColumns(Vec::new()),
         ValueFormat::Json,
-        &Default::default(),
     )
     .unwrap()
     .with_transactions(transactions);

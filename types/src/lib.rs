@@ -18,6 +18,7 @@ pub mod progress;
 pub mod record;
 pub mod row;
 pub mod schema;
+pub mod secrets;
 pub mod sketch_aggregates;
 pub mod time;
 pub mod typed;

@@ -205,10 +205,18 @@ fn main() -> anyhow::Result<()> {
         tidemark_bench::profile()
     );
 
-    ensure_topic(&args.bootstrap, &input, args.partitions)
-        .with_context(|| format!("creating `{input}`"))?;
-    ensure_topic(&args.bootstrap, &output, args.partitions)
-        .with_context(|| format!("creating `{output}`"))?;
+    ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
+        &input,
+        args.partitions,
+    )
+    .with_context(|| format!("creating `{input}`"))?;
+    ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
+        &output,
+        args.partitions,
+    )
+    .with_context(|| format!("creating `{output}`"))?;
 
     let result = measure(&args, &input, &output);
     if !args.keep_topics {
@@ -374,7 +382,11 @@ fn reached(consumer: &BaseConsumer, topic: &str, ends: &[(i32, i64)]) -> bool {
 fn kafka_streams(args: &Args, jar: &std::path::Path, input: &str) -> anyhow::Result<PeerResult> {
     let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let output = format!("bench-e2e-ks-out-{run}");
-    ensure_topic(&args.bootstrap, &output, args.partitions)?;
+    ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
+        &output,
+        args.partitions,
+    )?;
     eprintln!(
         "Kafka Streams {} pipeline `{input}` -> `{output}` ...",
         args.pipeline.name()
@@ -617,7 +629,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
          use it with --pipeline window --state rocksdb"
     );
     let mut source = KafkaSource::new(KafkaSourceConfig {
-        bootstrap: args.bootstrap.clone(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(args.bootstrap.clone()),
         topics: vec![input.to_string()],
         group: format!("bench-e2e-tidemark-{}", uuid::Uuid::new_v4()),
         earliest: true,
@@ -632,11 +644,10 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         PipelineKind::Window => vec!["id".to_string()],
     };
     let mut sink = KafkaSink::new(
-        &args.bootstrap,
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
         output,
         KeyColumns(key),
         ValueFormat::Json,
-        &BTreeMap::new(),
     )?;
     let stats = Arc::new(Mutex::new(BatchStats {
         phases_ms: BTreeMap::new(),

@@ -208,7 +208,11 @@ fn through_kafka(args: &Args, partitions: i32) -> anyhow::Result<()> {
         format!("bench-join-out-{run}"),
     );
     for topic in [&impressions, &clicks, &output] {
-        ensure_topic(&bootstrap, topic, partitions)?;
+        ensure_topic(
+            &tidemark_connectors::kafka::KafkaConnection::new(&bootstrap),
+            topic,
+            partitions,
+        )?;
     }
     let at = |i: u64| tidemark::time::format_rfc3339(1 + i as i64 * MS);
     let ad = |i: u64| format!("ad{}", i % args.ads);
@@ -238,7 +242,7 @@ fn through_kafka(args: &Args, partitions: i32) -> anyhow::Result<()> {
     )?;
     let rows_in = args.events + args.events.div_ceil(2);
     let mut source = KafkaSource::new(KafkaSourceConfig {
-        bootstrap: bootstrap.clone(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap.clone()),
         topics: vec![impressions.clone(), clicks.clone()],
         group: format!("bench-join-{run}"),
         earliest: true,
@@ -248,11 +252,10 @@ fn through_kafka(args: &Args, partitions: i32) -> anyhow::Result<()> {
         )]),
     })?;
     let mut sink = KafkaSink::new(
-        &bootstrap,
+        &tidemark_connectors::kafka::KafkaConnection::new(&bootstrap),
         &output,
         KeyColumns(vec!["adId".into()]),
         ValueFormat::Json,
-        &BTreeMap::new(),
     )?;
     let decoder = tidemark::decode::ByTopicDecoder::new(Box::new(
         tidemark::decode::JsonDecoder::new(tidemark::schema::Schema::new([

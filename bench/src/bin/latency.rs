@@ -88,8 +88,16 @@ fn rolling_measures() -> anyhow::Result<Vec<RollingMeasure>> {
 fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json::Value> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (input, output) = (format!("lat-in-{id}"), format!("lat-out-{id}"));
-    ensure_topic(&args.bootstrap, &input, args.partitions)?;
-    ensure_topic(&args.bootstrap, &output, 1)?;
+    ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
+        &input,
+        args.partitions,
+    )?;
+    ensure_topic(
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
+        &output,
+        1,
+    )?;
     let schema = Schema::new([
         ("ts", FieldType::Long),
         ("k", FieldType::String),
@@ -120,7 +128,7 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
         .build()?
         .with_stop_handle(stop.clone());
     let mut source = KafkaSource::new(KafkaSourceConfig {
-        bootstrap: args.bootstrap.clone(),
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(args.bootstrap.clone()),
         topics: vec![input.clone()],
         group: format!("latency-{id}"),
         earliest: true,
@@ -132,13 +140,14 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
             .collect(),
     })?;
     let mut sink = KafkaSink::new(
-        &args.bootstrap,
+        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap).with_overrides(
+            &[("linger.ms".to_string(), args.linger_ms.to_string())]
+                .into_iter()
+                .collect(),
+        ),
         &output,
         KeyColumns(vec!["k".into()]),
         ValueFormat::Json,
-        &[("linger.ms".to_string(), args.linger_ms.to_string())]
-            .into_iter()
-            .collect(),
     )?;
     // `broker`: no tidemark at all, the reader consumes the input topic:
     // what the broker and clients alone cost on this machine.

@@ -229,7 +229,11 @@ impl KafkaTopics {
             produced: BTreeMap::new(),
         };
         for kind in [Kind::Bid, Kind::Auction, Kind::Person] {
-            tidemark_connectors::kafka::ensure_topic(&topics.bootstrap, &topics.topic(kind), 1)?;
+            tidemark_connectors::kafka::ensure_topic(
+                &tidemark_connectors::kafka::KafkaConnection::new(&topics.bootstrap),
+                &topics.topic(kind),
+                1,
+            )?;
         }
         let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", &topics.bootstrap)

@@ -80,7 +80,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let mut restored = ChangeLoggingStore::new(db.store(STORE)?, VecChangelog::default(), 0);
     let (count, end) = restore_changelog(
-        &bootstrap,
+        &tidemark_connectors::kafka::KafkaConnection::new(&bootstrap),
         &app,
         STORE,
         0,
@@ -125,14 +125,17 @@ fn write_changelog(
     dir: &std::path::Path,
 ) -> anyhow::Result<f64> {
     ensure_topic_with_config(
-        bootstrap,
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap),
         &changelog_topic(app, STORE),
         1,
         1,
         &[("cleanup.policy", "compact")],
     )?;
     let budget = MemoryBudget::new(256 << 20);
-    let writer = KafkaChangelogWriter::new(bootstrap, app)?;
+    let writer = KafkaChangelogWriter::new(
+        &tidemark_connectors::kafka::KafkaConnection::new(bootstrap),
+        app,
+    )?;
     let started = Instant::now();
     let db = TaskDb::open(dir, app, "source", &budget)?;
     let logged = ChangeLoggingStore::new(db.store(STORE)?, writer.clone(), 0);

@@ -4,8 +4,6 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
-use tidemark_integration_tests::produce_to;
-
 /// Keys per partition (`p<partition>-<0..KEYS>`).
 pub const KEYS: i64 = 5;
 
@@ -47,6 +45,23 @@ processing_guarantee: exactly_once
 /// Produces, to each of `partitions`, one event a second from 10:00:00 +
 /// `from` s to `to` s (exclusive), keys rotating, amount 1.5.
 pub fn produce_seconds(input: &str, partitions: i32, from: i64, to: i64) {
+    produce_seconds_with(
+        &tidemark_integration_tests::plain(),
+        input,
+        partitions,
+        from,
+        to,
+    )
+}
+
+/// [`produce_seconds`] with the client configuration `base`.
+pub fn produce_seconds_with(
+    base: &rdkafka::ClientConfig,
+    input: &str,
+    partitions: i32,
+    from: i64,
+    to: i64,
+) {
     let start = tidemark::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap();
     for p in 0..partitions {
         let records: Vec<_> = (from..to)
@@ -59,7 +74,7 @@ pub fn produce_seconds(input: &str, partitions: i32, from: i64, to: i64) {
                 )
             })
             .collect();
-        produce_to(input, Some(p), &records);
+        tidemark_integration_tests::produce_with(base, input, Some(p), &records);
     }
 }
 

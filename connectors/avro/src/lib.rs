@@ -1,6 +1,6 @@
 //! Avro in the Confluent wire format: magic byte 0, a 4-byte big-endian
 //! schema id, then the Avro binary datum. Schemas come from a schema registry
-//! (`GET /schemas/ids/{id}`) or local `.avsc` files.
+//! (`GET /schemas/ids/{id}`, see [`RegistryClient`]) or local `.avsc` files.
 #![deny(missing_docs)]
 
 use apache_avro::reader::datum::GenericDatumReader;
@@ -15,6 +15,9 @@ use tidemark::record::{Record, SourcePosition};
 use tidemark::row::{Row, Value};
 use tidemark::runtime::Decoder;
 
+mod registry;
+pub use registry::{RegistryClient, RegistryConfig, SchemaLookup, SubjectNameStrategy};
+
 /// Parses an `.avsc` file.
 pub fn read_schema_file(path: &Path) -> Result<AvroSchema> {
     let text = std::fs::read_to_string(path)
@@ -26,26 +29,25 @@ pub fn read_schema_file(path: &Path) -> Result<AvroSchema> {
 /// Decodes Confluent-framed Avro records into rows.
 ///
 /// An unknown schema id, a wrong magic byte or a datum that does not match
-/// its schema is a bad record naming the position and the reason.
+/// its schema is a bad record naming the position and the reason; a
+/// registry that cannot answer holds the batch back (a source error), one
+/// that refuses the client is a configuration error.
 pub struct AvroDecoder {
     schemas: HashMap<u32, Arc<AvroSchema>>,
-    registry: Option<String>,
+    registry: Option<RegistryClient>,
 }
 
 impl AvroDecoder {
-    /// A decoder with known schemas by id and an optional registry URL for
-    /// the ids it does not know.
-    pub fn new(schemas: HashMap<u32, AvroSchema>, registry: Option<String>) -> Self {
+    /// A decoder with known schemas by id and an optional registry for the
+    /// ids it does not know (each fetched once, then cached).
+    pub fn new(schemas: HashMap<u32, AvroSchema>, registry: Option<RegistryClient>) -> Self {
         AvroDecoder {
             schemas: schemas.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
-            registry: registry.map(|r| r.trim_end_matches('/').to_string()),
+            registry,
         }
     }
 
-    /// The writer schema `id`: known, or fetched from the registry. An
-    /// id the registry does not know is the record's fault
-    /// ([`SchemaLookup::Unknown`]); a registry that cannot answer is not
-    /// ([`SchemaLookup::Unavailable`]: the batch is held back).
+    /// The writer schema `id`: known, or fetched from the registry.
     fn schema(&mut self, id: u32) -> std::result::Result<Arc<AvroSchema>, SchemaLookup> {
         if let Some(s) = self.schemas.get(&id) {
             return Ok(s.clone());
@@ -55,62 +57,10 @@ impl AvroDecoder {
                 "unknown schema id {id} (no schema registry configured)"
             )));
         };
-        let url = format!("{registry}/schemas/ids/{id}");
-        let response: serde_json::Value = match ureq::get(&url)
-            .timeout(std::time::Duration::from_secs(10))
-            .call()
-        {
-            Ok(response) => response,
-            // Confluent's "schema not found" (40403); any other 404 is a
-            // wrong URL or a proxy, not the record's fault.
-            Err(ureq::Error::Status(404, response)) => {
-                let code = response
-                    .into_json::<serde_json::Value>()
-                    .ok()
-                    .and_then(|body| body.get("error_code")?.as_i64());
-                return Err(match code {
-                    Some(40403) => SchemaLookup::Unknown(format!(
-                        "unknown schema id {id}: the schema registry does not have it"
-                    )),
-                    _ => SchemaLookup::Unavailable(format!(
-                        "schema id {id}: the registry URL answered 404 without Confluent's schema-not-found code (40403): is `schema_registry` the registry's address?"
-                    )),
-                });
-            }
-            Err(e) => {
-                return Err(SchemaLookup::Unavailable(format!(
-                    "schema registry unavailable fetching schema id {id}: {}",
-                    e.kind()
-                )))
-            }
-        }
-        .into_json()
-        .map_err(|e| {
-            SchemaLookup::Unavailable(format!("schema id {id}: registry answer is not JSON: {e}"))
-        })?;
-        let text = response
-            .get("schema")
-            .and_then(|s| s.as_str())
-            .ok_or_else(|| {
-                SchemaLookup::Unavailable(format!(
-                    "schema id {id}: registry answer has no `schema`"
-                ))
-            })?;
-        let schema = Arc::new(
-            AvroSchema::parse_str(text)
-                .map_err(|e| SchemaLookup::Unknown(format!("schema id {id}: {e}")))?,
-        );
+        let schema = Arc::new(registry.schema_by_id(id)?);
         self.schemas.insert(id, schema.clone());
         Ok(schema)
     }
-}
-
-/// Why a writer schema could not be had.
-enum SchemaLookup {
-    /// The id is not known: the record is bad.
-    Unknown(String),
-    /// The registry did not answer: the batch waits for it.
-    Unavailable(String),
 }
 
 fn bad(position: &SourcePosition, field: &str, reason: String) -> Error {
@@ -155,6 +105,7 @@ impl Decoder for AvroDecoder {
         let schema = self.schema(id).map_err(|lookup| match lookup {
             SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
             SchemaLookup::Unavailable(reason) => Error::Source(reason),
+            SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
         })?;
         let reader = GenericDatumReader::builder(&schema)
             .build()
@@ -385,7 +336,12 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://user:secret@{}", closed.local_addr().unwrap());
         drop(closed);
-        let mut decoder = AvroDecoder::new(HashMap::new(), Some(url));
+        let registry = RegistryClient::new(&RegistryConfig {
+            url,
+            properties: Default::default(),
+        })
+        .unwrap();
+        let mut decoder = AvroDecoder::new(HashMap::new(), Some(registry));
         let record = Record {
             value: Some(vec![0, 0, 0, 0, 3, 2, b'a']),
             position: SourcePosition::new("t", 0, 1),

@@ -66,8 +66,9 @@ pub struct DeltaSinkConfig {
     pub partition_by: Vec<String>,
     /// Table properties of a table created here (`delta.*`).
     pub table_properties: BTreeMap<String, String>,
-    /// Object-store options (credentials, endpoint, region…).
-    pub storage_options: BTreeMap<String, String>,
+    /// Object-store options (credentials, endpoint, region…); `Debug`
+    /// masks the credentials.
+    pub storage_options: tidemark::secrets::Properties,
     /// Add new nullable columns instead of refusing them.
     pub merge_schema: bool,
     /// The `txn` app id: the query's id.
@@ -96,7 +97,7 @@ impl DeltaSinkConfig {
             mode,
             partition_by: Vec::new(),
             table_properties: BTreeMap::new(),
-            storage_options: BTreeMap::new(),
+            storage_options: Default::default(),
             merge_schema: false,
             app_id: app_id.to_string(),
             task_commits: false,
@@ -201,7 +202,7 @@ impl DeltaSink {
     }
 
     fn storage_options(&self) -> HashMap<String, String> {
-        self.config.storage_options.clone().into_iter().collect()
+        self.config.storage_options.0.clone().into_iter().collect()
     }
 
     fn open_existing(&self) -> Result<Option<DeltaTable>> {

@@ -1,9 +1,9 @@
 //! Topic administration and metadata: the default broker, creating
 //! topics, reading partition counts.
 
+use crate::connection::KafkaConnection;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::types::RDKafkaErrorCode;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
@@ -15,23 +15,21 @@ pub fn default_bootstrap() -> String {
 }
 
 /// Creates `topic` with `partitions` partitions if it does not exist.
-pub fn ensure_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
-    ensure_topic_with_config(bootstrap, topic, partitions, 1, &[])
+pub fn ensure_topic(cluster: &KafkaConnection, topic: &str, partitions: i32) -> Result<()> {
+    ensure_topic_with_config(cluster, topic, partitions, 1, &[])
 }
 
 /// Creates `topic` if it does not exist, with a replication factor and
 /// topic configuration (e.g. `cleanup.policy=compact`).
 pub fn ensure_topic_with_config(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     topic: &str,
     partitions: i32,
     replication: i32,
     config: &[(&str, &str)],
 ) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| Error::Source(format!("admin client for {bootstrap}: {e}")))?;
+    let admin: AdminClient<DefaultClientContext> =
+        cluster.create_plain(&cluster.client_config(&[]), "admin client")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -56,12 +54,10 @@ pub fn ensure_topic_with_config(
 }
 
 /// The partition count of `topic`.
-pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
+pub fn partition_count(cluster: &KafkaConnection, topic: &str) -> Result<i32> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| Error::Source(format!("metadata client: {e}")))?;
+    let consumer: BaseConsumer =
+        cluster.create_plain(&cluster.client_config(&[]), "metadata client")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), std::time::Duration::from_secs(10))
         .map_err(|e| Error::Source(format!("metadata of `{topic}`: {e}")))?;
@@ -87,17 +83,8 @@ pub fn partition_count(bootstrap: &str, topic: &str) -> Result<i32> {
 /// available-now run its rows. Reading with `read_committed` up to the high
 /// watermark waits for the markers instead (and for an open transaction of
 /// a dead writer to be aborted).
-pub fn high_watermark_client(
-    bootstrap: &str,
-    properties: &std::collections::BTreeMap<String, String>,
-) -> Result<rdkafka::consumer::BaseConsumer> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
-    for (key, value) in properties {
-        config.set(key, value);
-    }
-    config
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|e| Error::Source(format!("end-offset client for {bootstrap}: {e}")))
+pub fn high_watermark_client(cluster: &KafkaConnection) -> Result<rdkafka::consumer::BaseConsumer> {
+    let mut config = cluster.client_config(&[]);
+    config.set("isolation.level", "read_uncommitted");
+    cluster.create_plain(&config, "end-offset client")
 }

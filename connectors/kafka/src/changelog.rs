@@ -2,13 +2,12 @@
 //! partition per task partition. The writer appends each store change; the
 //! reader replays a partition up to its end to restore a task's state.
 
+use crate::connection::KafkaConnection;
 use crate::producer::{producer, send_with_backpressure, DeliveryTracker};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -38,8 +37,8 @@ impl KafkaChangelogWriter {
     }
 
     /// A writer for `application_id`'s changelogs.
-    pub fn new(bootstrap: &str, application_id: &str) -> Result<Self> {
-        let (producer, tracker) = producer(bootstrap, &BTreeMap::new(), "changelog")?;
+    pub fn new(cluster: &KafkaConnection, application_id: &str) -> Result<Self> {
+        let (producer, tracker) = producer(cluster, "changelog writer")?;
         Ok(KafkaChangelogWriter {
             application_id: Arc::from(application_id),
             producer,
@@ -91,8 +90,12 @@ impl ChangelogWriter for KafkaChangelogWriter {
 /// high watermark (see [`crate::admin::high_watermark_client`]): a restore
 /// that stopped at the last stable offset would miss the last batch's state
 /// right after its commit, under offsets already past its input.
-pub fn changelog_watermarks(bootstrap: &str, topic: &str, partition: i32) -> Result<(i64, i64)> {
-    crate::admin::high_watermark_client(bootstrap, &BTreeMap::new())?
+pub fn changelog_watermarks(
+    cluster: &KafkaConnection,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64)> {
+    crate::admin::high_watermark_client(cluster)?
         .fetch_watermarks(topic, partition, Duration::from_secs(10))
         .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))
 }
@@ -102,7 +105,7 @@ pub fn changelog_watermarks(bootstrap: &str, topic: &str, partition: i32) -> Res
 /// the whole partition in memory: for tests and tools. Tasks restore with
 /// [`restore_changelog`].
 pub fn read_changelog(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     application_id: &str,
     store: &str,
     partition: i32,
@@ -110,7 +113,7 @@ pub fn read_changelog(
 ) -> Result<(Vec<ChangelogRecord>, i64)> {
     let mut records = Vec::new();
     let (_, end) = restore_changelog(
-        bootstrap,
+        cluster,
         application_id,
         store,
         partition,
@@ -157,7 +160,7 @@ impl Default for RestoreOptions {
 /// to its end when the restore began, into `apply` in chunks bounded by
 /// `options`; returns the records restored and the end offset reached.
 pub fn restore_changelog(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     application_id: &str,
     store: &str,
     partition: i32,
@@ -166,12 +169,12 @@ pub fn restore_changelog(
     apply: &mut dyn FnMut(&ChangelogChunk) -> Result<()>,
 ) -> Result<(u64, i64)> {
     let topic = changelog_topic(application_id, store);
-    let (low, high) = changelog_watermarks(bootstrap, &topic, partition)?;
+    let (low, high) = changelog_watermarks(cluster, &topic, partition)?;
     let start = from.unwrap_or(low).max(low);
     if start >= high {
         return Ok((0, high));
     }
-    let consumer = restore_consumer(bootstrap, application_id, &topic, partition, start)?;
+    let consumer = restore_consumer(cluster, application_id, &topic, partition, start)?;
     let mut chunk = ChangelogChunk::default();
     let mut restored = 0u64;
     let started = Instant::now();
@@ -235,22 +238,22 @@ pub fn restore_changelog(
 
 /// A `read_committed` consumer assigned to `topic`/`partition` at `start`.
 fn restore_consumer(
-    bootstrap: &str,
+    cluster: &KafkaConnection,
     application_id: &str,
     topic: &str,
     partition: i32,
     start: i64,
 ) -> Result<BaseConsumer> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let mut config = cluster.client_config(&[
+        ("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS),
+        // One partition read end to end: larger fetches, fewer round trips.
+        ("max.partition.fetch.bytes", "8388608"),
+    ]);
+    config
         .set("group.id", format!("{application_id}-restore"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS)
-        // One partition read end to end: larger fetches, fewer round trips.
-        .set("max.partition.fetch.bytes", "8388608")
-        .create()
-        .map_err(|e| Error::Source(format!("restore consumer: {e}")))?;
+        .set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = cluster.create_plain(&config, "restore consumer")?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(start))
         .map_err(|e| Error::Source(e.to_string()))?;

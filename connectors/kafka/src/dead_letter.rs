@@ -1,10 +1,10 @@
 //! The dead-letter topic: failed records with the error and their position
 //! in headers.
 
+use crate::connection::KafkaConnection;
 use crate::producer::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
-use std::collections::BTreeMap;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::record::Record;
@@ -30,8 +30,8 @@ pub struct KafkaDeadLetter {
 
 impl KafkaDeadLetter {
     /// A dead-letter output to `topic`.
-    pub fn new(bootstrap: &str, topic: &str) -> Result<Self> {
-        let (producer, tracker) = producer(bootstrap, &BTreeMap::new(), "dead_letter")?;
+    pub fn new(cluster: &KafkaConnection, topic: &str) -> Result<Self> {
+        let (producer, tracker) = producer(cluster, "dead-letter producer")?;
         Ok(KafkaDeadLetter {
             topic: topic.to_string(),
             producer,

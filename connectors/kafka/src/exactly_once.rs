@@ -9,9 +9,9 @@
 //! visible to `read_committed` readers and the batch is replayed from the
 //! last committed offsets.
 
+use crate::connection::KafkaConnection;
 use crate::instance::InstanceIdentity;
 use crate::producer::{send_with_backpressure, DeliveryTracker};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -40,46 +40,43 @@ pub struct SharedTransactions(Arc<Mutex<Transactions>>);
 impl SharedTransactions {
     /// A transactional producer with `transactional_id` (stable per
     /// instance, so that a restarted instance fences its predecessor at
-    /// once and aborts what it left open).
-    pub fn new(bootstrap: &str, transactional_id: &str) -> Result<Self> {
-        Self::create(bootstrap, transactional_id, None)
+    /// once and aborts what it left open). Every record a query writes
+    /// to `cluster` goes through it: its sink's, changelog's, dead letters'
+    /// and repartition topics', so `cluster` carries the sink producer's
+    /// properties (compression, batching) over the query's.
+    pub fn new(cluster: &KafkaConnection, transactional_id: &str) -> Result<Self> {
+        Self::create(cluster, transactional_id, None)
     }
 
     /// A transactional producer for `stage` (a query's name) as instance
     /// `identity`: its transactional id is `<stage>-<instance id>`, so no
     /// two live instances share one.
     pub fn for_instance(
-        bootstrap: &str,
+        cluster: &KafkaConnection,
         stage: &str,
         identity: Arc<InstanceIdentity>,
     ) -> Result<Self> {
         let transactional_id = identity.transactional_id(stage);
         for orphan in identity.orphaned_slots() {
-            fence(bootstrap, &format!("{stage}-{}", orphan.id));
+            fence(cluster, &format!("{stage}-{}", orphan.id));
         }
-        Self::create(bootstrap, &transactional_id, Some(identity))
+        Self::create(cluster, &transactional_id, Some(identity))
     }
 
     fn create(
-        bootstrap: &str,
+        cluster: &KafkaConnection,
         transactional_id: &str,
         identity: Option<Arc<InstanceIdentity>>,
     ) -> Result<Self> {
         let tracker = DeliveryTracker::default();
-        let producer: ThreadedProducer<DeliveryTracker> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let mut config =
+            cluster.client_config(&[("linger.ms", "5"), ("transaction.timeout.ms", "60000")]);
+        config
             .set("transactional.id", transactional_id)
             .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set("transaction.timeout.ms", "60000")
-            .create_with_context(tracker.clone())
-            .map_err(|e| {
-                Error::config(
-                    "processing_guarantee",
-                    format!("transactional producer: {e}"),
-                )
-            })?;
+            .set("acks", "all");
+        let producer: ThreadedProducer<DeliveryTracker> =
+            cluster.create(&config, tracker.clone(), "transactional producer")?;
         producer.init_transactions(TIMEOUT).map_err(|e| {
             Error::Sink(format!(
                 "initialising transactions for `{transactional_id}`: {e}"
@@ -178,11 +175,11 @@ impl SharedTransactions {
 /// Fences the transactional id of a dead instance: initialising a producer
 /// with it aborts what it left open. Best effort: on failure the broker
 /// aborts it at the transaction timeout anyway.
-fn fence(bootstrap: &str, transactional_id: &str) {
-    let fenced = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("transactional.id", transactional_id)
-        .create::<rdkafka::producer::BaseProducer>()
+fn fence(cluster: &KafkaConnection, transactional_id: &str) {
+    let mut config = cluster.client_config(&[]);
+    config.set("transactional.id", transactional_id);
+    let fenced = cluster
+        .create_plain::<rdkafka::producer::BaseProducer>(&config, "fencing producer")
         .map_err(|e| e.to_string())
         .and_then(|p| {
             p.init_transactions(Duration::from_secs(10))

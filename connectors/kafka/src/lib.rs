@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 mod changelog;
+mod connection;
 mod dead_letter;
 mod exactly_once;
 mod producer;
@@ -23,6 +24,7 @@ pub use state_backend::split_memory_budget;
 pub use changelog::{
     changelog_topic, read_changelog, restore_changelog, KafkaChangelogWriter, RestoreOptions,
 };
+pub use connection::KafkaConnection;
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
 pub use producer::send_with_backpressure;

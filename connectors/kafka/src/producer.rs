@@ -2,13 +2,12 @@
 //! `ThreadedProducer` with a tracker of delivery failures, a flush that
 //! watches the in-flight count, and a send that waits out a full queue.
 
-use rdkafka::config::ClientConfig;
+use crate::connection::KafkaConnection;
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::error::{Error, Result};
+use tidemark::error::Result;
 
 /// Collects delivery failures reported by the producer's thread.
 #[derive(Clone, Default)]
@@ -38,23 +37,16 @@ impl ProducerContext for DeliveryTracker {
 
 /// An idempotent producer with its delivery tracker.
 pub(crate) fn producer(
-    bootstrap: &str,
-    properties: &BTreeMap<String, String>,
-    key: &str,
+    cluster: &KafkaConnection,
+    what: &str,
 ) -> Result<(ThreadedProducer<DeliveryTracker>, DeliveryTracker)> {
     let tracker = DeliveryTracker::default();
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5");
-    for (k, v) in properties {
-        config.set(k, v);
-    }
-    let producer = config
-        .create_with_context(tracker.clone())
-        .map_err(|e| Error::config(key, format!("Kafka producer: {e}")))?;
+    let config = cluster.client_config(&[
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        ("linger.ms", "5"),
+    ]);
+    let producer = cluster.create(&config, tracker.clone(), what)?;
     Ok((producer, tracker))
 }
 

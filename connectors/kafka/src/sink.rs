@@ -1,6 +1,7 @@
 //! The Kafka sink: an idempotent producer; `commit` waits until every record
 //! of the batch is acknowledged.
 
+use crate::connection::KafkaConnection;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
@@ -81,8 +82,8 @@ impl KafkaSink {
     /// source that cannot commit inside the transaction (files): a batch
     /// replayed after a crash is recognised from it (see
     /// [`Sink::recovered_batch`]). Needs [`KafkaSink::with_transactions`].
-    pub fn with_batch_progress(mut self, bootstrap: &str, group: &str) -> Result<Self> {
-        self.progress = Some(SinkProgress::new(bootstrap, &self.topic, group)?);
+    pub fn with_batch_progress(mut self, cluster: &KafkaConnection, group: &str) -> Result<Self> {
+        self.progress = Some(SinkProgress::new(cluster, &self.topic, group)?);
         Ok(self)
     }
 
@@ -144,15 +145,15 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// A sink to `topic`.
+    /// A sink to `topic` on `cluster` (with the sink producer's own
+    /// properties on it: see [`KafkaConnection::with_overrides`]).
     pub fn new(
-        bootstrap: &str,
+        cluster: &KafkaConnection,
         topic: &str,
         key: KeyColumns,
         format: ValueFormat,
-        properties: &BTreeMap<String, String>,
     ) -> Result<Self> {
-        let (producer, tracker) = producer(bootstrap, properties, "sink.properties")?;
+        let (producer, tracker) = producer(cluster, "sink producer")?;
         Ok(KafkaSink {
             topic: topic.to_string(),
             producer,

@@ -8,7 +8,7 @@
 //! query knows the batch is out (Delta's `txn` plays the same part) and
 //! replays it without writing it again.
 
-use rdkafka::config::ClientConfig;
+use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
@@ -28,16 +28,15 @@ pub(crate) struct SinkProgress {
 
 impl SinkProgress {
     /// The record of `group` on `topic` (the sink's output topic) at
-    /// `bootstrap`.
-    pub(crate) fn new(bootstrap: &str, topic: &str, group: &str) -> Result<Self> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    /// `cluster`.
+    pub(crate) fn new(cluster: &KafkaConnection, topic: &str, group: &str) -> Result<Self> {
+        let mut config = cluster.client_config(&[]);
+        config
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             // Offsets committed by a transaction still open are not read.
-            .set("isolation.level", "read_committed")
-            .create()
-            .map_err(|e| Error::config("sink.bootstrap", format!("progress consumer: {e}")))?;
+            .set("isolation.level", "read_committed");
+        let consumer: BaseConsumer = cluster.create_plain(&config, "sink progress consumer")?;
         Ok(SinkProgress {
             consumer,
             topic: topic.to_string(),

@@ -1,7 +1,7 @@
 //! The Kafka source: a consumer group with cooperative-sticky assignment;
 //! offsets are committed only after the batch's output is acknowledged.
 
-use rdkafka::config::ClientConfig;
+use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -15,16 +15,23 @@ use tidemark::runtime::{BatchRequest, Source, SourceBatch};
 /// Settings of a [`KafkaSource`].
 #[derive(Debug, Clone)]
 pub struct KafkaSourceConfig {
-    /// Bootstrap servers.
-    pub bootstrap: String,
+    /// The cluster and the properties every client of the query gets.
+    pub cluster: KafkaConnection,
     /// Topics; co-partitioned topics share tasks by partition number.
     pub topics: Vec<String>,
     /// The consumer group.
     pub group: String,
     /// Start from the earliest offset when the group has none (else latest).
     pub earliest: bool,
-    /// Extra librdkafka properties (override the defaults).
+    /// This consumer's own librdkafka properties, over the cluster's.
     pub properties: BTreeMap<String, String>,
+}
+
+impl KafkaSourceConfig {
+    /// The consumer's connection: the cluster's with its own properties.
+    pub fn connection(&self) -> KafkaConnection {
+        self.cluster.with_overrides(&self.properties)
+    }
 }
 
 #[derive(Default)]
@@ -166,9 +173,14 @@ fn fatal_consumer_error(error: &rdkafka::error::KafkaError, topics: &[String]) -
 impl KafkaSource {
     /// Connects and subscribes.
     pub fn new(config: KafkaSourceConfig) -> Result<Self> {
-        let mut client = ClientConfig::new();
+        let connection = config.connection();
+        let mut client = connection.client_config(&[
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("isolation.level", "read_committed"),
+            ("fetch.wait.max.ms", "100"),
+            ("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS),
+        ]);
         client
-            .set("bootstrap.servers", &config.bootstrap)
             .set("group.id", &config.group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -179,18 +191,13 @@ impl KafkaSource {
                 } else {
                     "latest"
                 },
-            )
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "100")
-            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS);
-        for (k, v) in &config.properties {
-            client.set(k, v);
-        }
+            );
         let log = Arc::new(Mutex::new(RebalanceLog::default()));
-        let consumer: BaseConsumer<SourceContext> = client
-            .create_with_context(SourceContext { log: log.clone() })
-            .map_err(|e| Error::config("source.properties", format!("Kafka consumer: {e}")))?;
+        let consumer: BaseConsumer<SourceContext> = connection.create(
+            &client,
+            SourceContext { log: log.clone() },
+            "source consumer",
+        )?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
@@ -235,8 +242,7 @@ impl KafkaSource {
     fn capture_end_offsets(&mut self, deadline: Instant) -> Result<()> {
         self.join(deadline)?;
         let mut ends = HashMap::default();
-        let end_offsets =
-            crate::admin::high_watermark_client(&self.config.bootstrap, &self.config.properties)?;
+        let end_offsets = crate::admin::high_watermark_client(&self.config.connection())?;
         let committed = self
             .consumer
             .committed(Duration::from_secs(10))

@@ -11,8 +11,9 @@
 //! trusts it exactly as a cleanly closed task's files.
 
 use crate::changelog_topic;
+use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -36,17 +37,21 @@ pub(crate) struct Standbys {
 }
 
 impl Standbys {
-    pub(crate) fn new(bootstrap: &str, state_dir: PathBuf, application_id: &str) -> Result<Self> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    pub(crate) fn new(
+        cluster: &KafkaConnection,
+        state_dir: PathBuf,
+        application_id: &str,
+    ) -> Result<Self> {
+        let mut config = cluster.client_config(&[
+            ("fetch.wait.max.ms", "50"),
+            ("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS),
+        ]);
+        config
             .set("group.id", format!("{application_id}-standby"))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "50")
-            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS)
-            .create()
-            .map_err(|e| Error::Source(format!("standby consumer: {e}")))?;
+            .set("auto.offset.reset", "earliest");
+        let consumer: BaseConsumer = cluster.create_plain(&config, "standby consumer")?;
         Ok(Standbys {
             consumer,
             state_dir,

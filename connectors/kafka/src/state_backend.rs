@@ -2,6 +2,7 @@
 //! changes logged to a compacted Kafka changelog topic and restored from it.
 
 use crate::changelog::changelog_watermarks;
+use crate::connection::KafkaConnection;
 use crate::local_checkpoint::{
     take_local_checkpoint, write_local_checkpoint, GuardedStore, LocalCheckpoint,
     TaskCheckpointGuard, CHECKPOINT_FILE,
@@ -22,8 +23,8 @@ use tidemark_state::{CachingStore, ChangeLoggingStore, MemoryBudget, StateStore,
 /// Where changelogs go.
 #[derive(Clone)]
 pub struct ChangelogConfig {
-    /// Bootstrap servers.
-    pub bootstrap: String,
+    /// The cluster changelogs live on, with the query's client properties.
+    pub cluster: KafkaConnection,
     /// Partitions of each changelog topic (the input's partition count).
     pub partitions: i32,
     /// Replication factor of changelog topics.
@@ -83,7 +84,7 @@ impl RocksDbStateBackend {
     ) -> Result<Self> {
         let changelog = match changelog {
             Some(config) => {
-                let writer = KafkaChangelogWriter::new(&config.bootstrap, application_id)?;
+                let writer = KafkaChangelogWriter::new(&config.cluster, application_id)?;
                 Some((config, writer))
             }
             None => None,
@@ -128,7 +129,7 @@ impl RocksDbStateBackend {
         if replicas > 0 {
             if let Some((config, _)) = &self.changelog {
                 self.standbys = Some(crate::standby::Standbys::new(
-                    &config.bootstrap,
+                    &config.cluster,
                     self.state_dir.clone(),
                     &self.application_id,
                 )?);
@@ -226,15 +227,15 @@ impl StateBackend for RocksDbStateBackend {
                 }
                 let topic = changelog_topic(&self.application_id, name);
                 ensure_topic_with_config(
-                    &config.bootstrap,
+                    &config.cluster,
                     &topic,
                     config.partitions.max(partition + 1),
                     config.replication,
                     &[("cleanup.policy", "compact")],
                 )?;
                 let mut logged = ChangeLoggingStore::new(local, writer.clone(), partition);
-                let (bootstrap, application_id, name) = (
-                    config.bootstrap.clone(),
+                let (cluster, application_id, name) = (
+                    config.cluster.clone(),
                     self.application_id.clone(),
                     name.to_string(),
                 );
@@ -245,7 +246,7 @@ impl StateBackend for RocksDbStateBackend {
                     let _restoring = restoring;
                     let started = std::time::Instant::now();
                     let (restored, end) = restore_changelog(
-                        &bootstrap,
+                        &cluster,
                         &application_id,
                         &name,
                         partition,
@@ -351,7 +352,7 @@ impl StateBackend for RocksDbStateBackend {
         let mut checkpoint = LocalCheckpoint::new();
         for name in stores {
             let topic = changelog_topic(&self.application_id, &name);
-            let (_, end) = changelog_watermarks(&config.bootstrap, &topic, partition)?;
+            let (_, end) = changelog_watermarks(&config.cluster, &topic, partition)?;
             checkpoint.insert(name, end);
         }
         let file = db.path().join(CHECKPOINT_FILE);
@@ -384,7 +385,7 @@ impl RocksDbStateBackend {
             return;
         }
         if self.end_offsets.is_none() {
-            match crate::admin::high_watermark_client(&config.bootstrap, &Default::default()) {
+            match crate::admin::high_watermark_client(&config.cluster) {
                 Ok(client) => self.end_offsets = Some(client),
                 Err(e) => {
                     tracing::warn!(error = %e, "local checkpoints not written");

@@ -2,8 +2,9 @@
 //! whole at start and caught up between batches (Kafka Streams'
 //! GlobalKTable, which every instance reads in full).
 
+use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -30,28 +31,19 @@ pub struct KafkaTableFeed {
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 
 impl KafkaTableFeed {
-    /// A feed of `topic` on `bootstrap`, with extra consumer `properties`.
-    pub fn new(
-        bootstrap: &str,
-        topic: &str,
-        properties: &BTreeMap<String, String>,
-    ) -> Result<Self> {
-        let mut config = ClientConfig::new();
+    /// A feed of `topic` on `cluster`.
+    pub fn new(cluster: &KafkaConnection, topic: &str) -> Result<Self> {
+        let mut config = cluster.client_config(&[
+            ("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS),
+            ("isolation.level", "read_committed"),
+        ]);
         config
-            .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("tidemark-global-table-{topic}"))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("fetch.queue.backoff.ms", crate::FETCH_QUEUE_BACKOFF_MS);
-        for (k, v) in properties {
-            config.set(k, v);
-        }
-        let consumer: BaseConsumer = config
-            .create()
-            .map_err(|e| Error::config("table_join", format!("Kafka consumer: {e}")))?;
-        let count = crate::partition_count(bootstrap, topic)?;
+            .set("auto.offset.reset", "earliest");
+        let consumer: BaseConsumer = cluster.create_plain(&config, "global table consumer")?;
+        let count = crate::partition_count(cluster, topic)?;
         let partitions: Vec<i32> = (0..count).collect();
         let mut tpl = TopicPartitionList::new();
         for p in &partitions {
@@ -63,7 +55,7 @@ impl KafkaTableFeed {
             .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
         Ok(KafkaTableFeed {
             consumer,
-            end_offsets: crate::admin::high_watermark_client(bootstrap, properties)?,
+            end_offsets: crate::admin::high_watermark_client(cluster)?,
             topic: topic.to_string(),
             next: partitions.iter().map(|p| (*p, 0)).collect(),
             partitions,
