@@ -223,3 +223,88 @@ fn the_sink_registers_its_schema_and_an_outage_holds_the_source_back() {
         assert!(!String::from_utf8_lossy(shown).contains("registry-pw-5150"));
     }
 }
+
+/// The HTTPS stand-in (`tests/https_registry/HttpsFakeRegistry.java`),
+/// serving with the test broker's certificate; killed on drop.
+struct HttpsFakeRegistry {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpsFakeRegistry {
+    fn start(tls_dir: &std::path::Path, token: &str) -> HttpsFakeRegistry {
+        let source = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/https_registry/HttpsFakeRegistry.java"
+        );
+        let mut child = Command::new("java")
+            .arg(source)
+            .arg(tls_dir.join("broker.p12"))
+            .arg(tls_dir.join("store-password"))
+            .arg(token)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("java (scripts/setup.sh installs it)");
+        let mut port = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut port)
+            .unwrap();
+        let url = format!("https://localhost:{}", port.trim());
+        HttpsFakeRegistry { child, url }
+    }
+}
+
+impl Drop for HttpsFakeRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn https_with_a_ca_file_and_a_bearer_token_and_refusals_are_configuration_errors() {
+    use tidemark_connectors::avro::{RegistryClient, RegistryConfig, SchemaLookup};
+    let secured = Secured::from_env();
+    let tls_dir = std::path::Path::new(&secured.ca).parent().unwrap();
+    let token = "bearer-token-6021";
+    let registry = HttpsFakeRegistry::start(tls_dir, token);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("reading.avsc"), SCHEMA).unwrap();
+    let schema =
+        tidemark_connectors::avro::read_schema_file(&dir.path().join("reading.avsc")).unwrap();
+    let client = |ca: &str, token: &str| {
+        RegistryClient::new(&RegistryConfig {
+            url: registry.url.clone(),
+            properties: [("ssl.ca.location", ca), ("bearer.auth.token", token)]
+                .into_iter()
+                .collect(),
+        })
+        .unwrap()
+    };
+    let trusted = client(&secured.ca, token);
+    assert_eq!(trusted.register("readings-value", &schema).unwrap(), 1);
+    assert!(matches!(trusted.schema_by_id(1), Ok(s) if s == schema));
+    assert!(matches!(
+        trusted.schema_by_id(2),
+        Err(SchemaLookup::Unknown(_))
+    ));
+
+    let wrong_ca = client(&secured.other_ca, token).register("readings-value", &schema);
+    let err = wrong_ca.unwrap_err();
+    assert!(
+        matches!(err, tidemark::error::Error::Config { .. })
+            && err.to_string().contains("certificate"),
+        "{err}"
+    );
+    let wrong_token = client(&secured.ca, "not-the-token").register("readings-value", &schema);
+    let err = wrong_token.unwrap_err();
+    assert!(
+        matches!(err, tidemark::error::Error::Config { .. }),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("not-the-token"), "{err}");
+    assert!(matches!(
+        client(&secured.ca, "not-the-token").schema_by_id(1),
+        Err(SchemaLookup::Refused(_))
+    ));
+}

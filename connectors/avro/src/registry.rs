@@ -196,6 +196,13 @@ impl RegistryClient {
                     mask_url(&self.url)
                 )))
             }
+            Err(e) if is_certificate_refusal(&e) => {
+                return Err(SchemaLookup::Refused(format!(
+                    "the schema registry at {} has a certificate this client does not trust (check `ssl.ca.location`): {}",
+                    mask_url(&self.url),
+                    describe_failure(&e)
+                )))
+            }
             Err(e) => {
                 return Err(SchemaLookup::Unavailable(format!(
                     "schema registry unavailable fetching schema id {id}: {}",
@@ -236,6 +243,16 @@ impl RegistryClient {
                     ),
                 ));
             }
+            Err(e) if is_certificate_refusal(&e) => {
+                return Err(Error::config(
+                    "schema_registry.properties.ssl.ca.location",
+                    format!(
+                    "the schema registry at {} has a certificate this client does not trust: {}",
+                    mask_url(&self.url),
+                    describe_failure(&e)
+                ),
+                ))
+            }
             Err(e) => {
                 return Err(Error::Sink(format!(
                     "schema registry unavailable registering `{subject}`: {}",
@@ -259,10 +276,30 @@ impl RegistryClient {
 fn describe_failure(error: &ureq::Error) -> String {
     match error {
         ureq::Error::Status(status, _) => format!("HTTP {status}"),
-        ureq::Error::Transport(transport) => match transport.message() {
-            Some(message) => format!("{}: {message}", transport.kind()),
-            None => transport.kind().to_string(),
-        },
+        ureq::Error::Transport(transport) => {
+            let mut text = match transport.message() {
+                Some(message) => format!("{}: {message}", transport.kind()),
+                None => transport.kind().to_string(),
+            };
+            // The cause (a refused certificate, a reset) says what to fix.
+            let mut cause = std::error::Error::source(transport);
+            while let Some(inner) = cause {
+                text.push_str(&format!(": {inner}"));
+                cause = inner.source();
+            }
+            text
+        }
+    }
+}
+
+/// Whether the registry's TLS certificate was refused: a configuration
+/// error (the CA file, the host name), not an outage to wait out.
+fn is_certificate_refusal(error: &ureq::Error) -> bool {
+    match error {
+        ureq::Error::Transport(_) => describe_failure(error)
+            .to_ascii_lowercase()
+            .contains("certificate"),
+        ureq::Error::Status(..) => false,
     }
 }
 
