@@ -58,6 +58,11 @@ struct Args {
     /// Bootstrap servers (default: `KAFKA_BOOTSTRAP`, else 127.0.0.1:9092).
     #[arg(long, default_value_t = default_bootstrap())]
     bootstrap: String,
+    /// A librdkafka property every client of the run gets, `name=value`
+    /// (repeatable): `--property security.protocol=SASL_SSL ...` measures
+    /// over a secured listener (`bench/secured.sh`).
+    #[arg(long = "property", value_parser = parse_property)]
+    properties: Vec<(String, String)>,
     /// Approximate size of each record value in bytes.
     #[arg(long, default_value_t = 100)]
     value_bytes: usize,
@@ -188,11 +193,42 @@ struct BatchStats {
     batch_ms: Histogram<u64>,
 }
 
+fn parse_property(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{text}` is not name=value"))
+}
+
+impl Args {
+    /// The cluster every tidemark client of the run connects to.
+    fn cluster(&self) -> tidemark_connectors::kafka::KafkaConnection {
+        let mut cluster = tidemark_connectors::kafka::KafkaConnection::new(&self.bootstrap);
+        for (name, value) in &self.properties {
+            cluster = cluster.property(name, value);
+        }
+        cluster
+    }
+
+    /// A librdkafka configuration for the raw clients: the same cluster.
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap);
+        for (name, value) in &self.properties {
+            config.set(name, value);
+        }
+        config
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(args.records > 0, "--records must be positive");
     ensure!(args.partitions > 0, "--partitions must be positive");
     ensure!(args.raw_runs > 0, "--raw-runs must be positive");
+    ensure!(
+        args.properties.is_empty() || args.kafka_streams.is_none(),
+        "--property does not reach the Kafka Streams peer: run it without --kafka-streams"
+    );
     let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let input = format!("bench-e2e-in-{run}");
     let output = format!("bench-e2e-out-{run}");
@@ -205,22 +241,14 @@ fn main() -> anyhow::Result<()> {
         tidemark_bench::profile()
     );
 
-    ensure_topic(
-        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
-        &input,
-        args.partitions,
-    )
-    .with_context(|| format!("creating `{input}`"))?;
-    ensure_topic(
-        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
-        &output,
-        args.partitions,
-    )
-    .with_context(|| format!("creating `{output}`"))?;
+    ensure_topic(&args.cluster(), &input, args.partitions)
+        .with_context(|| format!("creating `{input}`"))?;
+    ensure_topic(&args.cluster(), &output, args.partitions)
+        .with_context(|| format!("creating `{output}`"))?;
 
     let result = measure(&args, &input, &output);
     if !args.keep_topics {
-        if let Err(e) = delete_topics(&args.bootstrap, &[&input, &output]) {
+        if let Err(e) = delete_topics(&args, &[&input, &output]) {
             eprintln!("warning: deleting the benchmark topics: {e:#}");
         }
     }
@@ -230,8 +258,8 @@ fn main() -> anyhow::Result<()> {
 fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
     // 1. Input.
     eprintln!("producing to `{input}` ...");
-    let produce_time = produce(&args.bootstrap, input, args.records, args.value_bytes)?;
-    let in_topic = end_offsets_total(&args.bootstrap, input, args.partitions)?;
+    let produce_time = produce(args, input, args.records, args.value_bytes)?;
+    let in_topic = end_offsets_total(args, input, args.partitions)?;
     ensure!(
         in_topic == args.records,
         "`{input}` holds {in_topic} records, expected {}",
@@ -294,7 +322,7 @@ fn check_output(args: &Args, output: &str, engine: &str) -> anyhow::Result<()> {
     match args.pipeline {
         PipelineKind::Filter => {
             let expected = tidemark_bench::expected_kept(args.records);
-            let written = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+            let written = end_offsets_total(args, output, args.partitions)?;
             ensure!(
                 written == expected,
                 "{engine}: `{output}` holds {written} records; expected {expected}"
@@ -350,9 +378,8 @@ fn latest_window_counts(args: &Args, output: &str) -> anyhow::Result<u64> {
 /// A consumer in a fresh group `bench-e2e-<purpose>-<uuid>` that reads
 /// committed records from the earliest offset and commits nothing.
 fn reader_config(args: &Args, purpose: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = args.client_config();
     config
-        .set("bootstrap.servers", &args.bootstrap)
         .set(
             "group.id",
             format!("bench-e2e-{purpose}-{}", uuid::Uuid::new_v4()),
@@ -382,11 +409,7 @@ fn reached(consumer: &BaseConsumer, topic: &str, ends: &[(i32, i64)]) -> bool {
 fn kafka_streams(args: &Args, jar: &std::path::Path, input: &str) -> anyhow::Result<PeerResult> {
     let run = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let output = format!("bench-e2e-ks-out-{run}");
-    ensure_topic(
-        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
-        &output,
-        args.partitions,
-    )?;
+    ensure_topic(&args.cluster(), &output, args.partitions)?;
     eprintln!(
         "Kafka Streams {} pipeline `{input}` -> `{output}` ...",
         args.pipeline.name()
@@ -423,7 +446,7 @@ fn kafka_streams(args: &Args, jar: &std::path::Path, input: &str) -> anyhow::Res
     );
     check_output(args, &output, "Kafka Streams")?;
     if !args.keep_topics {
-        delete_topics(&args.bootstrap, &[&output])?;
+        delete_topics(args, &[&output])?;
     }
     eprintln!(
         "Kafka Streams: {} records in {:.2} s",
@@ -437,14 +460,9 @@ fn rate(records: u64, elapsed: Duration) -> f64 {
 }
 
 /// Produces `records` keyed payloads and waits for every acknowledgement.
-fn produce(
-    bootstrap: &str,
-    topic: &str,
-    records: u64,
-    value_bytes: usize,
-) -> anyhow::Result<Duration> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn produce(args: &Args, topic: &str, records: u64, value_bytes: usize) -> anyhow::Result<Duration> {
+    let producer: ThreadedProducer<DefaultProducerContext> = args
+        .client_config()
         .set("linger.ms", "20")
         .set("batch.num.messages", "10000")
         .set("queue.buffering.max.messages", "1000000")
@@ -466,9 +484,9 @@ fn produce(
 
 /// The sum of the end offsets of `topic`'s partitions (its record count on a
 /// fresh topic).
-fn end_offsets_total(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<u64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn end_offsets_total(args: &Args, topic: &str, partitions: i32) -> anyhow::Result<u64> {
+    let consumer: BaseConsumer = args
+        .client_config()
         .set(
             "group.id",
             format!("bench-e2e-offsets-{}", uuid::Uuid::new_v4()),
@@ -539,8 +557,14 @@ fn window_pipeline_file(
     output: &str,
     state_dir: &std::path::Path,
 ) -> String {
+    let properties: Vec<String> = args
+        .properties
+        .iter()
+        .map(|(k, v)| format!("{k}: \"{v}\""))
+        .collect();
     format!(
         r#"name: bench-e2e-{run}
+kafka: {{properties: {{{properties}}}}}
 source:
   kind: kafka
   bootstrap: "{bootstrap}"
@@ -563,6 +587,7 @@ state: {{dir: "{dir}", changelog: true}}
 processing_guarantee: {guarantee}
 "#,
         run = uuid::Uuid::new_v4().simple(),
+        properties = properties.join(", "),
         bootstrap = args.bootstrap,
         backoff = args.fetch_queue_backoff_ms,
         batch = args.max_records_per_batch,
@@ -607,7 +632,7 @@ fn tidemark_file_pipeline(
     let summary = query.run(source.as_mut(), sink.as_mut())?;
     let elapsed = start.elapsed();
     drop(sink);
-    let output_records = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+    let output_records = end_offsets_total(args, output, args.partitions)?;
     let batches = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(PipelineResult {
         summary,
@@ -629,7 +654,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
          use it with --pipeline window --state rocksdb"
     );
     let mut source = KafkaSource::new(KafkaSourceConfig {
-        cluster: tidemark_connectors::kafka::KafkaConnection::new(args.bootstrap.clone()),
+        cluster: args.cluster(),
         topics: vec![input.to_string()],
         group: format!("bench-e2e-tidemark-{}", uuid::Uuid::new_v4()),
         earliest: true,
@@ -643,12 +668,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         PipelineKind::Filter => vec![],
         PipelineKind::Window => vec!["id".to_string()],
     };
-    let mut sink = KafkaSink::new(
-        &tidemark_connectors::kafka::KafkaConnection::new(&args.bootstrap),
-        output,
-        KeyColumns(key),
-        ValueFormat::Json,
-    )?;
+    let mut sink = KafkaSink::new(&args.cluster(), output, KeyColumns(key), ValueFormat::Json)?;
     let stats = Arc::new(Mutex::new(BatchStats {
         phases_ms: BTreeMap::new(),
         batch_ms: Histogram::new(3).context("histogram")?,
@@ -683,7 +703,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
     let start = Instant::now();
     let summary = query.run(&mut source, &mut sink)?;
     let elapsed = start.elapsed();
-    let output_records = end_offsets_total(&args.bootstrap, output, args.partitions)?;
+    let output_records = end_offsets_total(args, output, args.partitions)?;
     let batches = stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(PipelineResult {
         summary,
@@ -849,6 +869,7 @@ fn write_json(
         "partitions": args.partitions,
         "value_bytes_avg": avg_value,
         "bootstrap": args.bootstrap,
+        "security_protocol": args.properties.iter().find(|(k, _)| k == "security.protocol").map(|(_, v)| v.as_str()).unwrap_or("PLAINTEXT"),
         "profile": tidemark_bench::profile(),
         "cpus": tidemark_bench::cpus(),
         "cpu_model": tidemark_bench::cpu_model().unwrap_or_else(|| "unknown".into()),
@@ -896,10 +917,8 @@ fn write_json(
 }
 
 /// Deletes the benchmark's topics.
-fn delete_topics(bootstrap: &str, topics: &[&str]) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+fn delete_topics(args: &Args, topics: &[&str]) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = args.client_config().create()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
