@@ -114,6 +114,7 @@ fn four_partitions_to_output_every_record_accounted_then_resume() {
         "runId",
         "batchId",
         "numInputRows",
+        "batchDuration",
         "durationMs",
         "eventTime",
         "stateOperators",
@@ -124,6 +125,34 @@ fn four_partitions_to_output_every_record_accounted_then_resume() {
             json.get(field).is_some(),
             "progress JSON lacks {field}: {json}"
         );
+    }
+
+    // Spark's phase names, and the source's offsets as Spark writes them
+    // for Kafka: the latest at least as far as where the batch ended.
+    for phase in [
+        "triggerExecution",
+        "latestOffset",
+        "getBatch",
+        "addBatch",
+        "commitOffsets",
+        "walCommit",
+        "queryPlanning",
+    ] {
+        assert!(
+            json["durationMs"][phase].is_u64(),
+            "durationMs lacks {phase}: {json}"
+        );
+    }
+    let last: serde_json::Value = serde_json::from_str(&reports.last().unwrap().json()).unwrap();
+    let source = &last["sources"][0];
+    let (end, latest) = (
+        &source["endOffset"][&input],
+        &source["latestOffset"][&input],
+    );
+    assert!(end.is_object() && latest.is_object(), "{source}");
+    for (partition, end) in end.as_object().unwrap() {
+        let latest = latest[partition].as_i64().unwrap_or(-1);
+        assert!(latest >= end.as_i64().unwrap(), "{partition}: {source}");
     }
 
     // A restart resumes from the committed offsets: only the new records.

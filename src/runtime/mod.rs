@@ -123,6 +123,11 @@ pub trait Source: Send {
     fn lag(&self) -> Option<i64> {
         None
     }
+    /// How far the input goes, shaped as [`Source::offsets`] (Spark's
+    /// `latestOffset`), or null when the source does not know.
+    fn latest_offsets(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
     /// What the source's own batch log says, read when the query starts: a
     /// source that numbers its batches (the files source, as Spark's commit
     /// log does) tells the last one it committed, so that the query goes on

@@ -255,6 +255,9 @@ impl ProgressReporter {
         if let Some(lag) = source.lag() {
             source_metrics.insert("offsetsBehindLatest".into(), lag.to_string());
         }
+        let asked = Instant::now();
+        let latest_offset = source.latest_offsets();
+        let latest_offset_ms = asked.elapsed().as_millis() as u64;
         QueryProgress {
             id: self.id.clone(),
             run_id: self.run_id.clone(),
@@ -264,11 +267,15 @@ impl ProgressReporter {
             num_input_rows: num_input,
             input_rows_per_second: input_rate,
             processed_rows_per_second: processed_rate,
+            batch_duration: trigger_ms,
             duration_ms: [
                 ("triggerExecution".to_string(), trigger_ms),
+                ("latestOffset".to_string(), latest_offset_ms),
                 ("getBatch".to_string(), open.get_batch_ms),
                 ("addBatch".to_string(), open.add_batch_ms),
                 ("commitOffsets".to_string(), committed.commit_ms),
+                ("walCommit".to_string(), 0),
+                ("queryPlanning".to_string(), 0),
             ]
             .into_iter()
             .collect(),
@@ -278,6 +285,7 @@ impl ProgressReporter {
                 description: source.describe(),
                 start_offset: open.start_offsets.clone(),
                 end_offset: source.offsets(),
+                latest_offset,
                 num_input_rows: num_input,
                 input_rows_per_second: input_rate,
                 processed_rows_per_second: processed_rate,

@@ -24,8 +24,17 @@ pub struct QueryProgress {
     pub input_rows_per_second: f64,
     /// Rows per second of this batch's processing.
     pub processed_rows_per_second: f64,
-    /// Phase durations in milliseconds (`triggerExecution`, `getBatch`,
-    /// `addBatch`, `commitOffsets`).
+    /// The batch's whole processing time in milliseconds (Spark's
+    /// `batchDuration`; `durationMs.triggerExecution`).
+    pub batch_duration: u64,
+    /// Phase durations in milliseconds, under Spark's names:
+    /// `triggerExecution` (the whole batch), `latestOffset` (asking the
+    /// source how far its input goes), `getBatch` (reading and decoding),
+    /// `addBatch` (operators and sink writes), `commitOffsets` (the commit
+    /// protocol: state, sink, offsets), and `walCommit` and `queryPlanning`,
+    /// always 0: tidemark writes no offsets log ahead of a batch (the files
+    /// source's log write is part of `getBatch`, Kafka offsets commit with
+    /// the output) and plans a query once, at start.
     pub duration_ms: BTreeMap<String, u64>,
     /// Event-time statistics of the batch and the watermark used in it
     /// (`min`, `max`, `avg`, `watermark`, RFC 3339).
@@ -82,6 +91,10 @@ pub struct SourceProgress {
     pub start_offset: serde_json::Value,
     /// Offsets after the batch.
     pub end_offset: serde_json::Value,
+    /// How far the input went when the batch ended (Kafka: each assigned
+    /// partition's end offset as last fetched, `{"topic":{"0":42}}`, as
+    /// Spark writes it); null for a source that does not know.
+    pub latest_offset: serde_json::Value,
     /// Rows read in the batch.
     pub num_input_rows: u64,
     /// Input rate.

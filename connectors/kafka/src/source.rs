@@ -790,6 +790,19 @@ impl Source for KafkaSource {
         serde_json::to_value(by_topic).unwrap_or_default()
     }
 
+    fn latest_offsets(&self) -> serde_json::Value {
+        let mut by_topic: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for (topic, partition) in self.assigned() {
+            if let Some(high) = cached_high_watermark(&self.consumer, &topic, partition) {
+                by_topic
+                    .entry(topic)
+                    .or_default()
+                    .insert(partition.to_string(), high);
+            }
+        }
+        serde_json::to_value(by_topic).unwrap_or_default()
+    }
+
     fn lag(&self) -> Option<i64> {
         let mut lag = 0;
         for (topic, partition) in self.assigned() {
