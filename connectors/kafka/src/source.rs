@@ -276,6 +276,13 @@ impl KafkaSource {
                 .copied()
                 .unwrap_or(bound)
                 .min(bound);
+            // The replay ended at its bounds, a partition it read nothing
+            // from too: its offsets say so, as the aborted batch's did
+            // (otherwise a partition never committed, at its start, would
+            // drop out of the batch's end offsets).
+            self.next_offsets
+                .entry((topic.clone(), partition))
+                .or_insert(position);
             self.consumer
                 .seek(
                     &topic,
