@@ -435,6 +435,8 @@ pub enum StepSpec {
     Join(Box<JoinYaml>),
     /// A stream–table join with a compacted topic (Kafka Streams' KTable).
     TableJoin(TableJoinYaml),
+    /// Spark's `union` (by name) with a second stream.
+    Union(Box<UnionYaml>),
 }
 
 impl StepSpec {
@@ -458,12 +460,15 @@ impl StepSpec {
             StepSpec::Distinct(_) => StepShape::Distinct,
             StepSpec::TableJoin(t) if t.global => StepShape::Keeps,
             StepSpec::Join(_) | StepSpec::TableJoin(_) => StepShape::Joins,
+            StepSpec::Union(u) => StepShape::Unions {
+                keyed_by: u.keyed_by.clone(),
+            },
         }
     }
 }
 
 const STEP_NAMES: &str =
-    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join";
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union";
 
 /// `join: {topic, type, on, event_time, watermark, between | bounds | window, ...}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -529,6 +534,49 @@ impl JoinYaml {
                 "set one of `between`, `bounds` or `window`, not several",
             )),
         }
+    }
+}
+
+/// `union: {topic, name, event_time, watermark, schema, steps, keyed_by}`:
+/// Spark's `union` of the rows so far with a second stream, columns matched
+/// by name (`unionByName`, missing ones null), each stream with its own
+/// watermark, combined by `multiple_watermark_policy`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnionYaml {
+    /// The second stream's topic(s) (for the files source: the
+    /// sub-directory of `source.path`).
+    pub topic: TopicList,
+    /// The stream's name in progress reports (default: its first topic).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The second stream's event-time column (default: the main stream's).
+    #[serde(default)]
+    pub event_time: Option<String>,
+    /// The second stream's own watermark delay; without one the stream
+    /// takes no part in the query's watermark (as in Spark).
+    #[serde(default)]
+    pub watermark: Option<DurationSpec>,
+    /// The second stream's column types (empty: inferred).
+    #[serde(default)]
+    pub schema: SchemaSpec,
+    /// Stateless steps (filter, select, with_column) on the second stream
+    /// before the union.
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+    /// The columns the second stream's record key is made of: a later
+    /// grouping on them (and on `source.keyed_by`) needs no repartition.
+    #[serde(default)]
+    pub keyed_by: Option<Vec<String>>,
+}
+
+impl UnionYaml {
+    /// The stream's name.
+    pub fn stream_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| self.topic.0.first().cloned())
+            .unwrap_or_else(|| "union".into())
     }
 }
 
@@ -668,6 +716,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "distinct" => StepSpec::Distinct(map.next_value()?),
                     "join" => StepSpec::Join(map.next_value()?),
                     "table_join" => StepSpec::TableJoin(map.next_value()?),
+                    "union" => StepSpec::Union(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -1502,6 +1551,11 @@ impl PipelineFile {
         })
     }
 
+    /// Whether a step is a union with a second stream.
+    pub fn has_union(&self) -> bool {
+        self.steps.iter().any(|s| matches!(s, StepSpec::Union(_)))
+    }
+
     /// The streams and tables the joins read, in step order.
     pub fn joined_inputs(&self) -> Vec<JoinedInput<'_>> {
         self.steps
@@ -1521,6 +1575,13 @@ impl PipelineFile {
                     topics: &t.topic,
                     schema: &t.schema,
                     keys: &t.on,
+                }),
+                StepSpec::Union(u) => Some(JoinedInput {
+                    step,
+                    name: u.stream_name(),
+                    topics: &u.topic,
+                    schema: &u.schema,
+                    keys: &[],
                 }),
                 _ => None,
             })
@@ -1551,7 +1612,18 @@ impl PipelineFile {
     /// every topic: its groupings must include a join's keys (or the record
     /// key), else a key's rows would be spread over tasks.
     pub fn check_join_partitioning(&self) -> Result<()> {
-        let joined = self.joined_inputs();
+        let unions = self.has_union();
+        let joined: Vec<JoinedInput> = self
+            .joined_inputs()
+            .into_iter()
+            .filter(|j| !matches!(self.steps[j.step], StepSpec::Union(_)))
+            .collect();
+        if unions && !joined.is_empty() {
+            return Err(Error::config(
+                "steps",
+                "a union and a join in one pipeline are not supported yet: write the union's output to a topic and join it in a second pipeline",
+            ));
+        }
         if joined.is_empty() {
             return Ok(());
         }
@@ -1829,19 +1901,7 @@ impl PipelineFile {
                     if let Some(keys) = &j.keyed_by {
                         input = input.keyed_by(keys);
                     }
-                    for step in &j.steps {
-                        input = match step {
-                            StepSpec::Filter(e) => input.filter(&e.0)?,
-                            StepSpec::Select(s) => input.select(&s.0),
-                            StepSpec::WithColumn(w) => input.with_column(&w.name, &w.expr.0)?,
-                            _ => {
-                                return Err(Error::config(
-                                    "join.steps",
-                                    "only filter, select and with_column run on the joined stream before the join",
-                                ))
-                            }
-                        };
-                    }
+                    input = with_stream_steps(input, &j.steps, "join")?;
                     let time = j.time_condition()?;
                     let on: Vec<(&str, &str)> =
                         j.on.iter()
@@ -1849,6 +1909,7 @@ impl PipelineFile {
                             .collect();
                     b.join(input, j.join_type, &on, time)?
                 }
+                StepSpec::Union(u) => b.union(union_input(u)?)?,
                 StepSpec::Filter(e) => b.filter(&e.0)?,
                 StepSpec::Select(s) => b.select(&s.0),
                 StepSpec::WithColumn(w) => b.with_column(&w.name, &w.expr.0)?,
@@ -1888,6 +1949,46 @@ impl PipelineFile {
         }
         Ok(b)
     }
+}
+
+/// A union's second stream as the builder takes it.
+fn union_input(u: &UnionYaml) -> Result<crate::runtime::JoinInput> {
+    let mut input = crate::runtime::JoinInput::new(&u.stream_name())
+        .topics(&u.topic.0)
+        .columns(&u.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+    if let Some(column) = &u.event_time {
+        input = input.event_time(column);
+    }
+    if let Some(w) = u.watermark {
+        input = input.watermark(&w.to_spark_string())?;
+    }
+    if let Some(keys) = &u.keyed_by {
+        input = input.keyed_by(keys);
+    }
+    with_stream_steps(input, &u.steps, "union")
+}
+
+/// `input` with the stateless `steps` that a `join`'s or `union`'s
+/// (`step`) second stream runs before it.
+fn with_stream_steps(
+    mut input: crate::runtime::JoinInput,
+    steps: &[StepSpec],
+    step: &str,
+) -> Result<crate::runtime::JoinInput> {
+    for spec in steps {
+        input = match spec {
+            StepSpec::Filter(e) => input.filter(&e.0)?,
+            StepSpec::Select(s) => input.select(&s.0),
+            StepSpec::WithColumn(w) => input.with_column(&w.name, &w.expr.0)?,
+            _ => {
+                return Err(Error::config(
+                    format!("{step}.steps"),
+                    format!("only filter, select and with_column run on the {step}'s second stream before the {step}"),
+                ))
+            }
+        };
+    }
+    Ok(input)
 }
 
 /// Splits serde_yaml's `path: message at line L column C` into its parts.
@@ -2045,6 +2146,67 @@ sink: {kind: jsonl, path: out.jsonl}
             .unwrap()
             .to_string();
         assert!(e.contains("both streams"), "{e}");
+    }
+
+    const UNION: &str = r#"
+name: sales
+source: {kind: kafka, topic: sales-us, format: json, schema: {event_time: timestamp, id: string, amount: double}}
+event_time: event_time
+watermark: 10 minutes
+steps:
+  - union:
+      topic: sales-eu
+      name: eu
+      watermark: 1 hour
+      schema: {event_time: timestamp, id: string, vat: double}
+      steps: [{filter: "vat >= 0"}]
+  - window_aggregate: {keys: [id], window: {tumbling: 5 minutes}, aggregates: [{fn: count, as: n}]}
+output_mode: update
+sink: {kind: stdout}
+"#;
+
+    #[test]
+    fn a_union_step_reads_and_what_it_cannot_do_is_named() {
+        let file = PipelineFile::parse(UNION).unwrap();
+        assert_eq!(file.input_topics(), ["sales-us", "sales-eu"]);
+        let described = file.query_builder().unwrap().build().unwrap().describe();
+        assert_eq!(
+            described[..2],
+            ["[eu] Filter [vat >= 0]", "Union [eu] by name"]
+        );
+        // Update mode is allowed after a union (it is no join); the record
+        // keys are unknown, so the grouping is repartitioned.
+        assert!(file.topology(true).unwrap().is_repartitioned());
+
+        let e = PipelineFile::parse(&UNION.replace(
+            r#"steps: [{filter: "vat >= 0"}]"#,
+            "steps: [{dedup: {keys: [id]}}]",
+        ))
+        .unwrap()
+        .query_builder()
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("union.steps"), "{e}");
+        let e = PipelineFile::parse(&UNION.replace(
+            "watermark: 10 minutes
+",
+            "",
+        ))
+        .unwrap()
+        .query_builder()
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("`watermark`") && e.contains("eu"), "{e}");
+        let e = PipelineFile::parse(&UNION.replace(
+            "      name: eu
+",
+            "      nmae: eu
+",
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("nmae"), "{e}");
     }
 
     #[test]

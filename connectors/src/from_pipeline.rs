@@ -161,7 +161,8 @@ pub fn connect_stage(
             &clients.cluster,
             topic,
             keys,
-            &stage_main_topics(file, stage),
+            // A union's writer reads its second stream's topics too.
+            &stage_topics(file, stage),
             transactions.as_ref(),
         )?,
         StageOutput::Sink => build_sink(
@@ -267,7 +268,7 @@ fn build_source(
     }
     let topics = stage_topics(file, stage);
     let mut properties = src.properties.0.clone();
-    if !joined.is_empty() {
+    if !joined.is_empty() && stage.query.needs_co_partitioned_inputs() {
         check_co_partitioned(&clients.cluster, &topics)?;
         // Partition n of every topic to the same instance: the range
         // assignor splits each topic alike.
@@ -644,11 +645,11 @@ pub(crate) fn prepare_topology(
     }
 }
 
-/// Whether `file`'s stream join reads Kafka topics that are not
+/// Whether `file`'s stream join or union reads Kafka topics that are not
 /// co-partitioned (different partition counts): it then runs repartitioned
 /// (see [`PipelineFile::topology`]) rather than being refused.
 pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
-    if file.source.kind != SourceKind::Kafka || file.join().is_none() {
+    if file.source.kind != SourceKind::Kafka || (file.join().is_none() && !file.has_union()) {
         return Ok(false);
     }
     let clients = KafkaClients::of_pipeline(file)?;

@@ -143,12 +143,12 @@ impl TopologyRunner {
             StageInput::Joined { topics, .. } => config.topics = topics.clone(),
             StageInput::Repartition { topic, .. } => config.topics = vec![topic.clone()],
         }
-        let own_topics = config.topics.clone();
         let joined = stage.query.joined_topics();
-        if !joined.is_empty() {
-            config
-                .topics
-                .extend(joined.into_iter().flat_map(|(_, t)| t));
+        config
+            .topics
+            .extend(joined.into_iter().flat_map(|(_, t)| t));
+        let own_topics = config.topics.clone();
+        if stage.query.needs_co_partitioned_inputs() {
             check_co_partitioned(&config.cluster, &config.topics)?;
             // Partition n of every topic to the same instance.
             config

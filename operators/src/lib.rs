@@ -17,6 +17,7 @@ mod stateless;
 mod table_join;
 #[cfg(test)]
 mod test_store;
+mod union;
 mod window_aggregate;
 
 pub use dedup::{DedupSpec, Deduplicate};
@@ -24,6 +25,7 @@ pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};
+pub use union::Union;
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
 
 // The vocabulary, under the names the operators' code uses.

@@ -72,6 +72,22 @@ pub struct QueryBuilder {
     pub(super) event_time_extractor: Option<EventTimeExtractor>,
     pub(super) listeners: Vec<Box<dyn ProgressListener>>,
     pub(super) watermark_from_markers: bool,
+    /// Behind a repartition, the streams whose progress the markers carry
+    /// by origin topic: a union's inputs, each with its own watermark.
+    pub(super) marker_streams: Vec<MarkerStream>,
+}
+
+/// A stream whose progress reaches a repartition reader in markers, by the
+/// topics its origins name (`topic/partition`).
+#[derive(Debug, Clone)]
+pub(crate) struct MarkerStream {
+    /// Its topics.
+    pub(super) topics: Vec<String>,
+    /// Its name in `streamWatermarks`.
+    pub(super) stream: Arc<str>,
+    /// Its own watermark delay (microseconds); `None`: it has no
+    /// watermark and takes no part in the query's (Spark).
+    pub(super) delay: Option<i64>,
 }
 
 /// Computes a row's event time (microseconds) when no column holds it.
@@ -88,6 +104,9 @@ pub struct JoinInput {
     pub(super) event_time: Option<Arc<str>>,
     pub(super) watermark: Option<Duration>,
     pub(super) steps: Vec<OperatorFactory>,
+    /// What each of `steps` does to the columns (a union lines rows up by
+    /// the columns its streams end with).
+    pub(super) step_shapes: Vec<StepShape>,
     pub(super) columns: Vec<Arc<str>>,
     /// The columns its records are keyed by, when known.
     pub(super) keyed_by: Option<Vec<String>>,
@@ -104,6 +123,7 @@ impl JoinInput {
             event_time: None,
             watermark: None,
             steps: Vec::new(),
+            step_shapes: Vec::new(),
             columns: Vec::new(),
             keyed_by: None,
         }
@@ -161,6 +181,7 @@ impl JoinInput {
         self.steps.push(Arc::new(move |_| {
             Box::new(crate::operators::Filter::new(&condition).expect("validated"))
         }));
+        self.step_shapes.push(StepShape::Keeps);
         Ok(self)
     }
 
@@ -170,6 +191,7 @@ impl JoinInput {
             .iter()
             .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
             .collect();
+        self.step_shapes.push(StepShape::Selects(cols.clone()));
         self.steps.push(Arc::new(move |_| {
             Box::new(crate::operators::Select::new(cols.clone()))
         }));
@@ -180,6 +202,7 @@ impl JoinInput {
     pub fn with_column(mut self, name: &str, expression: &str) -> Result<Self> {
         crate::operators::WithColumn::new(name, expression)?;
         let (n, e) = (name.to_string(), expression.to_string());
+        self.step_shapes.push(StepShape::Writes(n.clone()));
         self.steps.push(Arc::new(move |_| {
             Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))
         }));
@@ -277,6 +300,8 @@ pub(crate) struct SideInput {
     pub(super) left_keys: Vec<String>,
     /// The join's key columns on this side.
     pub(super) right_keys: Vec<String>,
+    /// A union's second stream rather than a join's.
+    pub(super) union: bool,
 }
 
 impl Query {
@@ -307,6 +332,7 @@ impl Query {
             event_time_extractor: None,
             listeners: Vec::new(),
             watermark_from_markers: false,
+            marker_streams: Vec::new(),
         }
     }
 }
@@ -412,6 +438,19 @@ impl QueryBuilder {
             .count()
     }
 
+    /// Whether the query's inputs must be co-partitioned (task `n` reads
+    /// partition `n` of every topic): a join's, or a union's followed by a
+    /// stateful step. A union whose rows go on statelessly (or to a
+    /// repartition topic) reads its topics however they are partitioned.
+    pub fn needs_co_partitioned_inputs(&self) -> bool {
+        self.side_inputs.iter().any(|s| {
+            !s.union
+                || self.steps[s.join_at + 1..]
+                    .iter()
+                    .any(|step| step.shape.is_stateful())
+        })
+    }
+
     /// Whether a step keeps state across batches (aggregations, joins,
     /// deduplication, windows).
     pub fn has_stateful_steps(&self) -> bool {
@@ -441,6 +480,7 @@ impl QueryBuilder {
             stream: side,
             left_keys: on.iter().map(|(l, _)| l.to_string()).collect(),
             right_keys: on.iter().map(|(_, r)| r.to_string()).collect(),
+            union: false,
         });
         self.push_step(StepShape::Joins, build)
     }
@@ -821,6 +861,94 @@ impl QueryBuilder {
         ))
     }
 
+    /// Spark's `union` of the rows so far with a second stream, columns
+    /// matched by name (`unionByName` with missing columns null): each
+    /// stream keeps its own watermark (`other`'s `watermark`, its
+    /// `event_time` defaulting to the main stream's column) and the query
+    /// combines them by the policy ([`QueryBuilder::watermark_policy`]), so
+    /// a later window judges every row against that one watermark. A
+    /// stream without a watermark of its own does not move it, as in
+    /// Spark. `other`'s records come from its topics (for the files
+    /// source: the sub-directory of that name).
+    ///
+    /// ```
+    /// use tidemark::prelude::*;
+    /// use tidemark::runtime::JoinInput;
+    ///
+    /// let query = Query::builder("sales")
+    ///     .event_time("event_time")
+    ///     .watermark("10 minutes").unwrap()
+    ///     .main_columns(&["event_time", "id", "amount"])
+    ///     .union(JoinInput::new("sales-eu").watermark("1 hour").unwrap().columns(&["event_time", "id"]))
+    ///     .unwrap()
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(query.describe()[0], "Union [sales-eu] by name");
+    /// ```
+    pub fn union(mut self, mut other: JoinInput) -> Result<Self> {
+        if other.table {
+            return Err(Error::config(
+                "union",
+                format!("`{}` is a table: a union's second input is a stream (join a table with `table_join`)", other.name),
+            ));
+        }
+        if other.watermark.is_some() && self.watermark.is_none() {
+            return Err(Error::config(
+                "watermark",
+                format!("the union's stream `{}` has a watermark but the main stream has none: set `watermark`", other.name),
+            ));
+        }
+        if other.event_time.is_none() {
+            other.event_time = self.event_time.clone();
+        }
+        if other.watermark.is_some() && other.event_time.is_none() {
+            return Err(Error::config(
+                "union.event_time",
+                format!(
+                    "set the event-time column of the union's stream `{}`",
+                    other.name
+                ),
+            ));
+        }
+        let columns = self.union_columns(&other);
+        let name = other.name.to_string();
+        let shape = StepShape::Unions {
+            keyed_by: other.keyed_by.clone(),
+        };
+        self.side_inputs.push(SideInput {
+            input: self.side_inputs.len() + 1,
+            join_at: self.steps.len(),
+            stream: other,
+            left_keys: Vec::new(),
+            right_keys: Vec::new(),
+            union: true,
+        });
+        Ok(self.push_step(
+            shape,
+            Arc::new(move |_| Box::new(crate::operators::Union::new(&name, &columns))),
+        ))
+    }
+
+    /// A union's output columns: the main stream's as its steps leave them,
+    /// then `other`'s that the main stream lacks; none (rows pass as they
+    /// are) when either side's columns are unknown.
+    fn union_columns(&self, other: &JoinInput) -> Vec<String> {
+        let main =
+            super::stages::columns_after(&self.main_columns, self.steps.iter().map(|s| &s.shape));
+        let side = super::stages::columns_after(&other.columns, &other.step_shapes);
+        match (main, side) {
+            (Some(mut columns), Some(side)) => {
+                for c in side {
+                    if !columns.contains(&c) {
+                        columns.push(c);
+                    }
+                }
+                columns
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Kafka Streams' stream–table join (`KStream#join(KTable)`, or
     /// `leftJoin` with `keep_unmatched`): each row looks up the latest row
     /// of `table` (a [`JoinInput::table`], co-partitioned, keyed by the
@@ -996,7 +1124,7 @@ impl QueryBuilder {
                 "update output mode is not supported for session windows (as in Spark); use append or complete",
             ));
         }
-        if self.side_inputs.iter().any(|s| !s.stream.table)
+        if self.side_inputs.iter().any(|s| !s.stream.table && !s.union)
             && self.output_mode != OutputMode::Append
         {
             return Err(Error::config(

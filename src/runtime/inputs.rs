@@ -26,6 +26,10 @@ pub(super) struct Inputs {
     inputs: Vec<Input>,
     /// Topics of the inputs other than the main stream.
     topics: Vec<(String, usize)>,
+    /// Behind a repartition: the stream each marker origin's topic belongs
+    /// to (a union's inputs), and the main stream for the other origins.
+    marker_streams: Vec<super::builder::MarkerStream>,
+    main_stream: Arc<str>,
 }
 
 impl Inputs {
@@ -46,6 +50,10 @@ impl Inputs {
                     table: true,
                     ..Input::default()
                 }
+            } else if side.union && stream.watermark.is_none() {
+                // Spark: a stream without `withWatermark` does not take part
+                // in the global watermark.
+                Input::default()
             } else {
                 Input {
                     event_time: stream.event_time.clone(),
@@ -56,11 +64,39 @@ impl Inputs {
             });
             topics.extend(stream.topics.iter().map(|t| (t.clone(), side.input)));
         }
-        Inputs { inputs, topics }
+        Inputs {
+            inputs,
+            topics,
+            marker_streams: builder.marker_streams.clone(),
+            main_stream: builder.main_stream.clone(),
+        }
+    }
+
+    /// The stream and delay a marker's `origin` (`topic/partition`) counts
+    /// for, read on `input`: its own input's, unless the markers carry a
+    /// union's streams, where the origin's topic tells its stream. `None`:
+    /// the origin's stream has no watermark and takes no part.
+    pub(super) fn origin_stream<'a>(
+        &'a self,
+        origin: &str,
+        input: &'a Input,
+    ) -> Option<(Option<&'a str>, Option<TimestampMicros>)> {
+        if self.marker_streams.is_empty() {
+            return Some((input.stream.as_deref(), input.delay));
+        }
+        let topic = origin.rsplit_once('/').map_or(origin, |(topic, _)| topic);
+        match self
+            .marker_streams
+            .iter()
+            .find(|m| m.topics.iter().any(|t| t == topic))
+        {
+            Some(m) => m.delay.map(|delay| (Some(&*m.stream), Some(delay))),
+            None => Some((Some(&self.main_stream), None)),
+        }
     }
 
     /// Which input a record of `topic` belongs to: 0 for the main stream,
-    /// else the join input reading that topic.
+    /// else the join or union input reading that topic.
     pub(super) fn input_of(&self, topic: &str) -> usize {
         self.topics
             .iter()
@@ -78,8 +114,9 @@ impl Inputs {
         self.inputs.iter().any(|i| i.table)
     }
 
-    /// Whether the query joins a second input (a stream or a table).
+    /// Whether the query joins or unions a second input (a stream or a
+    /// table), or reads several streams' markers.
     pub(super) fn joins(&self) -> bool {
-        self.inputs.len() > 1
+        self.inputs.len() > 1 || !self.marker_streams.is_empty()
     }
 }

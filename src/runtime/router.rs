@@ -203,14 +203,18 @@ impl RecordRouter {
             .inputs
             .get(self.inputs.input_of(&record.position.topic));
         if let Some(w) = task.watermark.as_mut() {
-            let stream = input.stream.as_deref();
             for origin in &marker.origins {
-                w.register_stream(origin, stream, input.delay, scope.processing_time);
+                if let Some((stream, delay)) = self.inputs.origin_stream(origin, input) {
+                    w.register_stream(origin, stream, delay, scope.processing_time);
+                }
             }
+            let Some((stream, delay)) = self.inputs.origin_stream(&marker.origin, input) else {
+                return Ok(());
+            };
             w.observe_stream(
                 &marker.origin,
                 stream,
-                input.delay,
+                delay,
                 marker.max_event_time,
                 scope.processing_time,
             );

@@ -14,6 +14,7 @@
 
 use super::builder::{GlobalTable, OperatorFactory, QueryBuilder, SideInput};
 use crate::operators::OutputMode;
+use std::sync::Arc;
 
 /// A step as the builder keeps it: how to build it for a task, and what it
 /// does to the columns a partitioning rests on.
@@ -47,6 +48,12 @@ pub(crate) enum StepShape {
     Distinct,
     /// A stream–stream or stream–table join (state per join key).
     Joins,
+    /// A union with a second stream whose records are keyed by `keyed_by`
+    /// (when known): the rows stay partitioned only by those columns.
+    Unions {
+        /// The second stream's record-key columns.
+        keyed_by: Option<Vec<String>>,
+    },
 }
 
 /// The stateful groupings, as Spark's output-mode rules tell them apart.
@@ -96,6 +103,15 @@ pub(crate) fn partition_columns_after<'a>(
         match shape {
             StepShape::Writes(name) if columns.contains(name) => return None,
             StepShape::Opaque => return None,
+            StepShape::Unions { keyed_by } => {
+                let sorted = |mut k: Vec<String>| {
+                    k.sort();
+                    k
+                };
+                if keyed_by.clone().map(sorted) != Some(sorted(columns.clone())) {
+                    return None;
+                }
+            }
             StepShape::Selects(select) => {
                 columns = columns
                     .iter()
@@ -111,6 +127,31 @@ pub(crate) fn partition_columns_after<'a>(
         }
     }
     Some(columns)
+}
+
+/// The columns rows have after steps of these shapes, starting from
+/// `columns`; `None` when unknown (no columns declared, or a step whose
+/// output columns the shapes do not tell).
+pub(crate) fn columns_after<'a>(
+    columns: &[Arc<str>],
+    shapes: impl IntoIterator<Item = &'a StepShape>,
+) -> Option<Vec<String>> {
+    if columns.is_empty() {
+        return None;
+    }
+    let mut out: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+    for shape in shapes {
+        match shape {
+            StepShape::Keeps => {}
+            StepShape::Writes(name) if !out.contains(name) => out.push(name.clone()),
+            StepShape::Writes(_) => {}
+            StepShape::Selects(select) => {
+                out = select.iter().map(|(_, output)| output.clone()).collect();
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// A query as the stages it runs in, writers first; the last stage writes
@@ -261,7 +302,7 @@ impl QueryBuilder {
     /// partitioned by them; `None` with joins (co-partitioned topics are
     /// read where they are; their checks are the pipeline file's).
     fn grouping_to_repartition(&self) -> Option<(usize, Vec<String>)> {
-        if !self.side_inputs.is_empty() {
+        if self.side_inputs.iter().any(|s| !s.union) {
             return None;
         }
         let (at, keys) = self
@@ -277,14 +318,20 @@ impl QueryBuilder {
             .as_ref()
             .and_then(|k| partition_columns_after(k, self.steps[..at].iter().map(|s| &s.shape)))
             .is_some_and(|k| groups_stay_in_partition(&keys, &k));
-        (!on_record_key).then_some((at, keys))
+        // Unions of topics that are not co-partitioned put a key's rows in
+        // different tasks whatever the record keys.
+        let scattered = self.repartition_joins && self.side_inputs.iter().any(|s| s.join_at < at);
+        (!on_record_key || scattered).then_some((at, keys))
     }
 
     /// The step index of a stream join whose inputs must be repartitioned
     /// by its keys: asked to ([`QueryBuilder::repartition_joins`]) or keyed
     /// by other columns, and only stateless steps before it.
     fn join_to_repartition(&self) -> Option<usize> {
-        let side = self.side_inputs.iter().find(|s| !s.stream.table)?;
+        let side = self
+            .side_inputs
+            .iter()
+            .find(|s| !s.stream.table && !s.union)?;
         let (left, right) = (&side.left_keys, &side.right_keys);
         let sorted = |mut k: Vec<String>| {
             k.sort();
@@ -317,6 +364,7 @@ impl QueryBuilder {
         writer.global_tables = self.take_global_tables_before(at);
         writer.decoder = self.decoder.take();
         writer.dead_letter = self.dead_letter.take();
+        self.move_unions_before(at, &mut writer);
         let reader = self.reader_of(&topic, &keys);
         Topology {
             stages: vec![
@@ -425,6 +473,32 @@ impl QueryBuilder {
         }
     }
 
+    /// Hands the unions before step `at` to `writer`, which reads their
+    /// streams; the reader learns from the markers each stream's progress
+    /// by its topics, with its own delay. Those left count from `at`.
+    fn move_unions_before(&mut self, at: usize, writer: &mut QueryBuilder) {
+        let (before, after): (Vec<SideInput>, Vec<SideInput>) =
+            std::mem::take(&mut self.side_inputs)
+                .into_iter()
+                .partition(|s| s.join_at < at);
+        for side in &before {
+            self.marker_streams.push(super::builder::MarkerStream {
+                topics: side.stream.topics.clone(),
+                stream: side.stream.name.clone(),
+                delay: side.stream.watermark.map(|d| d.as_micros() as i64),
+            });
+        }
+        writer.main_stream = self.main_stream.clone();
+        writer.side_inputs = before;
+        self.side_inputs = after
+            .into_iter()
+            .map(|s| SideInput {
+                join_at: s.join_at - at,
+                ..s
+            })
+            .collect();
+    }
+
     /// Hands over the global tables whose joins come before step `at` (to
     /// a writer running those steps); those left count from `at`.
     fn take_global_tables_before(&mut self, at: usize) -> Vec<GlobalTable> {
@@ -516,6 +590,62 @@ mod tests {
                 vec![AggregateSpec::count()],
             );
         assert!(typed.into_topology().is_repartitioned());
+    }
+
+    #[test]
+    fn a_union_grouped_off_its_keys_runs_in_the_writer_and_the_reader_knows_each_streams_delay() {
+        let union = |keyed: &[&str]| {
+            Query::builder("sales")
+                .event_time("t")
+                .watermark("2 minutes")
+                .unwrap()
+                .keyed_by(keyed)
+                .main_columns(&["t", "id", "amount"])
+                .union(
+                    JoinInput::new("eu")
+                        .topics(&["sales-eu"])
+                        .watermark("30 minutes")
+                        .unwrap()
+                        .keyed_by(&["id"])
+                        .columns(&["t", "id", "vat"]),
+                )
+                .unwrap()
+                .window_aggregate(
+                    ["id"],
+                    WindowSpec::tumbling("1 minute").unwrap(),
+                    vec![AggregateSpec::count()],
+                )
+        };
+        // Both streams keyed by the grouping: one stage.
+        let one = union(&["id"]);
+        assert!(one.needs_co_partitioned_inputs());
+        assert!(!one.into_topology().is_repartitioned());
+        let mut stages = union(&["txId"]).into_topology().stages;
+        assert_eq!(stages.len(), 2);
+        let reader = stages.pop().unwrap();
+        let writer = stages.pop().unwrap();
+        assert!(reader.query.side_inputs.is_empty());
+        let marked: Vec<_> = reader
+            .query
+            .marker_streams
+            .iter()
+            .map(|m| (m.topics.clone(), m.stream.to_string(), m.delay))
+            .collect();
+        assert_eq!(
+            marked,
+            [(
+                vec!["sales-eu".to_string()],
+                "eu".to_string(),
+                Some(1_800_000_000)
+            )]
+        );
+        assert_eq!(writer.query.joined_topics()[0].1, ["sales-eu"]);
+        // The writer's union reads its topics however they are partitioned.
+        assert!(!writer.query.needs_co_partitioned_inputs());
+        assert_eq!(
+            writer.query.build().unwrap().describe(),
+            ["Union [eu] by name"]
+        );
     }
 
     #[test]

@@ -70,10 +70,17 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
                 builder.policy,
                 builder.idle_timeout.map(|t| t.as_micros() as i64),
             );
-            if !builder.side_inputs.is_empty() {
+            let streams = builder
+                .side_inputs
+                .iter()
+                .filter(|s| !s.stream.table && (!s.union || s.stream.watermark.is_some()));
+            if !builder.side_inputs.is_empty() || !builder.marker_streams.is_empty() {
                 tracker.expect_stream(&builder.main_stream);
-                for side in builder.side_inputs.iter().filter(|s| !s.stream.table) {
+                for side in streams {
                     tracker.expect_stream(&side.stream.name);
+                }
+                for marked in builder.marker_streams.iter().filter(|m| m.delay.is_some()) {
+                    tracker.expect_stream(&marked.stream);
                 }
             }
             tracker
