@@ -51,6 +51,6 @@ pub mod prelude {
     pub use crate::row::{Row, Value};
     pub use crate::runtime::{Clock, Query, Sink, Source, Trigger};
     pub use crate::schema::{FieldType, Schema};
-    pub use crate::watermark::WatermarkPolicy;
+    pub use crate::watermark::{WatermarkPolicy, WatermarkScope};
     pub use crate::window::WindowSpec;
 }

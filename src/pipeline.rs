@@ -59,6 +59,10 @@ pub struct PipelineFile {
     /// `min` (default) or `max`.
     #[serde(default)]
     pub multiple_watermark_policy: WatermarkPolicy,
+    /// `partition` (default: each input partition its own watermark) or
+    /// `query` (Spark's: one per stream over all its partitions).
+    #[serde(default)]
+    pub watermark_scope: crate::watermark::WatermarkScope,
     /// After this long without records, an input stops holding the
     /// watermark back.
     #[serde(default)]
@@ -1832,6 +1836,7 @@ impl PipelineFile {
     pub fn query_builder(&self) -> Result<QueryBuilder> {
         let mut b = crate::runtime::Query::builder(&self.name)
             .watermark_policy(self.multiple_watermark_policy)
+            .watermark_scope(self.watermark_scope)
             .output_mode(self.output_mode)
             .trigger(self.trigger.0);
         if let Some(c) = &self.event_time {

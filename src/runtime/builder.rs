@@ -45,6 +45,7 @@ pub struct QueryBuilder {
     pub(super) event_time: Option<Arc<str>>,
     pub(super) watermark: Option<Duration>,
     pub(super) policy: WatermarkPolicy,
+    pub(super) scope: crate::watermark::WatermarkScope,
     pub(super) idle_timeout: Option<Duration>,
     pub(super) steps: Vec<Step>,
     /// The columns the main input's records are partitioned by (its
@@ -313,6 +314,7 @@ impl Query {
             event_time: None,
             watermark: None,
             policy: WatermarkPolicy::Min,
+            scope: Default::default(),
             idle_timeout: None,
             steps: Vec::new(),
             keyed_by: None,
@@ -398,6 +400,14 @@ impl QueryBuilder {
     /// How inputs' watermarks combine (`min` default, `max`).
     pub fn watermark_policy(mut self, policy: WatermarkPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Over which inputs each stream's watermark is taken: per input
+    /// partition (default), or Spark's one per stream over every partition
+    /// the query reads (see [`crate::watermark::WatermarkScope`]).
+    pub fn watermark_scope(mut self, scope: crate::watermark::WatermarkScope) -> Self {
+        self.scope = scope;
         self
     }
 

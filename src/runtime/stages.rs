@@ -522,6 +522,7 @@ impl QueryBuilder {
     fn writer_settings(&self, name: &str) -> QueryBuilder {
         let mut writer = super::Query::builder(name)
             .watermark_policy(self.policy)
+            .watermark_scope(self.scope)
             .output_mode(OutputMode::Append)
             .trigger(self.trigger)
             .clock(self.clock.clone())

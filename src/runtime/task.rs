@@ -69,7 +69,8 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
                 d.as_micros() as i64,
                 builder.policy,
                 builder.idle_timeout.map(|t| t.as_micros() as i64),
-            );
+            )
+            .with_scope(builder.scope);
             let streams = builder
                 .side_inputs
                 .iter()

@@ -17,6 +17,7 @@ use crate::operators::BatchContext;
 use crate::record::Record;
 use crate::row::Row;
 use crate::time::TimestampMicros;
+use crate::watermark::WatermarkScope;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
@@ -183,6 +184,16 @@ impl TaskManager {
         operators: Vec<Box<dyn crate::operators::Operator>>,
     ) {
         let mut task = new_task(builder, operators);
+        // Under the query-wide scope a new task starts from what the
+        // instance's other tasks know of every partition.
+        if let (Some(w), Some(known)) = (
+            task.watermark
+                .as_mut()
+                .filter(|w| w.scope() == WatermarkScope::Query),
+            self.tasks.values().find_map(|t| t.watermark.as_ref()),
+        ) {
+            w.restore(known);
+        }
         for checkpoint in self
             .saved_checkpoints
             .remove(&partition)
@@ -315,12 +326,21 @@ impl TaskManager {
         let mut progress = BTreeMap::new();
         for ((topic, partition), t) in max_event_time {
             let name = source.watermark_input(topic, *partition);
-            let watermark = self
+            let input = inputs.get(inputs.input_of(topic));
+            // Spark's query-wide watermark: every task sees every
+            // partition's progress; per partition, only its own task.
+            let query_wide = |task: &&mut Task| {
+                task.watermark
+                    .as_ref()
+                    .is_some_and(|w| w.scope() == WatermarkScope::Query)
+            };
+            let trackers = self
                 .tasks
-                .get_mut(partition)
-                .and_then(|task| task.watermark.as_mut());
-            if let Some(w) = watermark.filter(|_| !from_markers) {
-                let input = inputs.get(inputs.input_of(topic));
+                .iter_mut()
+                .filter(|(p, task)| *p == partition || query_wide(task))
+                .filter_map(|(_, task)| task.watermark.as_mut())
+                .filter(|_| !from_markers);
+            for w in trackers {
                 w.observe_stream(
                     &name,
                     input.stream.as_deref(),

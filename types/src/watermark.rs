@@ -26,6 +26,22 @@ pub enum WatermarkPolicy {
     Max,
 }
 
+/// Over which inputs a stream's watermark is taken (`watermark_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WatermarkScope {
+    /// Spark's: one maximum event time per stream over all its partitions,
+    /// less the stream's delay; streams combined by the policy. A partition
+    /// that runs ahead makes a lagging partition's older rows late.
+    Query,
+    /// Kafka Streams' stream time and Flink's per-split watermarks: every
+    /// input partition its own watermark, all combined by the policy (under
+    /// `min` the slowest partition sets the pace; nothing is late because
+    /// another partition ran ahead).
+    #[default]
+    Partition,
+}
+
 /// One input partition's progress (checkpointed by [`checkpoint_inputs`]).
 #[derive(Debug, Clone)]
 struct InputProgress {
@@ -62,6 +78,9 @@ pub struct WatermarkTracker {
     delay_micros: i64,
     policy: WatermarkPolicy,
     idle_timeout_micros: Option<i64>,
+    /// Not read from a checkpoint: the configuration's applies.
+    #[serde(skip)]
+    scope: WatermarkScope,
     #[serde(with = "checkpoint_inputs")]
     inputs: BTreeMap<String, InputProgress>,
     /// Streams expected to deliver: under `min`, one that has delivered
@@ -85,11 +104,23 @@ impl WatermarkTracker {
             delay_micros,
             policy,
             idle_timeout_micros,
+            scope: WatermarkScope::Partition,
             inputs: BTreeMap::new(),
             expected_streams: Vec::new(),
             in_effect: 0,
             previous: 0,
         }
+    }
+
+    /// The tracker taking each stream's watermark over `scope`.
+    pub fn with_scope(mut self, scope: WatermarkScope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Over which inputs a stream's watermark is taken.
+    pub fn scope(&self) -> WatermarkScope {
+        self.scope
     }
 
     /// Records that `input` delivered a row with `event_time` at
@@ -160,7 +191,10 @@ impl WatermarkTracker {
             };
             let w = p.watermark(self.delay_micros).max(0);
             let slot = seen.entry(stream.clone()).or_insert(w);
-            *slot = (*slot).min(w);
+            *slot = match self.scope {
+                WatermarkScope::Partition => (*slot).min(w),
+                WatermarkScope::Query => (*slot).max(w),
+            };
         }
         out.extend(seen);
         out
@@ -220,6 +254,9 @@ impl WatermarkTracker {
                 Some(timeout) => processing_time - p.last_active_processing_time < timeout,
                 None => true,
             });
+        if self.scope == WatermarkScope::Query {
+            return self.query_candidate(active);
+        }
         let per_input = active.map(|p| p.watermark(self.delay_micros));
         match self.policy {
             WatermarkPolicy::Min => {
@@ -236,6 +273,34 @@ impl WatermarkTracker {
                 per_input.min()
             }
             WatermarkPolicy::Max => per_input.max(),
+        }
+    }
+
+    /// Spark's global watermark: each stream's maximum over the partitions
+    /// that delivered, less its delay, combined across streams by the
+    /// policy (under `min` an expected stream without data counts as 0;
+    /// with an idle timeout, a stream whose partitions are all idle takes
+    /// no part).
+    fn query_candidate<'a>(
+        &self,
+        active: impl Iterator<Item = &'a InputProgress>,
+    ) -> Option<TimestampMicros> {
+        let mut per_stream: BTreeMap<Option<&str>, TimestampMicros> = BTreeMap::new();
+        for p in active.filter(|p| p.max_event_time != TimestampMicros::MIN) {
+            let w = p.watermark(self.delay_micros);
+            let slot = per_stream.entry(p.stream.as_deref()).or_insert(w);
+            *slot = (*slot).max(w);
+        }
+        // Never delivered (an idle stream that did is left out instead).
+        let silent_stream = self.expected_streams.iter().any(|s| {
+            !self.inputs.values().any(|p| {
+                p.stream.as_deref() == Some(s.as_str()) && p.max_event_time != TimestampMicros::MIN
+            })
+        });
+        match self.policy {
+            WatermarkPolicy::Min if silent_stream => Some(0),
+            WatermarkPolicy::Min => per_stream.values().copied().min(),
+            WatermarkPolicy::Max => per_stream.values().copied().max(),
         }
     }
 
@@ -395,6 +460,49 @@ mod tests {
     use super::*;
 
     const MIN: i64 = 60_000_000;
+
+    /// Spark's watermark is one per stream, over all its partitions: a
+    /// partition that runs ahead moves it; per partition, the slowest does.
+    #[test]
+    fn query_scope_takes_each_streams_maximum_and_partition_scope_the_slowest_partition() {
+        let run = |scope| {
+            let mut wm =
+                WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None).with_scope(scope);
+            wm.observe("in/0", 60 * MIN, 0);
+            wm.observe("in/1", 20 * MIN, 0);
+            wm.register("in/2", 0); // no data: counts for neither
+            wm.finish_batch(0);
+            wm.in_effect()
+        };
+        assert_eq!(run(WatermarkScope::Query), 50 * MIN);
+        assert_eq!(run(WatermarkScope::Partition), 0, "in/2 holds it");
+
+        // Two streams: each its own maximum less its own delay, then `min`.
+        let mut wm = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None)
+            .with_scope(WatermarkScope::Query);
+        wm.expect_stream("us");
+        wm.expect_stream("eu");
+        wm.observe_stream("us/0", Some("us"), None, 60 * MIN, 0);
+        wm.observe_stream("us/1", Some("us"), None, 30 * MIN, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 0, "eu has sent nothing: it counts as 0");
+        wm.observe_stream("eu/0", Some("eu"), Some(30 * MIN), 70 * MIN, 0);
+        wm.observe_stream("eu/1", Some("eu"), Some(30 * MIN), 45 * MIN, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 40 * MIN);
+        let streams = wm.stream_watermarks();
+        assert_eq!((streams["us"], streams["eu"]), (50 * MIN, 40 * MIN));
+        // A checkpoint carries progress, not the scope: the restoring
+        // tracker's configuration applies.
+        let saved: WatermarkTracker =
+            serde_json::from_str(&serde_json::to_string(&wm).unwrap()).unwrap();
+        assert_eq!(saved.scope(), WatermarkScope::Partition);
+        let mut restored = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None)
+            .with_scope(WatermarkScope::Query);
+        restored.restore(&saved);
+        assert_eq!(restored.scope(), WatermarkScope::Query);
+        assert_eq!(restored.in_effect(), 40 * MIN);
+    }
 
     /// A repartition reader's tracker holds every input partition upstream:
     /// 64 of them, with a 20-character topic name and real times, fit in
