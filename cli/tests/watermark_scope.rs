@@ -5,10 +5,13 @@
 //! watermark over every partition, as Spark computes it) they are behind
 //! the 10:15 watermark and dropped as late; under `partition` (Kafka
 //! Streams' stream time) partition 1 has its own watermark and counts them.
+//! With two instances, one per partition, the instances share their
+//! partitions' progress through `<application_id>-watermarks`, so the
+//! instance holding partition 1 drops them too.
 
 mod common;
 
-use common::{interrupt, start_replica, wait_for_records};
+use common::{interrupt, start_replica, start_replica_as, wait_for_records, Replica};
 use std::time::Duration;
 use tidemark_integration_tests::*;
 
@@ -48,6 +51,41 @@ fn rows(id: &str, minutes: &[&str]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// Partition 0 (key `a`) runs from 10:00 to 10:20.
+fn a_runs_ahead(input: &str) {
+    let a: Vec<String> = (0..=20).map(|m| format!("10:{m:02}")).collect();
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    produce_to(input, Some(0), &rows("a", &a));
+}
+
+/// Partition 1 (key `b`) sends 10:01, 10:02 and 10:30; then both
+/// partitions move every watermark past them and the 10:30 window.
+fn b_lags_then_both_move_on(input: &str) {
+    produce_to(input, Some(1), &rows("b", &["10:01", "10:02", "10:30"]));
+    std::thread::sleep(Duration::from_secs(2));
+    produce_to(input, Some(0), &rows("a", &["10:45"]));
+    produce_to(input, Some(1), &rows("b", &["10:45"]));
+}
+
+/// The `expected` windows written to `output`, as sorted `(id, window
+/// start, count)`, the warm-up keys (`w…`) left out.
+fn emitted(output: &str, expected: usize) -> Vec<(String, String, i64)> {
+    let mut out: Vec<_> = consume_all(output, expected, Duration::from_secs(10))
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            (
+                v["id"].as_str().unwrap().to_string(),
+                v["window_start"].as_str().unwrap()[11..16].to_string(),
+                v["n"].as_i64().unwrap(),
+            )
+        })
+        .filter(|(id, _, _)| !id.starts_with('w'))
+        .collect();
+    out.sort();
+    out
+}
+
 /// Runs the scenario under `scope`; returns each emitted `(id, window
 /// start, count)`.
 fn run(scope: &str) -> Vec<(String, String, i64)> {
@@ -58,34 +96,16 @@ fn run(scope: &str) -> Vec<(String, String, i64)> {
     let file = dir.path().join("pipeline.yaml");
     std::fs::write(&file, pipeline(&app, &input, &output, scope)).unwrap();
     let mut replica = start_replica(&file);
-    let a: Vec<String> = (0..=20).map(|m| format!("10:{m:02}")).collect();
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    produce_to(&input, Some(0), &rows("a", &a));
+    a_runs_ahead(&input);
     // a's windows up to 10:15 close on partition 0's watermark, 10:15.
     wait_for_records(&output, 3);
-    produce_to(&input, Some(1), &rows("b", &["10:01", "10:02", "10:30"]));
-    // Moves every watermark past b's rows and the 10:30 window.
-    std::thread::sleep(Duration::from_secs(2));
-    produce_to(&input, Some(0), &rows("a", &["10:45"]));
-    produce_to(&input, Some(1), &rows("b", &["10:45"]));
+    b_lags_then_both_move_on(&input);
     // a: 10:15, 10:20; b: 10:30, and 10:00 only per partition.
     let expected = if scope == "query" { 6 } else { 7 };
     wait_for_records(&output, expected);
     std::thread::sleep(Duration::from_secs(2));
     interrupt(&mut replica.child);
-    let mut out: Vec<_> = consume_all(&output, expected, Duration::from_secs(10))
-        .iter()
-        .map(|r| {
-            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-            (
-                v["id"].as_str().unwrap().to_string(),
-                v["window_start"].as_str().unwrap()[11..16].to_string(),
-                v["n"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
+    emitted(&output, expected)
 }
 
 fn windows(rows: &[(&str, &str, i64)]) -> Vec<(String, String, i64)> {
@@ -110,4 +130,66 @@ fn query_scope_drops_a_lagging_partitions_rows_as_spark_does_and_partition_scope
     partition.extend(windows(&[("b", "10:00", 2), ("b", "10:30", 1)]));
     partition.sort();
     assert_eq!(run("partition"), partition);
+}
+
+/// Writes a row of 09:00 to each partition (keys `w0`, `w1`) every two
+/// seconds until every replica has run a batch with input: each then holds
+/// a partition, whatever order they joined the group in.
+fn until_each_holds_a_partition(input: &str, replicas: &[Replica]) {
+    use std::sync::atomic::Ordering;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while replicas
+        .iter()
+        .any(|r| r.batches_with_input.load(Ordering::Relaxed) == 0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an instance never got input"
+        );
+        produce_to(input, Some(0), &rows("w0", &["09:00"]));
+        produce_to(input, Some(1), &rows("w1", &["09:00"]));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+#[test]
+fn two_instances_one_partition_each_share_the_query_wide_watermark_through_kafka() {
+    let (input, output, app) = (unique("wsx-in"), unique("wsx-out"), unique("wsx-app"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut replicas: Vec<Replica> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            let file = dir.path().join("pipeline.yaml");
+            std::fs::write(&file, pipeline(&app, &input, &output, "query")).unwrap();
+            start_replica_as(&file, Some(&format!("i{i}")))
+        })
+        .collect();
+    until_each_holds_a_partition(&input, &replicas);
+    a_runs_ahead(&input);
+    // a's first three windows and w0's close on partition 0's watermark,
+    // 10:15; w1's closes only when the instance holding partition 1 has
+    // read partition 0's progress from the exchange.
+    wait_for_records(&output, 5);
+    b_lags_then_both_move_on(&input);
+    wait_for_records(&output, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    for replica in &mut replicas {
+        interrupt(&mut replica.child);
+    }
+    let out = emitted(&output, 8);
+    let expected = windows(&[
+        ("a", "10:00", 5),
+        ("a", "10:05", 5),
+        ("a", "10:10", 5),
+        ("a", "10:15", 5),
+        ("a", "10:20", 1),
+        ("b", "10:30", 1),
+    ]);
+    assert_eq!(
+        out, expected,
+        "Spark: one watermark over both instances' partitions; b's 10:01 and 10:02 are late"
+    );
 }

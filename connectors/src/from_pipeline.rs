@@ -42,6 +42,9 @@ pub struct Connected {
     pub late_data: Option<Box<dyn Sink>>,
     /// Durable state, if configured.
     pub state_backend: Option<Box<dyn StateBackend>>,
+    /// Shares partitions' progress with the other instances, under
+    /// `watermark_scope: query`.
+    pub watermark_exchange: Option<crate::kafka::KafkaWatermarkExchange>,
 }
 
 impl Connected {
@@ -57,6 +60,9 @@ impl Connected {
         }
         if let Some(state) = self.state_backend {
             query = query.state_backend(state);
+        }
+        if let Some(exchange) = self.watermark_exchange {
+            query = query.watermark_exchange(exchange);
         }
         (query, self.source, self.sink)
     }
@@ -220,6 +226,7 @@ pub fn connect_stage(
         dead_letter,
         late_data,
         state_backend,
+        watermark_exchange: watermark_exchange(file, stage, &clients.cluster)?,
     })
 }
 
@@ -566,6 +573,28 @@ pub(crate) fn check_co_partitioned(cluster: &KafkaConnection, topics: &[String])
         ));
     }
     Ok(())
+}
+
+/// The exchange of partitions' progress a stage reading the file's own
+/// Kafka input with a query-wide watermark shares with the other
+/// instances (a repartition reader's markers already reach every
+/// instance), on `<application_id>-watermarks`.
+fn watermark_exchange(
+    file: &PipelineFile,
+    stage: &Stage,
+    cluster: &KafkaConnection,
+) -> Result<Option<crate::kafka::KafkaWatermarkExchange>> {
+    let query_wide = file.watermark_scope == tidemark::watermark::WatermarkScope::Query;
+    if !query_wide
+        || file.source.kind != SourceKind::Kafka
+        || file.watermark.is_none()
+        || stage.input != StageInput::Source
+        || stage.output != StageOutput::Sink
+    {
+        return Ok(None);
+    }
+    let topic = format!("{}-watermarks", file.name);
+    crate::kafka::KafkaWatermarkExchange::new(cluster, &topic).map(Some)
 }
 
 /// The input partitions (`topic/partition`) of a Kafka source.

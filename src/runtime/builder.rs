@@ -76,6 +76,9 @@ pub struct QueryBuilder {
     /// Behind a repartition, the streams whose progress the markers carry
     /// by origin topic: a union's inputs, each with its own watermark.
     pub(super) marker_streams: Vec<MarkerStream>,
+    /// Shares partitions' progress with the query's other instances
+    /// (`watermark_scope: query`).
+    pub(super) watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
 }
 
 /// A stream whose progress reaches a repartition reader in markers, by the
@@ -335,6 +338,7 @@ impl Query {
             listeners: Vec::new(),
             watermark_from_markers: false,
             marker_streams: Vec::new(),
+            watermark_exchange: None,
         }
     }
 }
@@ -408,6 +412,15 @@ impl QueryBuilder {
     /// the query reads (see [`crate::watermark::WatermarkScope`]).
     pub fn watermark_scope(mut self, scope: crate::watermark::WatermarkScope) -> Self {
         self.scope = scope;
+        self
+    }
+
+    /// Shares the input partitions' progress with the query's other
+    /// instances through `exchange`, so that under
+    /// [`WatermarkScope::Query`](crate::watermark::WatermarkScope) each
+    /// instance's watermark counts every partition, not only its own.
+    pub fn watermark_exchange(mut self, exchange: impl super::WatermarkExchange + 'static) -> Self {
+        self.watermark_exchange = Some(Box::new(exchange));
         self
     }
 

@@ -13,12 +13,14 @@ pub(crate) mod stages;
 mod task;
 mod task_manager;
 pub mod testing;
+mod watermark_exchange;
 
 pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use task::checkpoint_batch_id;
+pub use watermark_exchange::WatermarkExchange;
 
 use crate::error::{Error, Result};
 use crate::record::Record;

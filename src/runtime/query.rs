@@ -201,6 +201,10 @@ struct TriggerLoop<'a> {
     replaying: Option<u64>,
     exhausted: bool,
     open_batch: Option<OpenBatch>,
+    /// Shares committed partitions' progress with the other instances.
+    watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
+    /// Another instance's progress would move a watermark: a batch is due.
+    others_moved_watermark: bool,
 }
 
 impl<'a> TriggerLoop<'a> {
@@ -225,6 +229,7 @@ impl<'a> TriggerLoop<'a> {
             watermark_from_markers: builder.watermark_from_markers,
         };
         let backend = builder.state_backend.take();
+        let watermark_exchange = builder.watermark_exchange.take();
         let listeners = std::mem::take(&mut builder.listeners);
         TriggerLoop {
             tasks: TaskManager::new(&builder, &backend),
@@ -242,6 +247,8 @@ impl<'a> TriggerLoop<'a> {
             replaying: None,
             exhausted: false,
             open_batch: None,
+            watermark_exchange,
+            others_moved_watermark: false,
         }
     }
 
@@ -341,6 +348,13 @@ impl<'a> TriggerLoop<'a> {
         if let Some(backend) = self.backend.as_mut() {
             backend.between_batches()?;
         }
+        if let Some(exchange) = self.watermark_exchange.as_mut() {
+            let progress = exchange.collect()?;
+            let processing_time = self.builder.clock.batch_time(self.batch_id);
+            self.others_moved_watermark |=
+                self.tasks
+                    .observe_other_instances(&progress, &self.router.inputs, processing_time);
+        }
         for table in self.builder.global_tables.iter_mut() {
             self.summary.bad_records += table.catch_up(
                 self.router.decoder.as_mut(),
@@ -405,7 +419,8 @@ impl<'a> TriggerLoop<'a> {
         let real_time = self.cadence.real_time();
         let evicts_by_watermark =
             self.builder.has_stateful_steps() && self.builder.output_mode != OutputMode::Complete;
-        let watermark_pending = evicts_by_watermark && self.tasks.watermark_pending();
+        let watermark_pending = evicts_by_watermark
+            && (self.tasks.watermark_pending() || std::mem::take(&mut self.others_moved_watermark));
         let has_records = self.tasks.has_records_for_tasks(&batch.records);
         let timers_due = !has_records && !real_time && {
             let scope = self.scope(self.builder.clock.batch_time(self.batch_id));
@@ -498,6 +513,13 @@ impl<'a> TriggerLoop<'a> {
                 self.replaying = Some(self.batch_id);
             }
             return Ok(outcome);
+        }
+        if let Some(exchange) = self.watermark_exchange.as_mut() {
+            // Advisory: another instance's watermark waits for it, nothing
+            // is lost if it fails.
+            if let Err(e) = exchange.publish(event_time_progress) {
+                tracing::warn!(error = %e, "publishing event-time progress to the other instances failed");
+            }
         }
         let committed = CommittedBatch {
             batch_id: self.batch_id,

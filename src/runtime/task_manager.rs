@@ -354,6 +354,47 @@ impl TaskManager {
         progress
     }
 
+    /// Counts other instances' partitions' progress (`topic/partition` →
+    /// largest event time) in every task's query-wide watermark; returns
+    /// whether a watermark would move (a batch is then due, as Spark's
+    /// driver would run one having seen every partition).
+    pub(super) fn observe_other_instances(
+        &mut self,
+        progress: &BTreeMap<String, TimestampMicros>,
+        inputs: &super::inputs::Inputs,
+        processing_time: TimestampMicros,
+    ) -> bool {
+        for (name, t) in progress {
+            let topic = name
+                .rsplit_once('/')
+                .map_or(name.as_str(), |(topic, _)| topic);
+            let input = inputs.get(inputs.input_of(topic));
+            if input.event_time.is_none() {
+                continue;
+            }
+            let trackers = self
+                .tasks
+                .values_mut()
+                .filter_map(|task| task.watermark.as_mut())
+                .filter(|w| w.scope() == WatermarkScope::Query);
+            for w in trackers {
+                w.observe_stream(
+                    name,
+                    input.stream.as_deref(),
+                    input.delay,
+                    *t,
+                    processing_time,
+                );
+            }
+        }
+        !progress.is_empty()
+            && self
+                .tasks
+                .values()
+                .filter_map(|task| task.watermark.as_ref())
+                .any(|w| w.would_advance(processing_time))
+    }
+
     /// Ends the batch in every task: operators emit what the batch closed
     /// (into `out`), late rows are collected, watermarks advance for the
     /// next batch. `contexts` holds what tasks that took records used.

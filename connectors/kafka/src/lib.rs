@@ -13,6 +13,7 @@ mod sink;
 mod sink_progress;
 mod source;
 mod table_feed;
+mod watermark_exchange;
 
 pub mod instance;
 mod local_checkpoint;
@@ -31,6 +32,7 @@ pub use producer::send_with_backpressure;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};
 pub use table_feed::KafkaTableFeed;
+pub use watermark_exchange::KafkaWatermarkExchange;
 
 mod admin;
 pub use admin::{default_bootstrap, ensure_topic, ensure_topic_with_config, partition_count};
