@@ -32,6 +32,7 @@ mod env_vars;
 mod json_row;
 pub mod pipeline;
 pub mod runtime;
+pub mod test_driver;
 pub mod topology;
 mod yaml_paths;
 

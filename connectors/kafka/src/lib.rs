@@ -13,6 +13,7 @@ mod sink;
 mod sink_progress;
 mod source;
 mod table_feed;
+pub mod test_broker;
 mod watermark_exchange;
 
 pub mod instance;
