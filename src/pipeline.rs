@@ -1914,7 +1914,10 @@ impl PipelineFile {
                             .collect();
                     b.join(input, j.join_type, &on, time)?
                 }
-                StepSpec::Union(u) => b.union(union_input(u)?)?,
+                StepSpec::Union(u) => {
+                    let main = self.source.topic.clone().map(|t| t.0).unwrap_or_default();
+                    b.union(union_input(u, &main)?)?
+                }
                 StepSpec::Filter(e) => b.filter(&e.0)?,
                 StepSpec::Select(s) => b.select(&s.0),
                 StepSpec::WithColumn(w) => b.with_column(&w.name, &w.expr.0)?,
@@ -1957,7 +1960,13 @@ impl PipelineFile {
 }
 
 /// A union's second stream as the builder takes it.
-fn union_input(u: &UnionYaml) -> Result<crate::runtime::JoinInput> {
+fn union_input(u: &UnionYaml, main_topics: &[String]) -> Result<crate::runtime::JoinInput> {
+    if let Some(topic) = u.topic.0.iter().find(|t| main_topics.contains(t)) {
+        return Err(Error::config(
+            "union.topic",
+            format!("`{topic}` is the source's own topic: a union reads a second stream (records are routed by topic, so a topic cannot feed both)"),
+        ));
+    }
     let mut input = crate::runtime::JoinInput::new(&u.stream_name())
         .topics(&u.topic.0)
         .columns(&u.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
@@ -2212,6 +2221,26 @@ sink: {kind: stdout}
         ))
         .unwrap_err();
         assert!(e.message.contains("nmae"), "{e}");
+
+        let refused = |from: &str, to: &str| {
+            let text = UNION.replace(from, to);
+            assert_ne!(text, UNION, "`{from}` not found");
+            PipelineFile::parse(&text)
+                .unwrap()
+                .query_builder()
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        let e = refused("topic: sales-eu", "topic: sales-us");
+        assert!(e.contains("union.topic") && e.contains("sales-us"), "{e}");
+        let e = refused("name: eu\n", "name: eu\n      event_time: ts\n");
+        assert!(e.contains("union.event_time") && e.contains("`ts`"), "{e}");
+        let e = refused(
+            "steps:\n  - union:",
+            "steps:\n  - dedup: {keys: [id]}\n  - union:",
+        );
+        assert!(e.contains("after a stateful step"), "{e}");
     }
 
     #[test]

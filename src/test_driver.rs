@@ -142,7 +142,9 @@ impl PipelineTestDriver {
     }
 
     /// Opens the next batch, run at processing time `time` (RFC 3339). A
-    /// batch fed nothing is a batch without data (processing time moves).
+    /// batch fed nothing is left out: the no-data batches a moved
+    /// watermark owes run by themselves, as in Spark, at the last time
+    /// given.
     pub fn batch_at(mut self, time: &str) -> Self {
         // A bad time in a test is the test's own mistake: said at once.
         let at = crate::time::parse_rfc3339(time)
@@ -184,6 +186,13 @@ impl PipelineTestDriver {
     /// Runs the query over every batch fed (and the no-data batches its
     /// watermark then owes, as Spark runs them) and returns what it wrote.
     pub fn run(self) -> Result<TestRun> {
+        // Batch ids follow the batches fed with records.
+        let (batches, times): (Vec<Vec<Record>>, Vec<TimestampMicros>) = self
+            .batches
+            .into_iter()
+            .zip(self.times)
+            .filter(|(records, _)| !records.is_empty())
+            .unzip();
         let late = Arc::new(Mutex::new(CollectSink::default()));
         let dead_letters = Arc::new(Mutex::new(Vec::new()));
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -191,7 +200,7 @@ impl PipelineTestDriver {
         let query = self
             .query
             .trigger(Trigger::AvailableNow)
-            .clock(Clock::Virtual(self.times))
+            .clock(Clock::Virtual(times))
             .late_data(SharedSink(late.clone()))
             .dead_letter(SharedDeadLetter(dead_letters.clone()))
             .on_progress(move |p: &QueryProgress| {
@@ -200,7 +209,7 @@ impl PipelineTestDriver {
                     .push(p.clone())
             })
             .build()?;
-        let mut source = VecSource::record_batches(self.batches);
+        let mut source = VecSource::record_batches(batches);
         let mut sink = CollectSink::default();
         let summary = query.run(&mut source, &mut sink)?;
         let late = std::mem::take(&mut *late.lock().unwrap_or_else(|e| e.into_inner()));

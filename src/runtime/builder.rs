@@ -921,8 +921,21 @@ impl QueryBuilder {
                 format!("the union's stream `{}` has a watermark but the main stream has none: set `watermark`", other.name),
             ));
         }
-        if other.event_time.is_none() {
-            other.event_time = self.event_time.clone();
+        if self.steps.iter().any(|s| s.shape.is_stateful()) {
+            return Err(Error::config(
+                "union",
+                format!("a union after a stateful step (`{}`) is not supported yet: put the union before the aggregation, deduplication or join", other.name),
+            ));
+        }
+        match (&other.event_time, &self.event_time) {
+            (None, _) => other.event_time = self.event_time.clone(),
+            (Some(theirs), Some(ours)) if theirs != ours => {
+                return Err(Error::config(
+                    "union.event_time",
+                    format!("the union's stream `{}` keeps its event time in `{theirs}` but the query's later steps read `{ours}`: columns are matched by name and each row's event time is read where it is decoded, so both streams must name the column alike", other.name),
+                ));
+            }
+            _ => {}
         }
         if other.watermark.is_some() && other.event_time.is_none() {
             return Err(Error::config(

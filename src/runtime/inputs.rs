@@ -18,6 +18,9 @@ pub(super) struct Input {
     pub(super) delay: Option<TimestampMicros>,
     /// Whether it is a table (upserts and tombstones, no watermark).
     pub(super) table: bool,
+    /// Whether its event times move the watermark (a union's stream
+    /// without one of its own only has its time column read).
+    pub(super) watermarked: bool,
 }
 
 /// Every input of a query, and the topics routed to each.
@@ -41,6 +44,7 @@ impl Inputs {
             stream: (!only_tables).then(|| builder.main_stream.clone()),
             delay: None,
             table: false,
+            watermarked: true,
         }];
         let mut topics = Vec::new();
         for side in &builder.side_inputs {
@@ -52,14 +56,18 @@ impl Inputs {
                 }
             } else if side.union && stream.watermark.is_none() {
                 // Spark: a stream without `withWatermark` does not take part
-                // in the global watermark.
-                Input::default()
+                // in the global watermark; its times are still timestamps.
+                Input {
+                    event_time: stream.event_time.clone(),
+                    ..Input::default()
+                }
             } else {
                 Input {
                     event_time: stream.event_time.clone(),
                     stream: Some(stream.name.clone()),
                     delay: stream.watermark.map(|d| d.as_micros() as i64),
                     table: false,
+                    watermarked: true,
                 }
             });
             topics.extend(stream.topics.iter().map(|t| (t.clone(), side.input)));

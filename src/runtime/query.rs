@@ -14,6 +14,7 @@ use crate::operators::OutputMode;
 use crate::record::Record;
 use crate::row::Row;
 use crate::topology::NodeDescription;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -205,6 +206,10 @@ struct TriggerLoop<'a> {
     watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
     /// Another instance's progress would move a watermark: a batch is due.
     others_moved_watermark: bool,
+    /// The largest event time known per input partition (published or
+    /// read back): the compacted exchange keeps one record a partition, so
+    /// it must never be written lower.
+    exchanged: BTreeMap<String, crate::time::TimestampMicros>,
 }
 
 impl<'a> TriggerLoop<'a> {
@@ -249,6 +254,7 @@ impl<'a> TriggerLoop<'a> {
             open_batch: None,
             watermark_exchange,
             others_moved_watermark: false,
+            exchanged: BTreeMap::new(),
         }
     }
 
@@ -350,6 +356,7 @@ impl<'a> TriggerLoop<'a> {
         }
         if let Some(exchange) = self.watermark_exchange.as_mut() {
             let progress = exchange.collect()?;
+            merge_max(&mut self.exchanged, &progress);
             let processing_time = self.builder.clock.batch_time(self.batch_id);
             self.others_moved_watermark |=
                 self.tasks
@@ -419,8 +426,9 @@ impl<'a> TriggerLoop<'a> {
         let real_time = self.cadence.real_time();
         let evicts_by_watermark =
             self.builder.has_stateful_steps() && self.builder.output_mode != OutputMode::Complete;
-        let watermark_pending = evicts_by_watermark
-            && (self.tasks.watermark_pending() || std::mem::take(&mut self.others_moved_watermark));
+        let others_moved = std::mem::take(&mut self.others_moved_watermark);
+        let watermark_pending =
+            evicts_by_watermark && (self.tasks.watermark_pending() || others_moved);
         let has_records = self.tasks.has_records_for_tasks(&batch.records);
         let timers_due = !has_records && !real_time && {
             let scope = self.scope(self.builder.clock.batch_time(self.batch_id));
@@ -517,7 +525,12 @@ impl<'a> TriggerLoop<'a> {
         if let Some(exchange) = self.watermark_exchange.as_mut() {
             // Advisory: another instance's watermark waits for it, nothing
             // is lost if it fails.
-            if let Err(e) = exchange.publish(event_time_progress) {
+            let mut known = event_time_progress.clone();
+            for (input, t) in known.iter_mut() {
+                *t = (*t).max(self.exchanged.get(input).copied().unwrap_or(*t));
+            }
+            merge_max(&mut self.exchanged, &known);
+            if let Err(e) = exchange.publish(&known) {
                 tracing::warn!(error = %e, "publishing event-time progress to the other instances failed");
             }
         }
@@ -546,6 +559,17 @@ impl<'a> TriggerLoop<'a> {
         if let Some(rest) = (trigger_start + interval).checked_duration_since(Instant::now()) {
             std::thread::sleep(rest.min(interval));
         }
+    }
+}
+
+/// Keeps in `into` the larger time of each input partition of `from`.
+fn merge_max(
+    into: &mut BTreeMap<String, crate::time::TimestampMicros>,
+    from: &BTreeMap<String, crate::time::TimestampMicros>,
+) {
+    for (input, t) in from {
+        let slot = into.entry(input.clone()).or_insert(*t);
+        *slot = (*slot).max(*t);
     }
 }
 

@@ -252,12 +252,14 @@ impl RecordRouter {
         let mut row = self.decoder.decode(record)?;
         if let Some(column) = &input.event_time {
             let t = self.event_time(record, &mut row, column)?;
-            routed.event_times.observe(t);
-            let slot = routed
-                .max_event_time
-                .entry((record.position.topic.clone(), partition))
-                .or_insert(t);
-            *slot = (*slot).max(t);
+            if input.watermarked {
+                routed.event_times.observe(t);
+                let slot = routed
+                    .max_event_time
+                    .entry((record.position.topic.clone(), partition))
+                    .or_insert(t);
+                *slot = (*slot).max(t);
+            }
         }
         let pushed = if input_index == 0 {
             task.push_row(row, contexts, &mut routed.outputs)

@@ -37,6 +37,9 @@ pub(super) struct TaskManager {
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
+    /// Other instances' partitions' progress, as last collected: a task
+    /// started later (or after every task was dropped) starts from it.
+    other_instances: BTreeMap<String, TimestampMicros>,
 }
 
 /// What the end of a batch gave besides its output rows.
@@ -61,6 +64,7 @@ impl TaskManager {
             sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
+            other_instances: BTreeMap::new(),
         }
     }
 
@@ -186,13 +190,18 @@ impl TaskManager {
         let mut task = new_task(builder, operators);
         // Under the query-wide scope a new task starts from what the
         // instance's other tasks know of every partition.
-        if let (Some(w), Some(known)) = (
-            task.watermark
-                .as_mut()
-                .filter(|w| w.scope() == WatermarkScope::Query),
-            self.tasks.values().find_map(|t| t.watermark.as_ref()),
-        ) {
-            w.restore(known);
+        if let Some(w) = task
+            .watermark
+            .as_mut()
+            .filter(|w| w.scope() == WatermarkScope::Query)
+        {
+            match self.tasks.values().find_map(|t| t.watermark.as_ref()) {
+                Some(known) => w.restore(known),
+                None => {
+                    let inputs = super::inputs::Inputs::of(builder);
+                    observe_progress(w, &self.other_instances, &inputs, crate::time::now_micros());
+                }
+            }
         }
         for checkpoint in self
             .saved_checkpoints
@@ -365,34 +374,22 @@ impl TaskManager {
         processing_time: TimestampMicros,
     ) -> bool {
         for (name, t) in progress {
-            let topic = name
-                .rsplit_once('/')
-                .map_or(name.as_str(), |(topic, _)| topic);
-            let input = inputs.get(inputs.input_of(topic));
-            if input.event_time.is_none() {
-                continue;
-            }
-            let trackers = self
-                .tasks
-                .values_mut()
-                .filter_map(|task| task.watermark.as_mut())
-                .filter(|w| w.scope() == WatermarkScope::Query);
-            for w in trackers {
-                w.observe_stream(
-                    name,
-                    input.stream.as_deref(),
-                    input.delay,
-                    *t,
-                    processing_time,
-                );
-            }
+            let slot = self.other_instances.entry(name.clone()).or_insert(*t);
+            *slot = (*slot).max(*t);
         }
-        !progress.is_empty()
-            && self
-                .tasks
-                .values()
-                .filter_map(|task| task.watermark.as_ref())
-                .any(|w| w.would_advance(processing_time))
+        let trackers = self
+            .tasks
+            .values_mut()
+            .filter_map(|task| task.watermark.as_mut())
+            .filter(|w| w.scope() == WatermarkScope::Query);
+        let mut moves = false;
+        for w in trackers {
+            observe_progress(w, progress, inputs, processing_time);
+            moves |= w
+                .candidate(processing_time)
+                .is_some_and(|c| c > w.in_effect());
+        }
+        moves
     }
 
     /// Ends the batch in every task: operators emit what the batch closed
@@ -477,6 +474,31 @@ impl TaskManager {
 /// The largest checkpoint kept whole. Kafka keeps at most
 /// `offset.metadata.max.bytes` (4 KiB by default) with a committed offset.
 const CHECKPOINT_BUDGET: usize = 3 * 1024;
+
+/// Counts `progress` (`topic/partition` → largest event time) in `w`,
+/// each partition under its input's stream and delay.
+fn observe_progress(
+    w: &mut crate::watermark::WatermarkTracker,
+    progress: &BTreeMap<String, TimestampMicros>,
+    inputs: &super::inputs::Inputs,
+    processing_time: TimestampMicros,
+) {
+    for (name, t) in progress {
+        let topic = name
+            .rsplit_once('/')
+            .map_or(name.as_str(), |(topic, _)| topic);
+        let input = inputs.get(inputs.input_of(topic));
+        if input.watermarked {
+            w.observe_stream(
+                name,
+                input.stream.as_deref(),
+                input.delay,
+                *t,
+                processing_time,
+            );
+        }
+    }
+}
 
 /// `task`'s checkpoint. A watermark fed by many inputs (a repartition
 /// reader holds every upstream partition, about 40 bytes each) that would

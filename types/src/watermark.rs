@@ -255,7 +255,7 @@ impl WatermarkTracker {
                 None => true,
             });
         if self.scope == WatermarkScope::Query {
-            return self.query_candidate(active);
+            return self.query_candidate(processing_time);
         }
         let per_input = active.map(|p| p.watermark(self.delay_micros));
         match self.policy {
@@ -281,16 +281,28 @@ impl WatermarkTracker {
     /// policy (under `min` an expected stream without data counts as 0;
     /// with an idle timeout, a stream whose partitions are all idle takes
     /// no part).
-    fn query_candidate<'a>(
-        &self,
-        active: impl Iterator<Item = &'a InputProgress>,
-    ) -> Option<TimestampMicros> {
-        let mut per_stream: BTreeMap<Option<&str>, TimestampMicros> = BTreeMap::new();
-        for p in active.filter(|p| p.max_event_time != TimestampMicros::MIN) {
+    fn query_candidate(&self, processing_time: TimestampMicros) -> Option<TimestampMicros> {
+        let is_active = |p: &InputProgress| match self.idle_timeout_micros {
+            Some(timeout) => processing_time - p.last_active_processing_time < timeout,
+            None => true,
+        };
+        // (maximum over every partition that delivered, any still active)
+        let mut per_stream: BTreeMap<Option<&str>, (TimestampMicros, bool)> = BTreeMap::new();
+        for p in self
+            .inputs
+            .values()
+            .filter(|p| p.max_event_time != TimestampMicros::MIN)
+        {
             let w = p.watermark(self.delay_micros);
-            let slot = per_stream.entry(p.stream.as_deref()).or_insert(w);
-            *slot = (*slot).max(w);
+            let slot = per_stream.entry(p.stream.as_deref()).or_insert((w, false));
+            slot.0 = slot.0.max(w);
+            slot.1 |= is_active(p);
         }
+        let per_stream: BTreeMap<Option<&str>, TimestampMicros> = per_stream
+            .into_iter()
+            .filter(|(_, (_, active))| *active)
+            .map(|(stream, (w, _))| (stream, w))
+            .collect();
         // Never delivered (an idle stream that did is left out instead).
         let silent_stream = self.expected_streams.iter().any(|s| {
             !self.inputs.values().any(|p| {

@@ -29,7 +29,8 @@ impl KafkaWatermarkExchange {
     /// The exchange on `topic` (created compacted, one partition, if
     /// missing) of `cluster`.
     pub fn new(cluster: &KafkaConnection, topic: &str) -> Result<Self> {
-        crate::ensure_topic_with_config(cluster, topic, 1, 1, &[("cleanup.policy", "compact")])?;
+        // Replication -1: the broker's default (a managed cluster refuses 1).
+        crate::ensure_topic_with_config(cluster, topic, 1, -1, &[("cleanup.policy", "compact")])?;
         let producer = cluster.create_plain(
             &cluster.client_config(&[("linger.ms", "0")]),
             "watermark exchange producer",
