@@ -108,6 +108,10 @@ pub struct PipelineFile {
     /// `{prometheus: "127.0.0.1:9000"}` serves metrics over HTTP.
     #[serde(default)]
     pub metrics: Option<MetricsSpec>,
+    /// `{listen: "127.0.0.1:7070", advertised: "host-a:7070"}` serves
+    /// interactive queries over the state the query keeps.
+    #[serde(default)]
+    pub serve: Option<ServeSpec>,
 }
 
 /// A duration written as a Spark interval string; checked on read.
@@ -1229,6 +1233,25 @@ fn default_replication() -> i32 {
 pub struct MetricsSpec {
     /// Address of the Prometheus scrape endpoint.
     pub prometheus: String,
+}
+
+/// `serve:`: interactive queries over HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSpec {
+    /// The address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// The address the other instances reach this one on (`host:port`),
+    /// found by them through the consumer group; default: `listen`.
+    #[serde(default)]
+    pub advertised: Option<String>,
+}
+
+impl ServeSpec {
+    /// The address other instances reach this one on.
+    pub fn advertised(&self) -> &str {
+        self.advertised.as_deref().unwrap_or(&self.listen)
+    }
 }
 
 /// A pipeline-file error with its place in the file.

@@ -290,6 +290,15 @@ fn build_source(
             .entry("group.instance.id".into())
             .or_insert_with(|| format!("{}-{instance}", stage.name));
     }
+    // The stage keeping the served state names its address in its client
+    // id: the other instances find it in the group's description.
+    if let (Some(serve), StageOutput::Sink) = (&file.serve, &stage.output) {
+        let client_id = crate::kafka::serving_client_id(
+            properties.get("client.id").map(String::as_str),
+            serve.advertised(),
+        );
+        properties.insert("client.id".into(), client_id);
+    }
     let group = src.group.clone().unwrap_or_else(|| file.name.clone());
     let source = KafkaSource::new(stage_source_config(
         KafkaSourceConfig {
@@ -305,6 +314,23 @@ fn build_source(
         Some(t) => Box::new(source.with_transactions(t.clone())),
         None => Box::new(source),
     })
+}
+
+/// The consumer group of the stage writing the sink (the one keeping the
+/// state interactive queries read).
+pub(crate) fn sink_stage_group(file: &PipelineFile, stage: &Stage) -> String {
+    let config = KafkaSourceConfig {
+        cluster: crate::kafka::KafkaConnection::new(""),
+        topics: Vec::new(),
+        group: file
+            .source
+            .group
+            .clone()
+            .unwrap_or_else(|| file.name.clone()),
+        earliest: true,
+        properties: Default::default(),
+    };
+    stage_source_config(config, &stage.input).group
 }
 
 /// The files source `file` describes: its directory (a sub-directory per

@@ -14,6 +14,7 @@ pub use tidemark_kafka::{instance, state_backend};
 mod from_pipeline;
 mod kafka_clients;
 mod runner;
+mod serving;
 mod topology_runner;
 
 pub use from_pipeline::{

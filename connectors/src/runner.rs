@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
-use tidemark::runtime::{RunSummary, Stage, StopHandle, Topology, Trigger};
+use tidemark::runtime::{
+    RunSummary, Stage, StageOutput, StateReader, StateService, StopHandle, Topology, Trigger,
+};
 
 /// Told of each batch's progress, with the name of the stage that ran it.
 type StageProgress = Arc<dyn Fn(&str, &QueryProgress) + Send + Sync>;
@@ -39,6 +41,9 @@ pub struct PipelineRunner {
     base: PathBuf,
     stop: StopHandle,
     progress: StageProgress,
+    /// Interactive queries reach the stage writing the sink through it,
+    /// across that stage's restarts.
+    state: StateService,
 }
 
 /// How long a run must last for its failure to start a new streak of
@@ -59,6 +64,7 @@ impl PipelineRunner {
             base: base.into(),
             stop: StopHandle::default(),
             progress: Arc::new(|_: &str, _: &QueryProgress| {}),
+            state: StateService::default(),
         }
     }
 
@@ -78,6 +84,12 @@ impl PipelineRunner {
     ) -> Self {
         self.progress = Arc::new(listener);
         self
+    }
+
+    /// Reads the state of the stage writing the sink while the pipeline
+    /// runs (interactive queries; `serve:` serves the same over HTTP).
+    pub fn state_reader(&self) -> StateReader {
+        self.state.reader()
     }
 
     /// The stages this pipeline runs in ([`PipelineFile::topology`]).
@@ -103,6 +115,7 @@ impl PipelineRunner {
         if self.file.source.kind == tidemark::pipeline::SourceKind::Kafka {
             crate::ensure_repartition_topics(&self.file, &topology)?;
         }
+        let _server = crate::serving::start(&self.file, &topology, &self.state)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, self.file.trigger.0, &self.stop, |index| {
             self.run_stage(&names[index], index, co_partitioned, &identity)
@@ -139,7 +152,12 @@ impl PipelineRunner {
     fn run_once(&self, stage: Stage, identity: &Arc<InstanceIdentity>) -> Result<RunSummary> {
         let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
         let (progress, name) = (self.progress.clone(), stage.name.clone());
+        let serves_state = stage.output == StageOutput::Sink;
         let (query, mut source, mut sink) = connected.wire(stage.query);
+        let query = match serves_state {
+            true => query.state_service(&self.state),
+            false => query,
+        };
         let query = query
             .on_progress(move |p: &QueryProgress| progress(&name, p))
             .build()?

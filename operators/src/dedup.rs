@@ -21,7 +21,7 @@
 use super::state_codec::{
     expired_by, expiry_key, parse_expiry_key, state_key, state_key_into, STATE_KEY_PREFIX,
 };
-use super::{encode_key_into, BatchContext, Operator};
+use super::{encode_key_into, BatchContext, KeyRange, Operator, QueryableState};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
@@ -260,6 +260,22 @@ impl Deduplicate {
         }
     }
 
+    /// The eviction time of the held key `key` (encoded as rows' keys
+    /// are): from the cache, or else (when reading through the store) from
+    /// the store; `None` when it is not held. Reads only: nothing is cached.
+    fn held_until(&self, key: &[u8]) -> Result<Option<TimestampMicros>> {
+        if let Some(evict_at) = self.seen.get(key) {
+            return Ok(Some(*evict_at));
+        }
+        let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_ref()) else {
+            return Ok(None);
+        };
+        match store.get(&state_key(key))? {
+            Some(bytes) => Ok(Some(decode_time(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
     fn eviction_time(&self, event_time: Option<TimestampMicros>) -> TimestampMicros {
         match (&self.spec, event_time) {
             (DedupSpec::WithinWatermark { delay_micros, .. }, Some(t)) => {
@@ -372,6 +388,49 @@ impl Operator for Deduplicate {
         Ok(())
     }
 
+    /// The key columns of `dropDuplicates` and
+    /// `dropDuplicatesWithinWatermark`; `None` for `distinct()`, whose key
+    /// is every column of a row, which the operator does not know ahead.
+    fn queryable_state(&self) -> Option<QueryableState> {
+        match &self.spec {
+            DedupSpec::Distinct => None,
+            DedupSpec::Keys(keys) | DedupSpec::WithinWatermark { keys, .. } => {
+                Some(QueryableState {
+                    kind: "dedup",
+                    key_columns: keys.iter().map(|k| k.to_string()).collect(),
+                })
+            }
+        }
+    }
+
+    /// One row when the key is held (a later row with it is dropped as a
+    /// duplicate): the key columns with their values, plus `expires_at`
+    /// (a timestamp) when the key is ever evicted: the watermark at which
+    /// it is, the first occurrence's event time plus the watermark delay
+    /// for `dropDuplicatesWithinWatermark`, the event time itself when it
+    /// is part of the key; without `expires_at` the key is held forever.
+    /// Empty when the key is not held, and always for `distinct()`. The
+    /// range is not used. Reads through the store without caching the key
+    /// or changing any state.
+    fn read_key(&mut self, key: &[Value], _range: &KeyRange) -> Result<Vec<Row>> {
+        let (DedupSpec::Keys(keys) | DedupSpec::WithinWatermark { keys, .. }) = &self.spec else {
+            return Ok(Vec::new());
+        };
+        let mut encoded = Vec::new();
+        encode_key_into(key.iter(), &mut encoded);
+        let Some(evict_at) = self.held_until(&encoded)? else {
+            return Ok(Vec::new());
+        };
+        let mut row = Row::with_capacity(keys.len() + 1);
+        for (column, value) in keys.iter().zip(key) {
+            row.set(column.clone(), value.clone());
+        }
+        if evict_at != FOREVER {
+            row.set("expires_at", Value::Timestamp(evict_at));
+        }
+        Ok(vec![row])
+    }
+
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
         let mut custom_metrics = BTreeMap::new();
         custom_metrics.insert(
@@ -482,6 +541,94 @@ mod tests {
             let restarted_in_memory = run(within_watermark, &batches, None, restart_after);
             prop_assert_eq!(&restarted_in_memory, &in_memory);
         }
+    }
+
+    /// Rows `(key, second)` of one batch at watermark 0.
+    fn feed(op: &mut Deduplicate, rows: &[(i64, i64)]) -> Vec<Row> {
+        let mut out = Vec::new();
+        for (key, second) in rows {
+            let mut row = Row::new();
+            row.set("k", Value::from(format!("k{key}").as_str()));
+            row.set("t", Value::Timestamp(second * SECOND));
+            op.on_row(row, &ctx(0), &mut out).unwrap();
+        }
+        op.on_batch_end(&ctx(0), &mut out).unwrap();
+        op.checkpoint().unwrap();
+        out
+    }
+
+    /// Progress without the memory used: which keys a bounded cache keeps
+    /// depends on its hasher's random seed.
+    fn progress(op: &mut Deduplicate) -> StateOperatorProgress {
+        let mut progress = op.state_progress().unwrap();
+        progress.memory_used_bytes = 0;
+        progress
+    }
+
+    #[test]
+    fn read_key_finds_held_keys_through_the_store_and_changes_nothing() {
+        for within_watermark in [false, true] {
+            // All in memory (with a store), and read through the store
+            // with 16 keys cached at most.
+            for cache_bytes in [None, Some(1)] {
+                let case = format!("within {within_watermark}, cache {cache_bytes:?}");
+                let (store, twin_store) = (SharedStore::default(), SharedStore::default());
+                let open = |store: &SharedStore| {
+                    let t = Some(Arc::from("t"));
+                    let mut op = Deduplicate::new(spec(within_watermark), t).unwrap();
+                    op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+                    op
+                };
+                // `op` is read, `twin` is not: they must stay alike.
+                let (mut op, mut twin) = (open(&store), open(&twin_store));
+                let rows: Vec<(i64, i64)> = (0..40).map(|k| (k, 5 + k)).collect();
+                assert_eq!(feed(&mut op, &rows), feed(&mut twin, &rows), "{case}");
+                let cached: BTreeSet<Vec<u8>> = op.seen.keys().cloned().collect();
+                if cache_bytes.is_some() {
+                    assert!(cached.len() < 40, "{case}: {} keys cached", cached.len());
+                }
+                let stored = store.approximate_len();
+
+                let state = op.queryable_state().unwrap();
+                assert_eq!(state.kind, "dedup");
+                assert_eq!(state.key_columns, vec!["k".to_string()]);
+                for k in 0..40 {
+                    let key = [Value::from(format!("k{k}").as_str())];
+                    let mut expected = Row::new();
+                    expected.set("k", key[0].clone());
+                    if within_watermark {
+                        // The first event time plus the 10 s delay.
+                        expected.set("expires_at", Value::Timestamp((15 + k) * SECOND));
+                    }
+                    let read = op.read_key(&key, &KeyRange::default()).unwrap();
+                    assert_eq!(read, vec![expected], "{case}: key k{k}");
+                }
+                for absent in [Value::from("k40"), Value::Long(3), Value::Null] {
+                    let read = op.read_key(&[absent], &KeyRange::default()).unwrap();
+                    assert!(read.is_empty(), "{case}: {read:?}");
+                }
+
+                // Nothing cached, stored or counted by the reads.
+                let now_cached: BTreeSet<Vec<u8>> = op.seen.keys().cloned().collect();
+                assert_eq!(now_cached, cached, "{case}");
+                assert_eq!(store.approximate_len(), stored, "{case}");
+                assert_eq!(progress(&mut op), progress(&mut twin), "{case}");
+                // Held keys are still duplicates, and new ones still new.
+                let next = [(3, 50), (39, 50), (40, 50), (41, 50)];
+                let out = feed(&mut op, &next);
+                assert_eq!(out.len(), 2, "{case}");
+                assert_eq!(out, feed(&mut twin, &next), "{case}");
+                assert_eq!(progress(&mut op), progress(&mut twin), "{case}");
+            }
+        }
+        let mut distinct = Deduplicate::new(DedupSpec::Distinct, None).unwrap();
+        assert_eq!(distinct.queryable_state(), None);
+        feed(&mut distinct, &[(1, 1)]);
+        let key = [Value::from("k1"), Value::Timestamp(SECOND)];
+        assert!(distinct
+            .read_key(&key, &KeyRange::default())
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -176,6 +176,49 @@ pub trait Operator: Send {
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
         None
     }
+
+    /// What interactive queries can read of this operator's state: its
+    /// kind and key columns; `None` when it keeps none that a key reads.
+    fn queryable_state(&self) -> Option<QueryableState> {
+        None
+    }
+
+    /// The state this task holds for `key` (values of
+    /// [`QueryableState::key_columns`], in order), as rows shaped like the
+    /// operator's output (a window aggregation's open windows within
+    /// `range`, a rolling window's current measures, a table's row, a
+    /// held dedup key); empty when the task holds nothing for it. Reads
+    /// through the store and changes nothing (not even what is cached).
+    fn read_key(&mut self, _key: &[row::Value], _range: &KeyRange) -> Result<Vec<Row>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The state a stateful operator offers to interactive queries.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QueryableState {
+    /// What the state is: `window_aggregate`, `session_window`, `dedup`,
+    /// `rolling_window`, `table`, `stream_join`.
+    pub kind: &'static str,
+    /// The columns a key is made of, in order.
+    pub key_columns: Vec<String>,
+}
+
+/// Bounds a read of a window aggregation's state: windows that end after
+/// `from` and start before `to` (either open-ended).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyRange {
+    /// Windows ending at or before this are left out.
+    pub from: Option<TimestampMicros>,
+    /// Windows starting at or after this are left out.
+    pub to: Option<TimestampMicros>,
+}
+
+impl KeyRange {
+    /// Whether the window `[start, end)` overlaps the range.
+    pub fn overlaps(&self, start: TimestampMicros, end: TimestampMicros) -> bool {
+        self.from.is_none_or(|from| end > from) && self.to.is_none_or(|to| start < to)
+    }
 }
 
 /// A bounded cache of keys, hashed with foldhash; hashbrown's map for

@@ -17,7 +17,10 @@ use super::state_codec::{
     corrupt, expired_by, expiry_key, parse_expiry_key, put_value, state_key, Reader,
     STATE_KEY_PREFIX,
 };
-use super::{encode_key_into, AggregateInput, AggregateSpec, BatchContext, Operator};
+use super::{
+    encode_key_into, AggregateInput, AggregateSpec, BatchContext, KeyRange, Operator,
+    QueryableState,
+};
 use crate::aggregate::{Accumulator, AggregateFn, MomentsAcc};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -576,18 +579,7 @@ impl RollingWindow {
         let values = spec.values(state);
         let last = state.last_emitted.as_ref().unwrap_or(&spec.empty);
         if !same_values(last, &values) {
-            let mut row = Row::new();
-            for (column, value) in spec.partition_by.iter().zip(&state.key_values) {
-                row.set(column.clone(), value.clone());
-            }
-            row.set(
-                spec.frontier.alias.clone(),
-                Value::Timestamp(state.frontier),
-            );
-            for (m, v) in spec.measures.iter().zip(&values) {
-                row.set(m.aggregate.output.clone(), v.clone());
-            }
-            out.push(row);
+            out.push(spec.output_row(state, &values));
             state.last_emitted = Some(values);
             Self::mark_dirty(&mut self.dirty, state, key);
         }
@@ -627,7 +619,7 @@ impl RollingWindow {
                     continue;
                 };
                 if !self.keys.contains_key(key) && !self.forgotten.contains_key(key) {
-                    if let Some(state) = self.read_key(key)? {
+                    if let Some(state) = self.load_key(key)? {
                         self.cache_key(key.to_vec(), state);
                     }
                 }
@@ -649,7 +641,7 @@ impl RollingWindow {
     }
 
     /// Reads a key from the store; its timer is registered when cached.
-    fn read_key(&self, key: &[u8]) -> Result<Option<KeyState>> {
+    fn load_key(&self, key: &[u8]) -> Result<Option<KeyState>> {
         let Some(store) = self.store.as_ref() else {
             return Ok(None);
         };
@@ -672,7 +664,7 @@ impl RollingWindow {
     fn open_key(&mut self, key: &[u8], row: &Row) -> Result<()> {
         let forgotten = self.forgotten.remove(key);
         if forgotten.is_none() && self.max_cached_keys.is_some() {
-            if let Some(state) = self.read_key(key)? {
+            if let Some(state) = self.load_key(key)? {
                 self.cache_key(key.to_vec(), state);
                 return Ok(());
             }
@@ -841,6 +833,23 @@ impl RollingSpec {
             (FrontierBasis::ProcessingTime, false) => ctx.processing_time,
         };
         basis.saturating_sub(self.frontier.delay_micros)
+    }
+
+    /// The row a key emits with `values`: key columns, the key's
+    /// frontier, the measures.
+    fn output_row(&self, state: &KeyState, values: &[Value]) -> Row {
+        let mut row = Row::with_capacity(self.partition_by.len() + 1 + values.len());
+        for (column, value) in self.partition_by.iter().zip(&state.key_values) {
+            row.set(column.clone(), value.clone());
+        }
+        row.set(
+            self.frontier.alias.clone(),
+            Value::Timestamp(state.frontier),
+        );
+        for (m, v) in self.measures.iter().zip(values) {
+            row.set(m.aggregate.output.clone(), v.clone());
+        }
+        row
     }
 
     fn new_key(&self, key_values: Vec<Value>) -> KeyState {
@@ -1297,6 +1306,46 @@ impl Operator for RollingWindow {
         Ok(())
     }
 
+    /// The partition-by columns.
+    fn queryable_state(&self) -> Option<QueryableState> {
+        Some(QueryableState {
+            kind: "rolling_window",
+            key_columns: self
+                .spec
+                .partition_by
+                .iter()
+                .map(|c| c.to_string())
+                .collect(),
+        })
+    }
+
+    /// The key's current measures as the operator emits them: the
+    /// partition-by columns, the frontier column (the frontier the key's
+    /// measures were last brought to; they hold until its next change),
+    /// then each measure's output column, valued from the events now in
+    /// its range (or all accepted, lifetime measures), whether or not that
+    /// row was emitted yet. Empty when the key has no state. The range is
+    /// not used. Reads through the store without caching the key or
+    /// changing any state.
+    fn read_key(&mut self, key: &[Value], _range: &KeyRange) -> Result<Vec<Row>> {
+        let mut encoded = Vec::new();
+        encode_key_into(key.iter(), &mut encoded);
+        let spec = &self.spec;
+        if let Some(state) = self.keys.get(&encoded) {
+            return Ok(vec![spec.output_row(state, &spec.values(state))]);
+        }
+        // A key forgotten in this batch is gone though the store still
+        // holds it until the checkpoint; only a bounded cache leaves keys
+        // to the store, in memory otherwise the map is the whole state.
+        if self.forgotten.contains_key(&encoded) || self.max_cached_keys.is_none() {
+            return Ok(Vec::new());
+        }
+        Ok(match self.load_key(&encoded)? {
+            Some(state) => vec![spec.output_row(&state, &spec.values(&state))],
+            None => Vec::new(),
+        })
+    }
+
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
         let cached_events: usize = self.keys.values().map(|s| s.events.len()).sum();
         let (keys, events) = match self.max_cached_keys {
@@ -1490,6 +1539,153 @@ mod tests {
                     assert!(run.2 <= 16, "{between:?}: {} keys cached", run.2);
                 }
             }
+        }
+    }
+
+    /// Processing-time batch context at `now` seconds.
+    fn at(now: i64) -> BatchContext {
+        BatchContext {
+            batch_id: 0,
+            processing_time: now * SECOND,
+            late_threshold: 0,
+            watermark: 0,
+            collect_late_rows: false,
+            real_time: false,
+        }
+    }
+
+    /// Rows `(key, second, value)` fed at `now` seconds, without ending
+    /// the batch.
+    fn feed(op: &mut RollingWindow, now: i64, rows: &[(i64, i64, i64)]) -> Vec<Row> {
+        let mut out = Vec::new();
+        for (key, t, v) in rows {
+            let mut row = Row::new();
+            row.set("k", Value::from(format!("k{key}").as_str()));
+            row.set("t", Value::Timestamp(t * SECOND));
+            row.set("v", Value::Long(*v));
+            op.on_row(row, &at(now), &mut out).unwrap();
+        }
+        out
+    }
+
+    /// Progress without the memory used: which keys a bounded cache keeps
+    /// depends on its hasher's random seed.
+    fn progress(op: &mut RollingWindow) -> StateOperatorProgress {
+        let mut progress = op.state_progress().unwrap();
+        progress.memory_used_bytes = 0;
+        progress
+    }
+
+    fn read(op: &mut RollingWindow, key: i64) -> Vec<Row> {
+        let key = [Value::from(format!("k{key}").as_str())];
+        op.read_key(&key, &KeyRange::default()).unwrap()
+    }
+
+    #[test]
+    fn read_key_gives_the_current_measures_through_the_store_and_changes_nothing() {
+        // All in memory (with a store), and read through the store with
+        // 16 keys cached at most.
+        for cache_bytes in [None, Some(1)] {
+            let (store, twin_store) = (SharedStore::default(), SharedStore::default());
+            let open = |store: &SharedStore| {
+                let mut op = RollingWindow::new(
+                    &["k"],
+                    "t",
+                    FrontierSpec::new("0 seconds", Some("frontier")).unwrap(),
+                    vec![
+                        RollingMeasure::of("sum", "v")
+                            .unwrap()
+                            .over("10 seconds")
+                            .unwrap(),
+                        RollingMeasure::of("max", "v")
+                            .unwrap()
+                            .over("5 seconds")
+                            .unwrap(),
+                    ],
+                )
+                .unwrap();
+                op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+                op
+            };
+            // `op` is read, `twin` is not: they must stay alike.
+            let (mut op, mut twin) = (open(&store), open(&twin_store));
+            let state = op.queryable_state().unwrap();
+            assert_eq!(state.kind, "rolling_window");
+            assert_eq!(state.key_columns, vec!["k".to_string()]);
+
+            // 40 keys at 100 s, two events each in [91, 99] s.
+            let rows: Vec<(i64, i64, i64)> = (0..80).map(|i| (i % 40, 91 + i % 9, i)).collect();
+            let mut out = feed(&mut op, 100, &rows);
+            op.on_batch_end(&at(100), &mut out).unwrap();
+            let mut twin_out = feed(&mut twin, 100, &rows);
+            twin.on_batch_end(&at(100), &mut twin_out).unwrap();
+            assert_eq!(out.len(), 40);
+            assert_eq!(out, twin_out);
+            op.checkpoint().unwrap();
+            twin.checkpoint().unwrap();
+            let cached: BTreeSet<Vec<u8>> = op.keys.keys().cloned().collect();
+            if cache_bytes.is_some() {
+                assert!(cached.len() < 40, "{} keys cached", cached.len());
+            }
+            let (stored, timers) = (store.approximate_len(), op.timers.clone());
+
+            // Each key reads as the row it emitted, cached or not.
+            for emitted in &out {
+                let Some(Value::Str(k)) = emitted.get("k") else {
+                    panic!("{emitted:?}");
+                };
+                let key = k[1..].parse().unwrap();
+                assert_eq!(read(&mut op, key), vec![emitted.clone()], "{cache_bytes:?}");
+            }
+            let k3 = &out
+                .iter()
+                .find(|r| r.get("k") == Some(&Value::from("k3")))
+                .unwrap();
+            assert_eq!(k3.get("frontier"), Some(&Value::Timestamp(100 * SECOND)));
+            // k3: 3 at 94 s, 43 at 98 s.
+            assert_eq!(k3.get("sum(v)"), Some(&Value::Long(46)));
+            assert!(read(&mut op, 40).is_empty());
+            let other = [Value::Long(3)];
+            assert!(op
+                .read_key(&other, &KeyRange::default())
+                .unwrap()
+                .is_empty());
+
+            // Nothing cached, stored, timed or counted by the reads.
+            let now_cached: BTreeSet<Vec<u8>> = op.keys.keys().cloned().collect();
+            assert_eq!(now_cached, cached, "{cache_bytes:?}");
+            assert_eq!(op.timers, timers, "{cache_bytes:?}");
+            assert_eq!(store.approximate_len(), stored, "{cache_bytes:?}");
+            assert_eq!(progress(&mut op), progress(&mut twin));
+
+            // Mid-batch, a key reads with its new event, not yet emitted.
+            assert!(feed(&mut op, 102, &[(3, 101, 1000)]).is_empty());
+            let now = read(&mut op, 3);
+            assert_eq!(now[0].get("sum(v)"), Some(&Value::Long(1046)));
+            assert_eq!(now[0].get("max(v)"), Some(&Value::Long(1000)));
+            assert_eq!(
+                now[0].get("frontier"),
+                Some(&Value::Timestamp(102 * SECOND))
+            );
+            let mut out = Vec::new();
+            op.on_batch_end(&at(102), &mut out).unwrap();
+            let mut twin_out = feed(&mut twin, 102, &[(3, 101, 1000)]);
+            twin.on_batch_end(&at(102), &mut twin_out).unwrap();
+            assert_eq!(out, twin_out, "{cache_bytes:?}");
+            assert!(out.contains(&now[0]), "{out:?} lacks {now:?}");
+            op.checkpoint().unwrap();
+            twin.checkpoint().unwrap();
+            assert_eq!(progress(&mut op), progress(&mut twin));
+
+            // At 200 s every event left its ranges: keys are forgotten,
+            // before the checkpoint deletes them from the store too.
+            let mut out = Vec::new();
+            op.on_batch_end(&at(200), &mut out).unwrap();
+            assert_eq!(out.len(), 40, "{cache_bytes:?}");
+            assert!((0..40).all(|k| read(&mut op, k).is_empty()));
+            op.checkpoint().unwrap();
+            assert!((0..40).all(|k| read(&mut op, k).is_empty()));
+            assert_eq!(op.state_progress().unwrap().num_rows_total, 0);
         }
     }
 

@@ -264,6 +264,19 @@ impl SessionState {
         }
     }
 
+    /// Hands each of a key's open sessions, in memory, to `f`.
+    pub(super) fn for_key(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
+    ) {
+        if let Some(group) = self.groups.get(key) {
+            for session in &group.sessions {
+                f(&group.key_values, session.window, &session.accumulators);
+            }
+        }
+    }
+
     /// Reads a key's sessions from the store into memory, if it has any.
     pub(super) fn load(
         &mut self,

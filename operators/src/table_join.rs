@@ -21,7 +21,7 @@
 //! so that a tombstone's record key finds the row it deletes.
 
 use super::state_codec::{corrupt, put_row, state_key, Reader, STATE_KEY_PREFIX};
-use super::{BatchContext, Operator};
+use super::{BatchContext, KeyRange, Operator, QueryableState};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
@@ -224,6 +224,27 @@ impl TableJoin {
         Ok(Some(row))
     }
 
+    /// The table row of `key` as it stands, for a reader: the global
+    /// table's, or cached, or read from the store without caching it.
+    fn peek(&self, key: &str) -> Result<Option<Row>> {
+        if let Some(shared) = &self.global {
+            let table = shared.read().unwrap_or_else(|p| p.into_inner());
+            return Ok(table.get(key).cloned());
+        }
+        if let Some(row) = self.table.get(key) {
+            return Ok(Some(row.clone()));
+        }
+        // Only a bounded cache leaves rows to the store; in memory
+        // otherwise, the map is the whole table.
+        let Some(store) = self.max_cached_rows.and(self.store.as_ref()) else {
+            return Ok(None);
+        };
+        match store.get(&state_key(key.as_bytes()))? {
+            Some(bytes) => Ok(Some(decode_row(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Opens the table read through `store`: only its count and columns.
     fn open_reading_through(&mut self, store: Box<dyn StateStore>) -> Result<()> {
         self.stored_rows = match store.get(ROW_COUNT)? {
@@ -424,6 +445,34 @@ impl Operator for TableJoin {
         Ok(())
     }
 
+    /// The table's key columns, a global table's too.
+    fn queryable_state(&self) -> Option<QueryableState> {
+        Some(QueryableState {
+            kind: "table",
+            key_columns: self.spec.table_keys.iter().map(|c| c.to_string()).collect(),
+        })
+    }
+
+    /// The table's row for the key, as its last upsert wrote it (every
+    /// column of that record, the key columns included); empty when the
+    /// table has none (never written, deleted by a tombstone, or a null in
+    /// the key). The key is matched in its record-key form, as stream rows
+    /// and tombstones are. The range is not used. Reads through the store
+    /// without caching the row or changing any state.
+    fn read_key(&mut self, key: &[Value], _range: &KeyRange) -> Result<Vec<Row>> {
+        let key_row: Row = self
+            .spec
+            .table_keys
+            .iter()
+            .cloned()
+            .zip(key.iter().cloned())
+            .collect();
+        let Some(record_key) = record_key(&key_row, &self.spec.table_keys) else {
+            return Ok(Vec::new());
+        };
+        Ok(self.peek(&record_key)?.into_iter().collect())
+    }
+
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {
         let mut custom_metrics = BTreeMap::new();
         custom_metrics.insert(
@@ -451,6 +500,7 @@ impl Operator for TableJoin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn ctx() -> BatchContext {
         BatchContext {
@@ -530,6 +580,110 @@ mod tests {
         assert_eq!(out[0].get("tier"), Some(&Value::from("platinum")));
         assert_eq!(out[0].get("id"), Some(&Value::Long(7)));
         assert_eq!(out[1].get("tier"), Some(&Value::Null), "8 was deleted");
+    }
+
+    /// Progress without the memory used: which rows a bounded cache keeps
+    /// depends on its hasher's random seed.
+    fn progress(join: &mut TableJoin) -> StateOperatorProgress {
+        let mut progress = join.state_progress().unwrap();
+        progress.memory_used_bytes = 0;
+        progress
+    }
+
+    #[test]
+    fn read_key_gives_the_table_row_through_the_store_and_changes_nothing() {
+        // All in memory, and read through the store with 16 rows cached.
+        for cache_bytes in [None, Some(1)] {
+            let open = || {
+                let mut join = TableJoin::new(spec()).unwrap();
+                let store = Box::new(tidemark_state::InMemoryStore::new("t"));
+                join.open_state(store, cache_bytes).unwrap();
+                join
+            };
+            // `join` is read, `twin` is not: they must stay alike.
+            let (mut join, mut twin) = (open(), open());
+            let tier = |id: i64| match id {
+                7 => "platinum".to_string(),
+                id => format!("tier{id}"),
+            };
+            for j in [&mut join, &mut twin] {
+                let mut out = Vec::new();
+                for id in (0..40).chain([7]) {
+                    let table_row = row(&[("id", id.into()), ("tier", tier(id).as_str().into())]);
+                    j.on_input_row(1, table_row, &ctx(), &mut out).unwrap();
+                }
+                j.on_input_tombstone(1, b"8").unwrap();
+                j.checkpoint().unwrap();
+                assert!(out.is_empty());
+            }
+            let cached: BTreeSet<String> = join.table.keys().cloned().collect();
+            if cache_bytes.is_some() {
+                assert!(cached.len() < 39, "{} rows cached", cached.len());
+            }
+            let stored = join.store.as_ref().unwrap().approximate_len();
+
+            let state = join.queryable_state().unwrap();
+            assert_eq!(state.kind, "table");
+            assert_eq!(state.key_columns, vec!["id".to_string()]);
+            for id in (0..40).filter(|id| *id != 8) {
+                let expected = row(&[("id", id.into()), ("tier", tier(id).as_str().into())]);
+                let read = join.read_key(&[id.into()], &KeyRange::default()).unwrap();
+                assert_eq!(read, vec![expected], "{cache_bytes:?}: id {id}");
+            }
+            for absent in [Value::Long(8), Value::Long(40), Value::Null] {
+                let read = join.read_key(&[absent], &KeyRange::default()).unwrap();
+                assert!(read.is_empty(), "{cache_bytes:?}: {read:?}");
+            }
+
+            // Nothing cached, stored or counted by the reads.
+            let now_cached: BTreeSet<String> = join.table.keys().cloned().collect();
+            assert_eq!(now_cached, cached, "{cache_bytes:?}");
+            let now_stored = join.store.as_ref().unwrap().approximate_len();
+            assert_eq!(now_stored, stored, "{cache_bytes:?}");
+            assert_eq!(progress(&mut join), progress(&mut twin));
+            let (mut out, mut twin_out) = (Vec::new(), Vec::new());
+            for c in [3, 7, 8, 40] {
+                let stream_row = row(&[("customer", Value::Long(c))]);
+                join.on_row(stream_row.clone(), &ctx(), &mut out).unwrap();
+                twin.on_row(stream_row, &ctx(), &mut twin_out).unwrap();
+            }
+            assert_eq!(out, twin_out, "{cache_bytes:?}");
+            assert_eq!(out[1].get("tier"), Some(&Value::from("platinum")));
+            assert_eq!(progress(&mut join), progress(&mut twin));
+        }
+    }
+
+    #[test]
+    fn read_key_reads_a_global_table_by_its_key_columns() {
+        let keys: Vec<Arc<str>> = vec!["id".into(), "region".into()];
+        let spec = TableJoinSpec {
+            stream_keys: vec!["customer".into(), "region".into()],
+            table_keys: keys.clone(),
+            ..spec()
+        };
+        let shared = SharedTable::default();
+        let table_row = row(&[
+            ("id", 1.into()),
+            ("region", "eu".into()),
+            ("tier", "gold".into()),
+        ]);
+        let record = record_key(&table_row, &keys).unwrap();
+        shared.write().unwrap().insert(record, table_row.clone());
+        let mut join = TableJoin::global(spec, shared.clone()).unwrap();
+        let state = join.queryable_state().unwrap();
+        assert_eq!(state.kind, "table");
+        assert_eq!(
+            state.key_columns,
+            vec!["id".to_string(), "region".to_string()]
+        );
+        let read = |join: &mut TableJoin, key: [Value; 2]| {
+            join.read_key(&key, &KeyRange::default()).unwrap()
+        };
+        assert_eq!(read(&mut join, [1.into(), "eu".into()]), vec![table_row]);
+        assert!(read(&mut join, [1.into(), "us".into()]).is_empty());
+        assert!(read(&mut join, [2.into(), "eu".into()]).is_empty());
+        assert!(read(&mut join, [1.into(), Value::Null]).is_empty());
+        assert_eq!(shared.read().unwrap().len(), 1);
     }
 
     /// One step of a table join's input.

@@ -13,7 +13,7 @@ use super::state_codec::{
     decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
     STATE_KEY_PREFIX,
 };
-use super::{encode_key_into, BatchContext, Operator, OutputMode};
+use super::{encode_key_into, BatchContext, KeyRange, Operator, OutputMode, QueryableState};
 use crate::aggregate::{Accumulator, AggregateFn};
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
@@ -504,6 +504,46 @@ impl Operator for WindowAggregate {
 
     fn take_late_rows(&mut self) -> Vec<Row> {
         std::mem::take(&mut self.late_rows)
+    }
+
+    fn queryable_state(&self) -> Option<QueryableState> {
+        Some(QueryableState {
+            kind: match self.window.is_session() {
+                true => "session_window",
+                false => "window_aggregate",
+            },
+            key_columns: self.keys.iter().map(|k| k.to_string()).collect(),
+        })
+    }
+
+    /// The key's open windows (sessions) as the output writes them: key
+    /// columns, `window_start`, `window_end`, the aggregates so far.
+    fn read_key(&mut self, key: &[Value], range: &KeyRange) -> Result<Vec<Row>> {
+        let mut encoded = Vec::new();
+        encode_key_into(key.iter(), &mut encoded);
+        let mut rows = Vec::new();
+        let mut keep = |values: &[Value], window: TimeWindow, accumulators: &[Accumulator]| {
+            if range.overlaps(window.start, window.end) {
+                rows.push(self.output_row(values, window, accumulators));
+            }
+        };
+        if self.is_cached(&encoded) {
+            if self.window.is_session() {
+                self.sessions.for_key(&encoded, keep);
+            } else if let Some((values, windows)) = self.fixed.key_state(&encoded) {
+                windows.for_each(|(window, accumulators)| keep(values, window, accumulators));
+            }
+        } else if let (Some(store), Some(_)) = (self.store.as_ref(), self.max_cached_keys) {
+            // Only a bounded cache leaves keys to the store; in memory
+            // otherwise, the map is the whole state.
+            if let Some(bytes) = store.get(&state_key(&encoded))? {
+                let (values, windows) = decode_key_state(&bytes, &self.aggregates)?;
+                for (window, accumulators) in windows {
+                    keep(&values, window, &accumulators);
+                }
+            }
+        }
+        Ok(rows)
     }
 
     fn state_progress(&mut self) -> Option<StateOperatorProgress> {

@@ -79,6 +79,8 @@ pub struct QueryBuilder {
     /// Shares partitions' progress with the query's other instances
     /// (`watermark_scope: query`).
     pub(super) watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
+    /// Where interactive queries' requests reach the running query.
+    pub(super) state_service: Option<super::StateService>,
 }
 
 /// A stream whose progress reaches a repartition reader in markers, by the
@@ -339,6 +341,7 @@ impl Query {
             watermark_from_markers: false,
             marker_streams: Vec::new(),
             watermark_exchange: None,
+            state_service: None,
         }
     }
 }
@@ -421,6 +424,15 @@ impl QueryBuilder {
     /// instance's watermark counts every partition, not only its own.
     pub fn watermark_exchange(mut self, exchange: impl super::WatermarkExchange + 'static) -> Self {
         self.watermark_exchange = Some(Box::new(exchange));
+        self
+    }
+
+    /// Answers interactive queries through `service`: readers made from it
+    /// ([`super::StateService::reader`]) read this query's state while it
+    /// runs, and keep working when a supervisor rebuilds the query with
+    /// the same service. Without one, [`Query::stores`] gives a reader.
+    pub fn state_service(mut self, service: &super::StateService) -> Self {
+        self.state_service = Some(service.clone());
         self
     }
 
@@ -1178,10 +1190,12 @@ impl QueryBuilder {
             .id
             .clone()
             .unwrap_or_else(|| default_query_id(&self.name));
+        let mut builder = self;
         Ok(Query {
             id,
             run_id: uuid::Uuid::new_v4().to_string(),
-            builder: self,
+            state: builder.state_service.take().unwrap_or_default(),
+            builder,
             stop: StopHandle::default(),
         })
     }

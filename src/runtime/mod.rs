@@ -10,6 +10,7 @@ mod query;
 mod reporter;
 mod router;
 pub(crate) mod stages;
+mod state_query;
 mod task;
 mod task_manager;
 pub mod testing;
@@ -19,6 +20,9 @@ pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use stages::{Stage, StageInput, StageOutput, Topology};
+pub use state_query::{
+    KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
+};
 pub use task::checkpoint_batch_id;
 pub use watermark_exchange::WatermarkExchange;
 

@@ -7,16 +7,20 @@ use super::commit::{commit_batch, CommitOutcome, CommitTargets};
 use super::inputs::Inputs;
 use super::reporter::{state_progress, CommittedBatch, OpenBatch, PollOutcome, ProgressReporter};
 use super::router::{BatchScope, RecordRouter};
+use super::state_query::{answer_requests, store_description, StateHolder, StateRequest};
 use super::task_manager::{Backend, TaskManager};
 use super::{BatchLog, BatchRequest, Decoder, Sink, Source, SourceBatch, Trigger};
+use super::{StateQueryError, StateReader, StateService, StoreDescription, StoreHandle};
 use crate::error::{Error, Result};
+use crate::operators::KeyRange;
 use crate::operators::OutputMode;
 use crate::record::Record;
 use crate::row::Row;
 use crate::topology::NodeDescription;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The id of a query named `name` when none is set: stable across runs
@@ -31,6 +35,8 @@ pub struct Query {
     pub(super) run_id: String,
     pub(super) builder: QueryBuilder,
     pub(super) stop: StopHandle,
+    /// Interactive queries' requests reach the loop through it.
+    pub(super) state: StateService,
 }
 
 /// Stops a running query from another thread, after the current batch.
@@ -85,6 +91,26 @@ impl Query {
     /// A handle that stops this query after its current batch.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Reads this query's state while it runs, from any thread
+    /// (interactive queries): clone it before [`Query::run`].
+    pub fn stores(&self) -> StateReader {
+        self.state.reader()
+    }
+
+    /// The store `name` (`op<index>`, as [`Query::processors`] lists it),
+    /// to read by key while the query runs:
+    /// `query.store("op1")?.get(&[Value::from("a")])`.
+    pub fn store(&self, name: &str) -> std::result::Result<StoreHandle, StateQueryError> {
+        let stores = describe_stores(&self.builder);
+        match stores.iter().find(|s| s.name == name) {
+            Some(description) => Ok(StoreHandle::new(self.stores(), description.clone())),
+            None => Err(StateQueryError::UnknownStore {
+                name: name.to_string(),
+                known: stores.into_iter().map(|s| s.name).collect(),
+            }),
+        }
     }
 
     /// The query's stable id.
@@ -210,6 +236,9 @@ struct TriggerLoop<'a> {
     /// read back): the compacted exchange keeps one record a partition, so
     /// it must never be written lower.
     exchanged: BTreeMap<String, crate::time::TimestampMicros>,
+    /// Interactive queries' requests, answered between polls.
+    state_inbox: Arc<Mutex<Receiver<StateRequest>>>,
+    stores: Vec<StoreDescription>,
 }
 
 impl<'a> TriggerLoop<'a> {
@@ -219,6 +248,7 @@ impl<'a> TriggerLoop<'a> {
             run_id,
             mut builder,
             stop,
+            state,
         } = query;
         let router = RecordRouter {
             inputs: Inputs::of(&builder),
@@ -243,7 +273,6 @@ impl<'a> TriggerLoop<'a> {
             late_data: builder.late_data.take(),
             backend,
             router,
-            builder,
             stop,
             source,
             sink,
@@ -255,6 +284,9 @@ impl<'a> TriggerLoop<'a> {
             watermark_exchange,
             others_moved_watermark: false,
             exchanged: BTreeMap::new(),
+            state_inbox: state.inbox(),
+            stores: describe_stores(&builder),
+            builder,
         }
     }
 
@@ -302,6 +334,7 @@ impl<'a> TriggerLoop<'a> {
     /// One poll: its records run through the tasks; the batch commits when
     /// its checkpoint is due (every poll in micro-batch mode).
     fn step(&mut self) -> Result<Flow> {
+        self.answer_state_requests(None);
         if self.open_batch.is_none() {
             self.between_batches()?;
         }
@@ -551,14 +584,69 @@ impl<'a> TriggerLoop<'a> {
 
     /// A source returns early only when it has nothing more: wait out the
     /// micro-batch interval so batches keep their cadence.
-    fn pace(&self, batch: &SourceBatch, trigger_start: Instant) {
+    /// The wait answers interactive queries as they come.
+    fn pace(&mut self, batch: &SourceBatch, trigger_start: Instant) {
         if self.cadence.available_now || self.cadence.real_time() || !batch.records.is_empty() {
             return;
         }
         let interval = self.cadence.interval;
-        if let Some(rest) = (trigger_start + interval).checked_duration_since(Instant::now()) {
-            std::thread::sleep(rest.min(interval));
+        let deadline = trigger_start + interval;
+        while let Some(rest) = deadline.checked_duration_since(Instant::now()) {
+            if rest.is_zero() {
+                break;
+            }
+            self.answer_state_requests(Some(rest));
         }
+    }
+
+    /// Answers the interactive queries waiting (with `wait`, waits that
+    /// long for one): between polls, state reflects whole batches.
+    fn answer_state_requests(&mut self, wait: Option<Duration>) {
+        let inbox = self.state_inbox.clone();
+        let mut holder = TaskStates {
+            tasks: &mut self.tasks,
+            stores: &self.stores,
+        };
+        answer_requests(&inbox, &mut holder, wait);
+    }
+}
+
+/// The stores of `builder`'s stateful operators that keys can read.
+fn describe_stores(builder: &QueryBuilder) -> Vec<StoreDescription> {
+    builder
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(index, step)| {
+            let op = (step.build)(builder.output_mode);
+            let state = op.queryable_state()?;
+            Some(store_description(index, op.describe(), state))
+        })
+        .collect()
+}
+
+/// The loop's tasks, as interactive queries read them.
+struct TaskStates<'a> {
+    tasks: &'a mut TaskManager,
+    stores: &'a [StoreDescription],
+}
+
+impl StateHolder for TaskStates<'_> {
+    fn describe_stores(&self) -> Vec<StoreDescription> {
+        self.stores.to_vec()
+    }
+
+    fn read_tasks(
+        &mut self,
+        index: usize,
+        key: &[crate::row::Value],
+        range: &KeyRange,
+    ) -> Result<Option<(i32, Vec<Row>)>> {
+        self.tasks.read_key(index, key, range)
+    }
+
+    fn partitions(&self) -> (Vec<i32>, Vec<i32>) {
+        self.tasks.partitions()
     }
 }
 

@@ -78,6 +78,34 @@ impl TaskManager {
         &mut self.tasks
     }
 
+    /// The first running task holding state for `key` in operator
+    /// `index`, with that state (interactive queries).
+    pub(super) fn read_key(
+        &mut self,
+        index: usize,
+        key: &[crate::row::Value],
+        range: &crate::operators::KeyRange,
+    ) -> Result<Option<(i32, Vec<Row>)>> {
+        for (partition, task) in self.tasks.iter_mut() {
+            let Some(op) = task.operators.get_mut(index) else {
+                continue;
+            };
+            let rows = op.read_key(key, range)?;
+            if !rows.is_empty() {
+                return Ok(Some((*partition, rows)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The partitions whose tasks run, and those restoring.
+    pub(super) fn partitions(&self) -> (Vec<i32>, Vec<i32>) {
+        (
+            self.tasks.keys().copied().collect(),
+            self.restoring.keys().copied().collect(),
+        )
+    }
+
     /// Whether any task is restoring.
     pub(super) fn any_restoring(&self) -> bool {
         !self.restoring.is_empty()

@@ -8,6 +8,7 @@ mod changelog;
 mod connection;
 mod dead_letter;
 mod exactly_once;
+mod group_members;
 mod producer;
 mod sink;
 mod sink_progress;
@@ -29,6 +30,7 @@ pub use changelog::{
 pub use connection::KafkaConnection;
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
+pub use group_members::{serving_client_id, GroupMember, GroupMembers};
 pub use producer::send_with_backpressure;
 pub use sink::{KafkaSink, KeyColumns, ValueFormat};
 pub use source::{KafkaSource, KafkaSourceConfig};

@@ -1,0 +1,131 @@
+//! Interactive queries over HTTP: the state a running query keeps, read by
+//! key while it runs (Kafka Streams' interactive queries, served).
+//!
+//! - `GET /v1/stores` lists the stores: name, operator, kind, key columns.
+//! - `GET /v1/stores/{store}/keys/{key}` reads a store keyed by one column;
+//!   `GET /v1/stores/{store}/keys?id=a&region=eu` one keyed by several.
+//!   `from` / `to` (RFC 3339 or epoch milliseconds) bound a window
+//!   aggregation's windows.
+//!
+//! A key no task of this instance holds is asked of the other instances
+//! the [`PeerDirectory`] lists (with `local=true`, so they answer from
+//! their own tasks only) and their answer is returned. While the group
+//! rebalances, a task restores, or an instance does not answer, the answer
+//! is `503` with `Retry-After` and `"retryable": true`: asking again later
+//! gives the key's state; `404` means no instance holds state for it.
+#![deny(missing_docs)]
+
+mod peers;
+mod routes;
+
+pub use peers::{Peer, PeerDirectory};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tidemark::runtime::StateReader;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address is taken, not an address, or not allowed.
+    #[error("invalid configuration `serve.listen`: cannot listen on `{listen}`: {reason}")]
+    Listen {
+        /// The address asked for.
+        listen: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the handlers share.
+pub(crate) struct Service {
+    pub(crate) reader: StateReader,
+    pub(crate) advertised: String,
+    pub(crate) peers: Option<Arc<dyn PeerDirectory>>,
+}
+
+/// A running interactive-query service; stops when dropped.
+pub struct StateServer {
+    address: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StateServer {
+    /// Serves `reader`'s query on `listen`; the other instances reach this
+    /// one on `advertised` and are found through `peers` (none: a single
+    /// instance answers from its own tasks).
+    pub fn start(
+        listen: &str,
+        advertised: &str,
+        reader: StateReader,
+        peers: Option<Arc<dyn PeerDirectory>>,
+    ) -> Result<Self, ServeError> {
+        let listen_error = |reason: String| ServeError::Listen {
+            listen: listen.to_string(),
+            reason,
+        };
+        let listener =
+            std::net::TcpListener::bind(listen).map_err(|e| listen_error(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| listen_error(e.to_string()))?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| listen_error(e.to_string()))?;
+        let service = Arc::new(Service {
+            reader,
+            advertised: advertised.to_string(),
+            peers,
+        });
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| listen_error(e.to_string()))?;
+        let thread = std::thread::Builder::new()
+            .name("tidemark-serve".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(e) => {
+                            tracing::error!(error = %e, "interactive queries cannot listen");
+                            return;
+                        }
+                    };
+                    let app = routes::router(service);
+                    let served = axum::serve(listener, app).with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    });
+                    if let Err(e) = served.await {
+                        tracing::error!(error = %e, "interactive queries stopped");
+                    }
+                })
+            })
+            .map_err(|e| listen_error(e.to_string()))?;
+        tracing::info!(%address, advertised, "serving interactive queries");
+        Ok(StateServer {
+            address,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (the port chosen when `listen` asked
+    /// for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+}
+
+impl Drop for StateServer {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
