@@ -11,7 +11,8 @@
 #                    OIDC tokens); OpenSSL and Cyrus SASL headers (librdkafka's
 #                    TLS, SCRAM and GSSAPI); for the tests
 #                    only, Java 17 and Maven (the real broker is assembled
-#                    from Maven Central jars)
+#                    from Maven Central jars), Chromium (the web page's
+#                    test loads it headless)
 #   rust components  rustfmt, clippy (tests only)
 #   python readers   fastavro and deltalake + pyarrow, the independent readers
 #                    the tests check Avro bytes and Delta tables with (tests only)
@@ -43,6 +44,8 @@ if ((!build_only)); then
   command -v mvn >/dev/null || missing+=(maven)
   command -v python3 >/dev/null || missing+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+  # Headless Chromium loads the web page (`ui:`) in cli/tests/web_ui.rs.
+  command -v chromium >/dev/null || missing+=(chromium)
 fi
 if ((${#missing[@]})); then
   note "installing ${missing[*]}"

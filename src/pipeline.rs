@@ -112,6 +112,10 @@ pub struct PipelineFile {
     /// interactive queries over the state the query keeps.
     #[serde(default)]
     pub serve: Option<ServeSpec>,
+    /// `{listen: "127.0.0.1:4040"}` serves a live web page of the query's
+    /// progress (Spark UI's Structured Streaming tab).
+    #[serde(default)]
+    pub ui: Option<UiSpec>,
 }
 
 /// A duration written as a Spark interval string; checked on read.
@@ -1252,6 +1256,14 @@ impl ServeSpec {
     pub fn advertised(&self) -> &str {
         self.advertised.as_deref().unwrap_or(&self.listen)
     }
+}
+
+/// `ui:`: the live web page.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UiSpec {
+    /// The address to listen on (`host:port`).
+    pub listen: String,
 }
 
 /// A pipeline-file error with its place in the file.

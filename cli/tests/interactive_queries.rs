@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{interrupt, start_replica_as, Replica};
+use common::{free_port, interrupt, start_replica_as, Replica};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tidemark_integration_tests::*;
@@ -40,14 +40,6 @@ state_dir: state
 serve: {{listen: "127.0.0.1:{port}", advertised: "127.0.0.1:{port}"}}
 "#
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Key `k<i>` gets `i + 1` rows of amount `10 * i` inside 10:00–11:00.

@@ -44,6 +44,8 @@ pub struct PipelineRunner {
     /// Interactive queries reach the stage writing the sink through it,
     /// across that stage's restarts.
     state: StateService,
+    /// The progress of the stage writing the sink, for the web page.
+    history: tidemark_serve::ProgressHistory,
 }
 
 /// How long a run must last for its failure to start a new streak of
@@ -65,6 +67,7 @@ impl PipelineRunner {
             stop: StopHandle::default(),
             progress: Arc::new(|_: &str, _: &QueryProgress| {}),
             state: StateService::default(),
+            history: Default::default(),
         }
     }
 
@@ -116,6 +119,7 @@ impl PipelineRunner {
             crate::ensure_repartition_topics(&self.file, &topology)?;
         }
         let _server = crate::serving::start(&self.file, &topology, &self.state)?;
+        let _ui = crate::serving::start_ui(&self.file, &self.history)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, self.file.trigger.0, &self.stop, |index| {
             self.run_stage(&names[index], index, co_partitioned, &identity)
@@ -150,16 +154,22 @@ impl PipelineRunner {
     }
 
     fn run_once(&self, stage: Stage, identity: &Arc<InstanceIdentity>) -> Result<RunSummary> {
+        let serves_state = stage.output == StageOutput::Sink;
         let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
         let (progress, name) = (self.progress.clone(), stage.name.clone());
-        let serves_state = stage.output == StageOutput::Sink;
+        let history = serves_state.then(|| self.history.clone());
         let (query, mut source, mut sink) = connected.wire(stage.query);
         let query = match serves_state {
             true => query.state_service(&self.state),
             false => query,
         };
         let query = query
-            .on_progress(move |p: &QueryProgress| progress(&name, p))
+            .on_progress(move |p: &QueryProgress| {
+                if let Some(history) = &history {
+                    history.record(p);
+                }
+                progress(&name, p)
+            })
             .build()?
             .with_stop_handle(self.stop.clone());
         query.run(source.as_mut(), sink.as_mut())

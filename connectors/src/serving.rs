@@ -7,7 +7,7 @@ use tidemark::error::{Error, Result};
 use tidemark::pipeline::{PipelineFile, SourceKind};
 use tidemark::runtime::{StateService, Topology};
 use tidemark_kafka::GroupMembers;
-use tidemark_serve::{Peer, PeerDirectory, StateServer};
+use tidemark_serve::{HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer};
 
 /// The instances of a query: its consumer group's members.
 struct GroupPeers(GroupMembers);
@@ -50,5 +50,18 @@ pub(crate) fn start(
     };
     StateServer::start(&serve.listen, serve.advertised(), service.reader(), peers)
         .map(Some)
-        .map_err(|e| Error::config("serve.listen", e.to_string()))
+        .map_err(|e| Error::config(e.key(), e.to_string()))
+}
+
+/// Starts the web page over `history` when `file` asks for it.
+pub(crate) fn start_ui(
+    file: &PipelineFile,
+    history: &ProgressHistory,
+) -> Result<Option<HttpServer>> {
+    let Some(ui) = &file.ui else {
+        return Ok(None);
+    };
+    HttpServer::start_ui(&ui.listen, history.clone())
+        .map(Some)
+        .map_err(|e| Error::config(e.key(), e.to_string()))
 }

@@ -13,12 +13,18 @@
 //! rebalances, a task restores, or an instance does not answer, the answer
 //! is `503` with `Retry-After` and `"retryable": true`: asking again later
 //! gives the key's state; `404` means no instance holds state for it.
+//!
+//! The web page ([`HttpServer::start_ui`]): `/` charts a running query's
+//! progress over time (Spark UI's Structured Streaming tab), `/api/progress`
+//! its recent progress reports, `/api/status` what it is doing.
 #![deny(missing_docs)]
 
 mod peers;
 mod routes;
+mod ui;
 
 pub use peers::{Peer, PeerDirectory};
+pub use ui::ProgressHistory;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,13 +34,24 @@ use tidemark::runtime::StateReader;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The listen address is taken, not an address, or not allowed.
-    #[error("invalid configuration `serve.listen`: cannot listen on `{listen}`: {reason}")]
+    #[error("cannot listen on `{listen}`: {reason}")]
     Listen {
+        /// The configuration key (`serve.listen`, `ui.listen`).
+        key: &'static str,
         /// The address asked for.
         listen: String,
         /// Why.
         reason: String,
     },
+}
+
+impl ServeError {
+    /// The configuration key at fault.
+    pub fn key(&self) -> &'static str {
+        match self {
+            ServeError::Listen { key, .. } => key,
+        }
+    }
 }
 
 /// What the handlers share.
@@ -44,14 +61,18 @@ pub(crate) struct Service {
     pub(crate) peers: Option<Arc<dyn PeerDirectory>>,
 }
 
-/// A running interactive-query service; stops when dropped.
-pub struct StateServer {
+/// A running HTTP service (interactive queries or the web page); stops
+/// when dropped.
+pub struct HttpServer {
     address: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl StateServer {
+/// The interactive-query service.
+pub type StateServer = HttpServer;
+
+impl HttpServer {
     /// Serves `reader`'s query on `listen`; the other instances reach this
     /// one on `advertised` and are found through `peers` (none: a single
     /// instance answers from its own tasks).
@@ -61,7 +82,27 @@ impl StateServer {
         reader: StateReader,
         peers: Option<Arc<dyn PeerDirectory>>,
     ) -> Result<Self, ServeError> {
+        let service = Arc::new(Service {
+            reader,
+            advertised: advertised.to_string(),
+            peers,
+        });
+        let server = HttpServer::serve("serve.listen", listen, routes::router(service))?;
+        tracing::info!(address = %server.address, advertised, "serving interactive queries");
+        Ok(server)
+    }
+
+    /// Serves the live web page of the query whose progress `history`
+    /// keeps on `listen`.
+    pub fn start_ui(listen: &str, history: ProgressHistory) -> Result<Self, ServeError> {
+        let server = HttpServer::serve("ui.listen", listen, ui::router(history))?;
+        tracing::info!(address = %server.address, "serving the web page");
+        Ok(server)
+    }
+
+    fn serve(key: &'static str, listen: &str, app: axum::Router) -> Result<Self, ServeError> {
         let listen_error = |reason: String| ServeError::Listen {
+            key,
             listen: listen.to_string(),
             reason,
         };
@@ -73,39 +114,32 @@ impl StateServer {
         let address = listener
             .local_addr()
             .map_err(|e| listen_error(e.to_string()))?;
-        let service = Arc::new(Service {
-            reader,
-            advertised: advertised.to_string(),
-            peers,
-        });
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| listen_error(e.to_string()))?;
         let thread = std::thread::Builder::new()
-            .name("tidemark-serve".into())
+            .name(format!("tidemark-{key}"))
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => listener,
                         Err(e) => {
-                            tracing::error!(error = %e, "interactive queries cannot listen");
+                            tracing::error!(error = %e, key, "cannot listen");
                             return;
                         }
                     };
-                    let app = routes::router(service);
                     let served = axum::serve(listener, app).with_graceful_shutdown(async {
                         let _ = stopped.await;
                     });
                     if let Err(e) = served.await {
-                        tracing::error!(error = %e, "interactive queries stopped");
+                        tracing::error!(error = %e, key, "HTTP service stopped");
                     }
                 })
             })
             .map_err(|e| listen_error(e.to_string()))?;
-        tracing::info!(%address, advertised, "serving interactive queries");
-        Ok(StateServer {
+        Ok(HttpServer {
             address,
             shutdown: Some(shutdown),
             thread: Some(thread),
@@ -119,7 +153,7 @@ impl StateServer {
     }
 }
 
-impl Drop for StateServer {
+impl Drop for HttpServer {
     fn drop(&mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());

@@ -358,3 +358,12 @@ pub fn use_delta_sink(file: &std::path::Path) {
     assert_ne!(text, delta, "the pipeline's sink is `unused`");
     std::fs::write(file, delta).unwrap();
 }
+
+/// A port free on 127.0.0.1 now (the OS's pick), for a process's listener.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
