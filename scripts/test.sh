@@ -42,6 +42,11 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"
+# The testcontainers helper is a workspace of its own (see testkit/Cargo.toml).
+step "cargo test (testkit)"
+cargo fmt --manifest-path testkit/Cargo.toml -- --check
+cargo clippy --manifest-path testkit/Cargo.toml --all-targets -- -D warnings
+cargo test --manifest-path testkit/Cargo.toml 2>&1 | tee -a "$log"
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{PipelineFile, SourceKind};
+use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind};
 use tidemark::runtime::{StateService, Topology};
 use tidemark_kafka::GroupMembers;
 use tidemark_serve::{HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer};
@@ -19,8 +19,20 @@ impl PeerDirectory for GroupPeers {
             .map(|members| {
                 members
                     .into_iter()
-                    .map(|m| Peer {
-                        advertised: m.advertised,
+                    .map(|m| {
+                        // Tasks are numbered by partition (co-partitioned
+                        // topics share them).
+                        let mut partitions: Vec<i32> = m
+                            .partitions
+                            .iter()
+                            .filter_map(|p| p.rsplit_once('/')?.1.parse().ok())
+                            .collect();
+                        partitions.sort_unstable();
+                        partitions.dedup();
+                        Peer {
+                            advertised: m.advertised,
+                            partitions,
+                        }
                     })
                     .collect()
             })
@@ -40,10 +52,18 @@ pub(crate) fn start(
     };
     let peers: Option<Arc<dyn PeerDirectory>> = match file.source.kind {
         SourceKind::Kafka => {
+            check_advertised(serve)?;
             let sink_stage = topology.stages.last().expect("a topology has a stage");
             let group = crate::from_pipeline::sink_stage_group(file, sink_stage);
-            let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
-            Some(Arc::new(GroupPeers(GroupMembers::new(&cluster, &group)?)))
+            // The source's own properties (credentials among them) too.
+            let properties = &file.source.properties.0;
+            let cluster = crate::KafkaClients::of_pipeline(file)?
+                .cluster
+                .with_overrides(properties);
+            let client_id = properties.get("client.id").map(String::as_str);
+            Some(Arc::new(GroupPeers(GroupMembers::new(
+                &cluster, &group, client_id,
+            )?)))
         }
         // One process reads the files: it holds every key.
         SourceKind::Files => None,
@@ -51,6 +71,22 @@ pub(crate) fn start(
     StateServer::start(&serve.listen, serve.advertised(), service.reader(), peers)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))
+}
+
+/// The other instances ask this one at `advertised`: an address that means
+/// "any interface" or "a port to be chosen" cannot be asked.
+fn check_advertised(serve: &ServeSpec) -> Result<()> {
+    let address = serve.advertised();
+    let (host, port) = address.rsplit_once(':').unwrap_or((address, ""));
+    let unreachable =
+        ["0.0.0.0", "[::]", "::", ""].contains(&host) || port == "0" || port.is_empty();
+    if unreachable {
+        return Err(Error::config(
+            "serve.advertised",
+            format!("`{address}` is not an address the other instances can reach: set `serve.advertised` to this instance's `host:port` (with `listen` on all interfaces or port 0, it must be given)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Starts the web page over `history` when `file` asks for it.

@@ -8,13 +8,16 @@ use std::time::Duration;
 pub struct Peer {
     /// Where it answers (`host:port`).
     pub advertised: String,
+    /// The partitions (task numbers) assigned to it.
+    pub partitions: Vec<i32>,
 }
 
 /// Lists the instances of a query (a Kafka consumer group's members).
 pub trait PeerDirectory: Send + Sync {
     /// Every instance serving interactive queries, this one included;
-    /// `Err` with the reason while membership is changing (a rebalance):
-    /// asking again later may give a different answer.
+    /// `Err` with the reason while membership is changing (a rebalance,
+    /// partitions not assigned to anyone yet): asking again later may
+    /// give a different answer.
     fn peers(&self) -> Result<Vec<Peer>, String>;
 }
 
@@ -54,9 +57,9 @@ pub(crate) fn ask(
             Err(e) => PeerAnswer::Retry(format!("{} answered unreadably: {e}", peer.advertised)),
         },
         Err(ureq::Error::Status(404, _)) => PeerAnswer::NotThere,
-        Err(ureq::Error::Status(code, response)) => {
-            let body = response.into_string().unwrap_or_default();
-            PeerAnswer::Retry(format!("{} answered {code}: {body}", peer.advertised))
+        // Its body is not passed on: only a member's own answer is.
+        Err(ureq::Error::Status(code, _)) => {
+            PeerAnswer::Retry(format!("{} answered {code}", peer.advertised))
         }
         Err(e) => PeerAnswer::Retry(format!("{} did not answer: {e}", peer.advertised)),
     }

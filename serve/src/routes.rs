@@ -25,6 +25,7 @@ pub(crate) fn router(service: Arc<Service>) -> Router {
 }
 
 /// An answer: status, JSON body, and whether asking again may help.
+#[derive(Debug)]
 struct Answer {
     status: StatusCode,
     body: JsonValue,
@@ -150,27 +151,63 @@ fn read_key(
                 service.advertised
             ))
         }
-        Ok(KeyLookup::NotHere { .. }) if params.get("local").is_some_and(|v| v == "true") => {
-            not_found(store, &key)
+        Ok(KeyLookup::NotHere { partitions, .. }) => {
+            let peers = match members(service) {
+                Ok(peers) => peers,
+                Err(answer) => return answer,
+            };
+            if let Some(answer) = tasks_pending(service, &peers, &partitions) {
+                return answer;
+            }
+            match params.get("local").is_some_and(|v| v == "true") {
+                true => not_found(store, &key),
+                false => ask_peers(service, &peers, store, &key, params),
+            }
         }
-        Ok(KeyLookup::NotHere { .. }) => ask_peers(service, store, &key, params),
     }
+}
+
+/// The query's instances (none known without a directory: one instance).
+fn members(service: &Service) -> Result<Vec<crate::Peer>, Answer> {
+    match &service.peers {
+        None => Ok(Vec::new()),
+        Some(directory) => directory.peers().map_err(Answer::retry),
+    }
+}
+
+/// A `503` when partitions the group assigned here have no running task
+/// yet (the poll that starts them is to come), or this instance is not a
+/// member yet: the key may be in one of them.
+fn tasks_pending(service: &Service, peers: &[crate::Peer], running: &[i32]) -> Option<Answer> {
+    service.peers.as_ref()?;
+    let Some(me) = peers.iter().find(|p| p.advertised == service.advertised) else {
+        return Some(Answer::retry(format!(
+            "{} is not a member of the query's group yet",
+            service.advertised
+        )));
+    };
+    let pending: Vec<i32> = me
+        .partitions
+        .iter()
+        .filter(|p| !running.contains(p))
+        .copied()
+        .collect();
+    (!pending.is_empty()).then(|| {
+        Answer::retry(format!(
+            "partitions {pending:?} assigned to {} have not started yet",
+            service.advertised
+        ))
+    })
 }
 
 /// Asks every other instance; the one holding the key answers.
 fn ask_peers(
     service: &Service,
+    peers: &[crate::Peer],
     store: &str,
     key: &BTreeMap<String, String>,
     params: &BTreeMap<String, String>,
 ) -> Answer {
-    let Some(directory) = &service.peers else {
-        return not_found(store, key);
-    };
-    let peers = match directory.peers() {
-        Ok(peers) => peers,
-        Err(reason) => return Answer::retry(reason),
-    };
     let range: Vec<(&str, &str)> = ["from", "to"]
         .iter()
         .filter_map(|p| params.get(*p).map(|v| (*p, v.as_str())))
@@ -203,48 +240,44 @@ fn not_found(store: &str, key: &BTreeMap<String, String>) -> Answer {
 }
 
 /// The key's columns and text values: the path's value for a store keyed
-/// by one column, else one query parameter per key column.
+/// by one column, else one query parameter per key column (a key column
+/// named `from`, `to` or `local` cannot be given: those are reserved).
 fn key_of(
     description: &StoreDescription,
     path_key: Option<String>,
     params: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<String, String>, String> {
     let columns = &description.key_columns;
-    if let Some(value) = path_key {
-        return match columns.as_slice() {
-            [column] => Ok(BTreeMap::from([(column.clone(), value)])),
-            _ => Err(format!(
-                "store `{}` is keyed by {columns:?}: ask /v1/stores/{}/keys?{}",
-                description.name,
-                description.name,
-                columns
-                    .iter()
-                    .map(|c| format!("{c}=..."))
-                    .collect::<Vec<_>>()
-                    .join("&")
-            )),
-        };
-    }
-    let mut key = BTreeMap::new();
-    for column in columns {
-        match params.get(column) {
-            Some(value) => key.insert(column.clone(), value.clone()),
-            None => {
-                return Err(format!(
-                    "store `{}` is keyed by {columns:?}: the key column `{column}` is missing",
-                    description.name
-                ))
+    let name = &description.name;
+    let key = match (path_key, columns.as_slice()) {
+        (Some(value), [column]) => BTreeMap::from([(column.clone(), value)]),
+        (Some(_), _) => {
+            let query: Vec<String> = columns.iter().map(|c| format!("{c}=...")).collect();
+            return Err(format!(
+                "store `{name}` is keyed by {columns:?}: ask /v1/stores/{name}/keys?{}",
+                query.join("&")
+            ));
+        }
+        (None, _) => {
+            let mut key = BTreeMap::new();
+            for column in columns {
+                let Some(value) = params.get(column) else {
+                    return Err(format!(
+                        "store `{name}` is keyed by {columns:?}: the key column `{column}` is missing"
+                    ));
+                };
+                key.insert(column.clone(), value.clone());
             }
-        };
-    }
+            key
+        }
+    };
     let unknown: Vec<&String> = params
         .keys()
-        .filter(|p| !columns.contains(p) && !RESERVED.contains(&p.as_str()))
+        .filter(|p| !key.contains_key(*p) && !RESERVED.contains(&p.as_str()))
         .collect();
     if !unknown.is_empty() {
         return Err(format!(
-            "unknown parameters {unknown:?}: store `{}` is keyed by {columns:?}; also allowed: from, to",
-            description.name
+            "unknown parameters {unknown:?}: store `{name}` is keyed by {columns:?}; also allowed: from, to"
         ));
     }
     Ok(key)
@@ -295,6 +328,38 @@ mod tests {
         assert!(missing.contains("`shop` is missing"), "{missing}");
         let path = key_of(&store(&["id", "region"]), Some("a".into()), &params).unwrap_err();
         assert!(path.contains("keys?id=...&region=..."), "{path}");
+    }
+
+    struct Members(Vec<crate::Peer>);
+
+    impl crate::PeerDirectory for Members {
+        fn peers(&self) -> Result<Vec<crate::Peer>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[test]
+    fn partitions_assigned_here_but_not_started_make_a_miss_retryable() {
+        let me = crate::Peer {
+            advertised: "a:1".into(),
+            partitions: vec![0, 2],
+        };
+        let service = Service {
+            reader: tidemark::runtime::StateService::default().reader(),
+            advertised: "a:1".into(),
+            peers: Some(Arc::new(Members(vec![me.clone()]))),
+        };
+        let peers = members(&service).unwrap();
+        let pending = tasks_pending(&service, &peers, &[0]).expect("partition 2 pending");
+        assert_eq!(pending.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(pending.body["error"].as_str().unwrap().contains("[2]"));
+        assert!(tasks_pending(&service, &peers, &[0, 2]).is_none());
+        let stranger = Service {
+            advertised: "b:1".into(),
+            ..service
+        };
+        let answer = tasks_pending(&stranger, &peers, &[]).expect("not a member");
+        assert_eq!(answer.body["retryable"], true);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::commit::{commit_batch, CommitOutcome, CommitTargets};
 use super::inputs::Inputs;
 use super::reporter::{state_progress, CommittedBatch, OpenBatch, PollOutcome, ProgressReporter};
 use super::router::{BatchScope, RecordRouter};
-use super::state_query::{answer_requests, store_description, StateHolder, StateRequest};
+use super::state_query::{store_description, StateHolder};
 use super::task_manager::{Backend, TaskManager};
 use super::{BatchLog, BatchRequest, Decoder, Sink, Source, SourceBatch, Trigger};
 use super::{StateQueryError, StateReader, StateService, StoreDescription, StoreHandle};
@@ -19,8 +19,7 @@ use crate::row::Row;
 use crate::topology::NodeDescription;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The id of a query named `name` when none is set: stable across runs
@@ -237,7 +236,7 @@ struct TriggerLoop<'a> {
     /// it must never be written lower.
     exchanged: BTreeMap<String, crate::time::TimestampMicros>,
     /// Interactive queries' requests, answered between polls.
-    state_inbox: Arc<Mutex<Receiver<StateRequest>>>,
+    state: StateService,
     stores: Vec<StoreDescription>,
 }
 
@@ -284,13 +283,25 @@ impl<'a> TriggerLoop<'a> {
             watermark_exchange,
             others_moved_watermark: false,
             exchanged: BTreeMap::new(),
-            state_inbox: state.inbox(),
+            state,
             stores: describe_stores(&builder),
             builder,
         }
     }
 
     fn run(mut self) -> Result<RunSummary> {
+        let state = self.state.clone();
+        state.set_running(true);
+        let result = self.run_batches();
+        let result = result.and_then(|()| {
+            self.tasks.close(&mut self.backend)?;
+            Ok(self.summary)
+        });
+        state.set_running(false);
+        result
+    }
+
+    fn run_batches(&mut self) -> Result<()> {
         self.recover()?;
         // A stop ends the loop between batches; a real-time batch that is
         // open runs one more poll and checkpoints first.
@@ -299,8 +310,7 @@ impl<'a> TriggerLoop<'a> {
                 break;
             }
         }
-        self.tasks.close(&mut self.backend)?;
-        Ok(self.summary)
+        Ok(())
     }
 
     /// Batch ids continue where the source's batch log or the sink's
@@ -602,12 +612,11 @@ impl<'a> TriggerLoop<'a> {
     /// Answers the interactive queries waiting (with `wait`, waits that
     /// long for one): between polls, state reflects whole batches.
     fn answer_state_requests(&mut self, wait: Option<Duration>) {
-        let inbox = self.state_inbox.clone();
         let mut holder = TaskStates {
             tasks: &mut self.tasks,
             stores: &self.stores,
         };
-        answer_requests(&inbox, &mut holder, wait);
+        self.state.answer_requests(&mut holder, wait);
     }
 }
 

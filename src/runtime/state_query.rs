@@ -12,9 +12,18 @@
 use crate::operators::{KeyRange, QueryableState};
 use crate::row::{Row, Value};
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// At most this many typed readings of a text key are tried (each reads
+/// every task's store): a key of many columns is read as text beyond it.
+const MAX_KEY_READINGS: usize = 64;
+
+/// At most this many requests are answered before the loop polls again:
+/// readers cannot starve the query.
+const MAX_ANSWERS_PER_POLL: usize = 32;
 
 /// How long a reader waits for the loop: a batch in progress answers
 /// after it, so this bounds the longest batch a read waits out.
@@ -111,6 +120,11 @@ impl KeyValues {
         let mut keys: Vec<Vec<Value>> = vec![Vec::new()];
         for text in texts {
             let readings = text_readings(text);
+            if keys.len() * readings.len() > MAX_KEY_READINGS {
+                // A wide composite key: its text readings only beyond this.
+                keys.iter_mut().for_each(|k| k.push(readings[0].clone()));
+                continue;
+            }
             keys = keys
                 .into_iter()
                 .flat_map(|key| {
@@ -126,12 +140,17 @@ impl KeyValues {
     }
 }
 
+/// What a key's text may mean: itself, a long (and the same double), a
+/// double, a timestamp (RFC 3339), a boolean, null.
 fn text_readings(text: &str) -> Vec<Value> {
     let mut readings = vec![Value::Str(Arc::from(text))];
     if let Ok(long) = text.parse::<i64>() {
         readings.push(Value::Long(long));
+        readings.push(Value::Double(long as f64));
     } else if let Ok(double) = text.parse::<f64>() {
         readings.push(Value::Double(double));
+    } else if let Some(time) = crate::time::parse_rfc3339(text) {
+        readings.push(Value::Timestamp(time));
     }
     match text {
         "true" => readings.push(Value::Bool(true)),
@@ -165,7 +184,7 @@ pub enum KeyLookup {
 
 /// A request to the query's loop.
 pub(super) enum StateRequest {
-    Stores(Sender<Vec<StoreDescription>>),
+    Stores(Sender<Result<Vec<StoreDescription>, StateQueryError>>),
     Get {
         store: String,
         key: KeyValues,
@@ -181,6 +200,8 @@ pub(super) enum StateRequest {
 pub struct StateService {
     requests: Sender<StateRequest>,
     inbox: Arc<Mutex<Receiver<StateRequest>>>,
+    /// Whether a loop answers: readers are told to retry at once when not.
+    running: Arc<AtomicBool>,
 }
 
 impl Default for StateService {
@@ -189,6 +210,7 @@ impl Default for StateService {
         StateService {
             requests,
             inbox: Arc::new(Mutex::new(inbox)),
+            running: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -204,12 +226,59 @@ impl StateService {
     pub fn reader(&self) -> StateReader {
         StateReader {
             requests: self.requests.clone(),
+            running: self.running.clone(),
         }
     }
 
-    /// The loop's end: requests waiting, answered by the loop holding it.
-    pub(super) fn inbox(&self) -> Arc<Mutex<Receiver<StateRequest>>> {
-        self.inbox.clone()
+    /// A loop starts (`true`) or stops answering; a stop tells the
+    /// requests still waiting to retry.
+    pub(super) fn set_running(&self, running: bool) {
+        self.running.store(running, Ordering::SeqCst);
+        if running {
+            return;
+        }
+        if let Ok(inbox) = self.inbox.try_lock() {
+            while let Ok(request) = inbox.try_recv() {
+                refuse(request, StateQueryError::NotRunning);
+            }
+        }
+    }
+
+    /// Answers the requests waiting; with `wait`, waits that long for the
+    /// first (the loop's idle time between triggers).
+    pub(super) fn answer_requests(&self, holder: &mut dyn StateHolder, wait: Option<Duration>) {
+        let Ok(inbox) = self.inbox.try_lock() else {
+            // Another run of the query still holds it (a restart
+            // overlapping its predecessor's end): wait as asked.
+            if let Some(wait) = wait {
+                std::thread::sleep(wait);
+            }
+            return;
+        };
+        // The service holds a sender: waiting never ends disconnected.
+        let mut next = match wait {
+            Some(wait) => inbox.recv_timeout(wait).ok(),
+            None => inbox.try_recv().ok(),
+        };
+        let mut answered = 0;
+        while let Some(request) = next {
+            answer(request, holder);
+            answered += 1;
+            next = (answered < MAX_ANSWERS_PER_POLL)
+                .then(|| inbox.try_recv().ok())
+                .flatten();
+        }
+    }
+}
+
+fn refuse(request: StateRequest, error: StateQueryError) {
+    match request {
+        StateRequest::Stores(reply) => {
+            let _ = reply.send(Err(error));
+        }
+        StateRequest::Get { reply, .. } => {
+            let _ = reply.send(Err(error));
+        }
     }
 }
 
@@ -217,6 +286,7 @@ impl StateService {
 #[derive(Clone)]
 pub struct StateReader {
     requests: Sender<StateRequest>,
+    running: Arc<AtomicBool>,
 }
 
 impl StateReader {
@@ -224,7 +294,7 @@ impl StateReader {
     pub fn stores(&self) -> Result<Vec<StoreDescription>, StateQueryError> {
         let (reply, answer) = mpsc::channel();
         self.send(StateRequest::Stores(reply))?;
-        wait(answer)
+        wait(answer)?
     }
 
     /// The store named `name` (`op<index>`, as `describe` lists it).
@@ -260,6 +330,9 @@ impl StateReader {
     }
 
     fn send(&self, request: StateRequest) -> Result<(), StateQueryError> {
+        if !self.running.load(Ordering::SeqCst) {
+            return Err(StateQueryError::NotRunning);
+        }
         self.requests
             .send(request)
             .map_err(|_| StateQueryError::NotRunning)
@@ -326,35 +399,10 @@ pub(super) trait StateHolder {
     fn partitions(&self) -> (Vec<i32>, Vec<i32>);
 }
 
-/// Answers the requests waiting in `inbox`; with `wait`, waits up to that
-/// long for the first (the loop's idle time between triggers).
-pub(super) fn answer_requests(
-    inbox: &Mutex<Receiver<StateRequest>>,
-    holder: &mut dyn StateHolder,
-    wait: Option<Duration>,
-) {
-    let Ok(inbox) = inbox.try_lock() else {
-        // Another run of the query still holds it (a restart overlapping
-        // its predecessor's end): wait as asked, answer nothing.
-        if let Some(wait) = wait {
-            std::thread::sleep(wait);
-        }
-        return;
-    };
-    let mut next = match wait {
-        Some(wait) => inbox.recv_timeout(wait).ok(),
-        None => inbox.try_recv().ok(),
-    };
-    while let Some(request) = next {
-        answer(request, holder);
-        next = inbox.try_recv().ok();
-    }
-}
-
 fn answer(request: StateRequest, holder: &mut dyn StateHolder) {
     match request {
         StateRequest::Stores(reply) => {
-            let _ = reply.send(holder.describe_stores());
+            let _ = reply.send(Ok(holder.describe_stores()));
         }
         StateRequest::Get {
             store,
@@ -436,10 +484,21 @@ mod tests {
             vec![
                 vec![Value::Str("a".into()), Value::Str("7".into())],
                 vec![Value::Str("a".into()), Value::Long(7)],
+                vec![Value::Str("a".into()), Value::Double(7.0)],
             ]
         );
         let flag = KeyValues::Text(vec!["true".into()]);
         assert_eq!(flag.candidates().len(), 2);
+        let time = KeyValues::Text(vec!["2026-01-01T10:00:00Z".into()]);
+        assert_eq!(
+            time.candidates()[1],
+            vec![Value::Timestamp(
+                crate::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap()
+            )]
+        );
+        // A wide key of numbers is not tried in every combination.
+        let wide = KeyValues::Text((0..10).map(|i| i.to_string()).collect());
+        assert!(wide.candidates().len() <= MAX_KEY_READINGS);
     }
 
     #[test]

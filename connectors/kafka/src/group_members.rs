@@ -31,15 +31,24 @@ pub fn serving_client_id(user_client_id: Option<&str>, advertised: &str) -> Stri
 pub struct GroupMembers {
     client: BaseConsumer,
     group: String,
+    /// What the serving members' client ids start with (`<client.id>@`):
+    /// another client in the group cannot name an address to be asked.
+    prefix: String,
 }
 
 impl GroupMembers {
-    /// A reader of `group`'s members on `cluster`.
-    pub fn new(cluster: &KafkaConnection, group: &str) -> Result<Self> {
+    /// A reader of `group`'s members on `cluster`, those serving with the
+    /// consumer `client.id` `user_client_id` (or the default).
+    pub fn new(
+        cluster: &KafkaConnection,
+        group: &str,
+        user_client_id: Option<&str>,
+    ) -> Result<Self> {
         let config = cluster.client_config(&[]);
         Ok(GroupMembers {
             client: cluster.create_plain(&config, "group members client")?,
             group: group.to_string(),
+            prefix: serving_client_id(user_client_id, ""),
         })
     }
 
@@ -64,17 +73,53 @@ impl GroupMembers {
                 group.state()
             )));
         }
-        Ok(group
+        let members: Vec<GroupMember> = group
             .members()
             .iter()
             .filter_map(|m| {
-                let (_, advertised) = m.client_id().rsplit_once('@')?;
+                let advertised = m.client_id().strip_prefix(&self.prefix)?;
                 Some(GroupMember {
                     advertised: advertised.to_string(),
                     partitions: m.assignment().map(assigned_partitions).unwrap_or_default(),
                 })
             })
-            .collect())
+            .collect();
+        self.check_all_assigned(&members)?;
+        Ok(members)
+    }
+
+    /// Between the rounds of a cooperative rebalance the group is stable
+    /// with revoked partitions not yet given to anyone: a key in one of
+    /// them is held by no member for now.
+    fn check_all_assigned(&self, members: &[GroupMember]) -> Result<()> {
+        let assigned: std::collections::BTreeSet<&str> = members
+            .iter()
+            .flat_map(|m| m.partitions.iter().map(String::as_str))
+            .collect();
+        let topics: std::collections::BTreeSet<&str> = assigned
+            .iter()
+            .filter_map(|p| p.rsplit_once('/').map(|(topic, _)| topic))
+            .collect();
+        for topic in topics {
+            let metadata = self
+                .client
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .map_err(|e| Error::Source(format!("partitions of `{topic}`: {e}")))?;
+            let count = metadata
+                .topics()
+                .first()
+                .map_or(0, |t| t.partitions().len());
+            let unassigned: Vec<usize> = (0..count)
+                .filter(|p| !assigned.contains(format!("{topic}/{p}").as_str()))
+                .collect();
+            if !unassigned.is_empty() {
+                return Err(Error::Source(format!(
+                    "partitions {unassigned:?} of `{topic}` are assigned to no member of group `{}` yet (a rebalance is under way)",
+                    self.group
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
