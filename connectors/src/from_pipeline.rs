@@ -316,21 +316,20 @@ fn build_source(
     })
 }
 
-/// The consumer group of the stage writing the sink (the one keeping the
-/// state interactive queries read).
-pub(crate) fn sink_stage_group(file: &PipelineFile, stage: &Stage) -> String {
-    let config = KafkaSourceConfig {
-        cluster: crate::kafka::KafkaConnection::new(""),
-        topics: Vec::new(),
-        group: file
-            .source
-            .group
-            .clone()
-            .unwrap_or_else(|| file.name.clone()),
-        earliest: true,
-        properties: Default::default(),
-    };
-    stage_source_config(config, &stage.input).group
+/// The consumer group of a stage of `file` reading `input`.
+pub(crate) fn stage_group(file: &PipelineFile, input: &StageInput) -> String {
+    input_group(file.source.group.as_deref().unwrap_or(&file.name), input)
+}
+
+/// The consumer group reading `input`, from the query's own `group`:
+/// `<group>-right` for a joined stream's writer, `<group>-repartition` for
+/// a repartition topic's reader.
+fn input_group(group: &str, input: &StageInput) -> String {
+    match input {
+        StageInput::Source => group.to_string(),
+        StageInput::Joined { .. } => format!("{group}-right"),
+        StageInput::Repartition { .. } => format!("{group}-repartition"),
+    }
 }
 
 /// The files source `file` describes: its directory (a sub-directory per
@@ -387,14 +386,8 @@ pub(crate) fn stage_source_config(
     mut config: KafkaSourceConfig,
     input: &StageInput,
 ) -> KafkaSourceConfig {
-    match input {
-        StageInput::Source => {}
-        StageInput::Joined { .. } => config.group = format!("{}-right", config.group),
-        StageInput::Repartition { .. } => {
-            config.group = format!("{}-repartition", config.group);
-            config.earliest = true;
-        }
-    }
+    config.group = input_group(&config.group, input);
+    config.earliest |= matches!(input, StageInput::Repartition { .. });
     config
 }
 

@@ -54,7 +54,7 @@ pub(crate) fn start(
         SourceKind::Kafka => {
             check_advertised(serve)?;
             let sink_stage = topology.stages.last().expect("a topology has a stage");
-            let group = crate::from_pipeline::sink_stage_group(file, sink_stage);
+            let group = crate::from_pipeline::stage_group(file, &sink_stage.input);
             // The source's own properties (credentials among them) too.
             let properties = &file.source.properties.0;
             let cluster = crate::KafkaClients::of_pipeline(file)?

@@ -1441,6 +1441,32 @@ mod tests {
         }
     }
 
+    /// `sum(v)` over 10 seconds and `max(v)` over 5 by `k`, on `store`.
+    fn sum_and_max(
+        store: &SharedStore,
+        cache_bytes: Option<usize>,
+        frontier: FrontierSpec,
+    ) -> RollingWindow {
+        let mut op = RollingWindow::new(
+            &["k"],
+            "t",
+            frontier,
+            vec![
+                RollingMeasure::of("sum", "v")
+                    .unwrap()
+                    .over("10 seconds")
+                    .unwrap(),
+                RollingMeasure::of("max", "v")
+                    .unwrap()
+                    .over("5 seconds")
+                    .unwrap(),
+            ],
+        )
+        .unwrap();
+        op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+        op
+    }
+
     /// Fourteen batches over 400 keys, 100 rows each for ten of them, then
     /// none while the frontier moves on: every row as text, and per batch
     /// whether the operator wanted it, its keys and its events held.
@@ -1449,26 +1475,7 @@ mod tests {
         between: Between,
     ) -> (Vec<String>, Vec<String>, usize) {
         let store = SharedStore::default();
-        let open = |store: &SharedStore| {
-            let mut op = RollingWindow::new(
-                &["k"],
-                "t",
-                FrontierSpec::default(),
-                vec![
-                    RollingMeasure::of("sum", "v")
-                        .unwrap()
-                        .over("10 seconds")
-                        .unwrap(),
-                    RollingMeasure::of("max", "v")
-                        .unwrap()
-                        .over("5 seconds")
-                        .unwrap(),
-                ],
-            )
-            .unwrap();
-            op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
-            op
-        };
+        let open = |store: &SharedStore| sum_and_max(store, cache_bytes, FrontierSpec::default());
         let mut op = open(&store);
         let (mut out, mut per_batch, mut most_cached) = (Vec::new(), Vec::new(), 0);
         for b in 0..14i64 {
@@ -1588,24 +1595,8 @@ mod tests {
         for cache_bytes in [None, Some(1)] {
             let (store, twin_store) = (SharedStore::default(), SharedStore::default());
             let open = |store: &SharedStore| {
-                let mut op = RollingWindow::new(
-                    &["k"],
-                    "t",
-                    FrontierSpec::new("0 seconds", Some("frontier")).unwrap(),
-                    vec![
-                        RollingMeasure::of("sum", "v")
-                            .unwrap()
-                            .over("10 seconds")
-                            .unwrap(),
-                        RollingMeasure::of("max", "v")
-                            .unwrap()
-                            .over("5 seconds")
-                            .unwrap(),
-                    ],
-                )
-                .unwrap();
-                op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
-                op
+                let frontier = FrontierSpec::new("0 seconds", Some("frontier")).unwrap();
+                sum_and_max(store, cache_bytes, frontier)
             };
             // `op` is read, `twin` is not: they must stay alike.
             let (mut op, mut twin) = (open(&store), open(&twin_store));

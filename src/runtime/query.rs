@@ -17,7 +17,6 @@ use crate::operators::OutputMode;
 use crate::record::Record;
 use crate::row::Row;
 use crate::topology::NodeDescription;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -231,10 +230,6 @@ struct TriggerLoop<'a> {
     watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
     /// Another instance's progress would move a watermark: a batch is due.
     others_moved_watermark: bool,
-    /// The largest event time known per input partition (published or
-    /// read back): the compacted exchange keeps one record a partition, so
-    /// it must never be written lower.
-    exchanged: BTreeMap<String, crate::time::TimestampMicros>,
     /// Interactive queries' requests, answered between polls.
     state: StateService,
     stores: Vec<StoreDescription>,
@@ -282,7 +277,6 @@ impl<'a> TriggerLoop<'a> {
             open_batch: None,
             watermark_exchange,
             others_moved_watermark: false,
-            exchanged: BTreeMap::new(),
             state,
             stores: describe_stores(&builder),
             builder,
@@ -399,7 +393,6 @@ impl<'a> TriggerLoop<'a> {
         }
         if let Some(exchange) = self.watermark_exchange.as_mut() {
             let progress = exchange.collect()?;
-            merge_max(&mut self.exchanged, &progress);
             let processing_time = self.builder.clock.batch_time(self.batch_id);
             self.others_moved_watermark |=
                 self.tasks
@@ -568,11 +561,7 @@ impl<'a> TriggerLoop<'a> {
         if let Some(exchange) = self.watermark_exchange.as_mut() {
             // Advisory: another instance's watermark waits for it, nothing
             // is lost if it fails.
-            let mut known = event_time_progress.clone();
-            for (input, t) in known.iter_mut() {
-                *t = (*t).max(self.exchanged.get(input).copied().unwrap_or(*t));
-            }
-            merge_max(&mut self.exchanged, &known);
+            let known = self.tasks.progress_to_publish(event_time_progress);
             if let Err(e) = exchange.publish(&known) {
                 tracing::warn!(error = %e, "publishing event-time progress to the other instances failed");
             }
@@ -656,17 +645,6 @@ impl StateHolder for TaskStates<'_> {
 
     fn partitions(&self) -> (Vec<i32>, Vec<i32>) {
         self.tasks.partitions()
-    }
-}
-
-/// Keeps in `into` the larger time of each input partition of `from`.
-fn merge_max(
-    into: &mut BTreeMap<String, crate::time::TimestampMicros>,
-    from: &BTreeMap<String, crate::time::TimestampMicros>,
-) {
-    for (input, t) in from {
-        let slot = into.entry(input.clone()).or_insert(*t);
-        *slot = (*slot).max(*t);
     }
 }
 

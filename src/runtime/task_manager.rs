@@ -37,9 +37,12 @@ pub(super) struct TaskManager {
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
-    /// Other instances' partitions' progress, as last collected: a task
-    /// started later (or after every task was dropped) starts from it.
-    other_instances: BTreeMap<String, TimestampMicros>,
+    /// The largest event time known per input partition through the
+    /// watermark exchange (collected from the other instances or published
+    /// by this one): a task started later (or after every task was
+    /// dropped) starts from it, and a partition's published time never
+    /// goes lower (the compacted exchange keeps one record a partition).
+    exchanged: BTreeMap<String, TimestampMicros>,
 }
 
 /// What the end of a batch gave besides its output rows.
@@ -64,7 +67,7 @@ impl TaskManager {
             sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
-            other_instances: BTreeMap::new(),
+            exchanged: BTreeMap::new(),
         }
     }
 
@@ -227,7 +230,7 @@ impl TaskManager {
                 Some(known) => w.restore(known),
                 None => {
                     let inputs = super::inputs::Inputs::of(builder);
-                    observe_progress(w, &self.other_instances, &inputs, crate::time::now_micros());
+                    observe_progress(w, &self.exchanged, &inputs, crate::time::now_micros());
                 }
             }
         }
@@ -401,10 +404,7 @@ impl TaskManager {
         inputs: &super::inputs::Inputs,
         processing_time: TimestampMicros,
     ) -> bool {
-        for (name, t) in progress {
-            let slot = self.other_instances.entry(name.clone()).or_insert(*t);
-            *slot = (*slot).max(*t);
-        }
+        merge_max(&mut self.exchanged, progress);
         let trackers = self
             .tasks
             .values_mut()
@@ -418,6 +418,19 @@ impl TaskManager {
                 .is_some_and(|c| c > w.in_effect());
         }
         moves
+    }
+
+    /// This instance's committed `progress`, each partition raised to the
+    /// largest time known for it, to publish to the other instances.
+    pub(super) fn progress_to_publish(
+        &mut self,
+        progress: &BTreeMap<String, TimestampMicros>,
+    ) -> BTreeMap<String, TimestampMicros> {
+        merge_max(&mut self.exchanged, progress);
+        progress
+            .keys()
+            .map(|input| (input.clone(), self.exchanged[input]))
+            .collect()
     }
 
     /// Ends the batch in every task: operators emit what the batch closed
@@ -505,6 +518,17 @@ const CHECKPOINT_BUDGET: usize = 3 * 1024;
 
 /// Counts `progress` (`topic/partition` → largest event time) in `w`,
 /// each partition under its input's stream and delay.
+/// Keeps in `into` the larger time of each input partition of `from`.
+fn merge_max(
+    into: &mut BTreeMap<String, TimestampMicros>,
+    from: &BTreeMap<String, TimestampMicros>,
+) {
+    for (input, t) in from {
+        let slot = into.entry(input.clone()).or_insert(*t);
+        *slot = (*slot).max(*t);
+    }
+}
+
 fn observe_progress(
     w: &mut crate::watermark::WatermarkTracker,
     progress: &BTreeMap<String, TimestampMicros>,
