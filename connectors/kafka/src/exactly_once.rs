@@ -22,12 +22,23 @@ use tidemark::error::{Error, Result};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long past [`TIMEOUT`] a call that commits a transaction may block
+/// before the producer is given up: after a broker restart librdkafka's
+/// `send_offsets_to_transaction` has been seen to block for good, its own
+/// timeout ignored (confluentinc/librdkafka#5456).
+const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+
 /// The transaction state shared by the source, the sink and the changelog
 /// writer of one query.
 pub struct Transactions {
-    producer: ThreadedProducer<DeliveryTracker>,
+    /// Shared with the thread a commit's calls run on (see [`within`]).
+    producer: Arc<ThreadedProducer<DeliveryTracker>>,
     tracker: DeliveryTracker,
     open: bool,
+    /// A commit call did not return: the producer is left to its thread
+    /// and this one refuses every call (the query is rebuilt with a new
+    /// producer, which fences the transaction left open).
+    stuck: bool,
     /// The instance whose transactional id this is, held so that its
     /// state-directory slot stays taken while the producer lives.
     _identity: Option<Arc<InstanceIdentity>>,
@@ -83,9 +94,10 @@ impl SharedTransactions {
             ))
         })?;
         Ok(SharedTransactions(Arc::new(Mutex::new(Transactions {
-            producer,
+            producer: Arc::new(producer),
             tracker,
             open: false,
+            stuck: false,
             _identity: identity,
         }))))
     }
@@ -112,17 +124,18 @@ impl SharedTransactions {
     }
 
     /// Commits the transaction with the consumer's `offsets`; on failure
-    /// aborts it and returns the error (the batch will be replayed).
-    pub fn commit(
-        &self,
-        offsets: &TopicPartitionList,
-        group: &ConsumerGroupMetadata,
-    ) -> Result<()> {
+    /// aborts it and returns the error (the batch will be replayed). A
+    /// call that does not return in time gives the producer up: the error
+    /// says it must be recreated.
+    pub fn commit(&self, offsets: &TopicPartitionList, group: ConsumerGroupMetadata) -> Result<()> {
         let mut t = self.lock();
         t.begin()?;
         let offsets_sent = if offsets.count() > 0 {
-            t.producer
-                .send_offsets_to_transaction(offsets, group, TIMEOUT)
+            let (producer, offsets) = (t.producer.clone(), offsets.clone());
+            within(TIMEOUT + GIVE_UP_AFTER, move || {
+                producer.send_offsets_to_transaction(&offsets, &group, TIMEOUT)
+            })
+            .ok_or_else(|| t.give_up("sending the batch's offsets to its transaction"))?
         } else {
             Ok(())
         };
@@ -134,7 +147,16 @@ impl SharedTransactions {
                 "injected failure after the offsets were added to the transaction".into(),
             ));
         }
-        let result = offsets_sent.and_then(|_| t.producer.commit_transaction(TIMEOUT));
+        let result = match offsets_sent {
+            Ok(()) => {
+                let producer = t.producer.clone();
+                within(TIMEOUT + GIVE_UP_AFTER, move || {
+                    producer.commit_transaction(TIMEOUT)
+                })
+                .ok_or_else(|| t.give_up("committing the transaction"))?
+            }
+            Err(e) => Err(e),
+        };
         let failures = t.tracker.take_failures();
         match (result, failures.first()) {
             (Ok(()), None) => {
@@ -200,7 +222,9 @@ impl Transactions {
     /// Aborts the open transaction; a producer that cannot abort must be
     /// recreated (the error says so).
     fn abort(&mut self) -> Result<()> {
-        if !self.open {
+        // A stuck producer cannot abort; the next one's initialisation
+        // fences and aborts what it left open.
+        if !self.open || self.stuck {
             return Ok(());
         }
         self.open = false;
@@ -215,7 +239,28 @@ impl Transactions {
         })
     }
 
+    /// Gives the producer up after `what` did not return in time; the
+    /// error says it must be recreated.
+    fn give_up(&mut self, what: &str) -> Error {
+        self.stuck = true;
+        self.open = false;
+        tracing::error!(
+            what,
+            "a transactional call did not return within {} s; giving the producer up",
+            (TIMEOUT + GIVE_UP_AFTER).as_secs()
+        );
+        Error::Sink(format!(
+            "{what} did not return within {} s (a librdkafka hang, confluentinc/librdkafka#5456): the producer must be recreated",
+            (TIMEOUT + GIVE_UP_AFTER).as_secs()
+        ))
+    }
+
     fn begin(&mut self) -> Result<()> {
+        if self.stuck {
+            return Err(Error::Sink(
+                "the transactional producer was given up after a call did not return; it must be recreated".into(),
+            ));
+        }
         if !self.open {
             self.producer
                 .begin_transaction()
@@ -223,5 +268,47 @@ impl Transactions {
             self.open = true;
         }
         Ok(())
+    }
+}
+
+/// Runs `call` on a thread of its own and waits at most `deadline` for it:
+/// `None` when it has not returned by then (or the thread could not be
+/// started). A call that never returns keeps its thread, and what it
+/// holds, for good; the caller must not wait on anything it holds.
+fn within<T: Send + 'static>(
+    deadline: Duration,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("tidemark-transaction-call".into())
+        .spawn(move || {
+            let _ = sender.send(call());
+        })
+        .ok()?;
+    receiver.recv_timeout(deadline).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_that_returns_in_time_gives_its_result() {
+        assert_eq!(within(Duration::from_secs(5), || 7), Some(7));
+    }
+
+    #[test]
+    fn a_call_that_does_not_return_in_time_is_given_up() {
+        let started = std::time::Instant::now();
+        let answer = within(Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(3));
+            7
+        });
+        assert_eq!(answer, None);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "it did not wait the call out"
+        );
     }
 }

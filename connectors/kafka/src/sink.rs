@@ -249,7 +249,7 @@ impl Sink for KafkaSink {
         match (&self.transactions, &self.progress) {
             (Some(t), Some(progress)) => {
                 let (offsets, group) = progress.offsets_for(batch_id)?;
-                return t.commit(&offsets, &group);
+                return t.commit(&offsets, group);
             }
             // The source commits the transaction with its offsets; an
             // empty batch still opens one so that its offsets commit.

@@ -608,7 +608,7 @@ impl Source for KafkaSource {
             let group = self.consumer.group_metadata().ok_or_else(|| {
                 Error::Source("no consumer group metadata for the transaction".into())
             })?;
-            t.commit(&tpl, &group)?;
+            t.commit(&tpl, group)?;
         } else {
             if tpl.count() == 0 {
                 return Ok(());
