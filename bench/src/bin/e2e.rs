@@ -105,6 +105,16 @@ struct Args {
     /// `read_committed`.
     #[arg(long, value_enum, default_value_t = Guarantee::AtLeastOnce)]
     guarantee: Guarantee,
+    /// The window pipeline's `watermark_scope`: `query` (the default;
+    /// batches planned by offsets per partition) or `partition`.
+    #[arg(long, default_value = "query", value_parser = parse_scope)]
+    watermark_scope: tidemark::watermark::WatermarkScope,
+}
+
+/// A `watermark_scope` named as in a pipeline file.
+fn parse_scope(name: &str) -> Result<tidemark::watermark::WatermarkScope, String> {
+    serde_json::from_value(serde_json::Value::String(name.to_string()))
+        .map_err(|_| format!("`{name}`: expected `query` or `partition`"))
 }
 
 /// The processing guarantee both engines run with.
@@ -574,6 +584,7 @@ source:
   properties: {{fetch.queue.backoff.ms: "{backoff}"}}
 event_time: event_time
 watermark: 10 minutes
+watermark_scope: {scope}
 steps:
   - window_aggregate:
       keys: [id]
@@ -593,6 +604,10 @@ processing_guarantee: {guarantee}
         batch = args.max_records_per_batch,
         dir = state_dir.display(),
         guarantee = args.guarantee.tidemark(),
+        scope = serde_json::to_value(args.watermark_scope)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
     )
 }
 
@@ -680,6 +695,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         PipelineKind::Window => builder
             .event_time("event_time")
             .watermark("10 minutes")?
+            .watermark_scope(args.watermark_scope)
             .window_aggregate(
                 ["id"],
                 WindowSpec::tumbling("5 minutes")?,
