@@ -48,6 +48,9 @@ fn main() -> anyhow::Result<()> {
             let mock = MockCluster::new(1)?;
             mock.create_topic(&transactions, 2, 1)?;
             mock.create_topic(&alerts, 1, 1)?;
+            // The query-wide watermark's exchange between instances: the
+            // mock cluster does not create topics on request.
+            mock.create_topic(&format!("fraud-scoring-{run}-watermarks"), 1, 1)?;
             let b = mock.bootstrap_servers();
             (Some(mock), b)
         }
