@@ -59,8 +59,8 @@ pub struct PipelineFile {
     /// `min` (default) or `max`.
     #[serde(default)]
     pub multiple_watermark_policy: WatermarkPolicy,
-    /// `partition` (default: each input partition its own watermark) or
-    /// `query` (Spark's: one per stream over all its partitions).
+    /// `query` (default, Spark's: one per stream over all its partitions)
+    /// or `partition` (each input partition its own watermark).
     #[serde(default)]
     pub watermark_scope: crate::watermark::WatermarkScope,
     /// After this long without records, an input stops holding the

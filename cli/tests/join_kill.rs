@@ -15,6 +15,9 @@ use tidemark_integration_tests::*;
 const ADS: i64 = 400;
 const PARTITIONS: i32 = 4;
 
+/// The join, its watermarks per partition: every partition ends with a
+/// pair ten hours on, and under Spark's query-wide watermark the first
+/// partition to deliver its pair would make the others' unread ads late.
 fn pipeline(app: &str, impressions: &str, clicks: &str, output: &str, trigger: &str) -> String {
     format!(
         r#"name: {app}
@@ -26,6 +29,7 @@ source:
   properties: {{session.timeout.ms: "6000", heartbeat.interval.ms: "1000"}}
 event_time: impressionTime
 watermark: 30 minutes
+watermark_scope: partition
 steps:
   - join:
       topic: {clicks}

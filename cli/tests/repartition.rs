@@ -13,6 +13,10 @@ use tidemark_integration_tests::*;
 const PARTITIONS: i32 = 4;
 const REGIONS: [&str; 3] = ["north", "south", "west"];
 
+/// The grouping behind the repartition topic, its watermark per partition:
+/// two instances' writers read the backlog at their own paces, and under
+/// the query-wide watermark the reader would drop the slower one's rows as
+/// late (see docs/pipeline-file.md#watermark-scope).
 fn pipeline(app: &str, input: &str, output: &str, trigger: &str) -> String {
     format!(
         r#"application_id: {app}
@@ -25,6 +29,7 @@ source:
   properties: {{session.timeout.ms: "6000", heartbeat.interval.ms: "1000"}}
 event_time: event_time
 watermark: 30 seconds
+watermark_scope: partition
 steps:
   - filter: "amount > 0"
   - window_aggregate:

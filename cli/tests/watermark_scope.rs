@@ -7,7 +7,10 @@
 //! Streams' stream time) partition 1 has its own watermark and counts them.
 //! With two instances, one per partition, the instances share their
 //! partitions' progress through `<application_id>-watermarks`, so the
-//! instance holding partition 1 drops them too.
+//! instance holding partition 1 drops them too. And under the default
+//! (`query`), a backlog on several partitions is read as Spark reads it:
+//! each batch takes every partition up to its planned offsets, so no
+//! partition's rows fall behind another's watermark.
 
 mod common;
 
@@ -191,5 +194,74 @@ fn two_instances_one_partition_each_share_the_query_wide_watermark_through_kafka
     assert_eq!(
         out, expected,
         "Spark: one watermark over both instances' partitions; b's 10:01 and 10:02 are late"
+    );
+}
+
+/// Partition 0 holds two rows a minute (key `k0`), partitions 1 to 3 one
+/// (`k1`..`k3`), minutes 0 to 49, all written before the query starts.
+/// Batches of at most 25 records share the limit by backlog, as Spark's
+/// `maxOffsetsPerTrigger` does (10 records of partition 0, 5 of each
+/// other): every batch moves every partition five minutes on, and the
+/// watermark, the largest event time less 3 minutes, never passes a row
+/// not read yet. Read a poll at a time instead, a batch would hold
+/// partition 0's first 25 rows alone and the others' would all be late.
+#[test]
+fn the_default_scope_reads_a_backlog_on_several_partitions_batch_by_planned_offsets() {
+    let (input, output, app) = (unique("wsb-in"), unique("wsb-out"), unique("wsb-app"));
+    create_topic(&input, 4);
+    create_topic(&output, 1);
+    for partition in 0..4 {
+        let per_minute = if partition == 0 { 2 } else { 1 };
+        let minutes: Vec<String> = (0..50)
+            .flat_map(|m| std::iter::repeat_n(format!("10:{m:02}"), per_minute))
+            .collect();
+        let minutes: Vec<&str> = minutes.iter().map(String::as_str).collect();
+        produce_to(
+            &input,
+            Some(partition),
+            &rows(&format!("k{partition}"), &minutes),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    let yaml = pipeline(&app, &input, &output, "query")
+        .replace("watermark_scope: query\n", "max_records_per_batch: 25\n")
+        .replace("watermark: 5 minutes", "watermark: 3 minutes")
+        .replace("tumbling: 5 minutes", "tumbling: 10 minutes");
+    std::fs::write(&file, yaml).unwrap();
+    let mut replica = start_replica(&file);
+    // The watermark ends at 10:46: the windows up to 10:40 close.
+    wait_for_records(&output, 16);
+    std::thread::sleep(Duration::from_secs(2));
+    interrupt(&mut replica.child);
+    let mut expected = Vec::new();
+    for key in ["k0", "k1", "k2", "k3"] {
+        for start in ["10:00", "10:10", "10:20", "10:30"] {
+            expected.push((key, start, if key == "k0" { 20 } else { 10 }));
+        }
+    }
+    assert_eq!(
+        emitted(&output, 16),
+        windows(&expected),
+        "every row counted: no partition fell behind the watermark"
+    );
+    let progress = &replica.progress_lines();
+    let late: u64 = progress
+        .iter()
+        .map(|p| {
+            p["stateOperators"][0]["numRowsDroppedByWatermark"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(late, 0, "no row late");
+    let sizes: Vec<u64> = progress
+        .iter()
+        .map(|p| p["numInputRows"].as_u64().unwrap_or(0))
+        .filter(|n| *n > 0)
+        .collect();
+    assert!(
+        sizes.iter().all(|n| *n <= 25) && sizes.len() >= 10,
+        "batches of at most 25 records: {sizes:?}"
     );
 }

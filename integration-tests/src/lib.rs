@@ -129,15 +129,29 @@ pub fn produce_with(
     partition: Option<i32>,
     records: &[(String, Vec<u8>)],
 ) {
+    let records: Vec<_> = records
+        .iter()
+        .map(|(key, value)| (partition, key.clone(), value.clone()))
+        .collect();
+    produce_each_with(base, topic, &records);
+}
+
+/// Produces `(partition, key, value)` records to `topic` with one producer,
+/// in their order (the partition `None`: by key), and waits for them all.
+pub fn produce_each_with(
+    base: &ClientConfig,
+    topic: &str,
+    records: &[(Option<i32>, String, Vec<u8>)],
+) {
     let producer: ThreadedProducer<DefaultProducerContext> = base
         .clone()
         .set("enable.idempotence", "true")
         .create()
         .expect("producer");
-    for (key, value) in records {
+    for (partition, key, value) in records {
         let mut pending = BaseRecord::to(topic).key(key).payload(value);
         if let Some(p) = partition {
-            pending = pending.partition(p);
+            pending = pending.partition(*p);
         }
         loop {
             match producer.send(pending) {

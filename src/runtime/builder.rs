@@ -410,9 +410,10 @@ impl QueryBuilder {
         self
     }
 
-    /// Over which inputs each stream's watermark is taken: per input
-    /// partition (default), or Spark's one per stream over every partition
-    /// the query reads (see [`crate::watermark::WatermarkScope`]).
+    /// Over which inputs each stream's watermark is taken: Spark's one per
+    /// stream over every partition the query reads (default; the source
+    /// then plans batches by offsets, see [`super::BatchRequest::plan_offsets`]),
+    /// or one per input partition (see [`crate::watermark::WatermarkScope`]).
     pub fn watermark_scope(mut self, scope: crate::watermark::WatermarkScope) -> Self {
         self.scope = scope;
         self

@@ -49,6 +49,13 @@ pub struct BatchRequest {
     /// Real-time mode: return as soon as some records are there and no
     /// more are waiting, instead of filling the batch until the deadline.
     pub return_early: bool,
+    /// Plan the batch as Spark does: a source that can fixes each
+    /// partition's end offset when the batch starts (its backlog then, cut
+    /// to a share of `max_records` by backlog) and reads every partition up
+    /// to it, however long that takes; what lies past waits for the next
+    /// batch. Set under the query-wide watermark, where a batch holding one
+    /// partition's records would move the watermark past the others'.
+    pub plan_offsets: bool,
 }
 
 /// Records handed to one micro-batch.

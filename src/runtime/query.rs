@@ -431,6 +431,11 @@ impl<'a> TriggerLoop<'a> {
             max_records: self.builder.max_records_per_batch,
             available_now: self.cadence.available_now,
             return_early: real_time,
+            // A repartition writer has no watermark of its own but plans
+            // too: the reader's watermark comes from what it wrote.
+            plan_offsets: !real_time
+                && (self.builder.watermark.is_some() || self.builder.event_time.is_some())
+                && self.builder.scope == crate::watermark::WatermarkScope::Query,
         };
         let started = Instant::now();
         let batch = self.source.next_batch(&request)?;

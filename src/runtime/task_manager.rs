@@ -586,7 +586,8 @@ mod tests {
         let builder = Query::builder("wide")
             .event_time("t")
             .watermark("1 minute")
-            .unwrap();
+            .unwrap()
+            .watermark_scope(WatermarkScope::Partition);
         let mut task = new_task(&builder, Vec::new());
         task.sink_commit = Some(SinkCommit {
             seq: 7,

@@ -33,12 +33,12 @@ pub enum WatermarkScope {
     /// Spark's: one maximum event time per stream over all its partitions,
     /// less the stream's delay; streams combined by the policy. A partition
     /// that runs ahead makes a lagging partition's older rows late.
+    #[default]
     Query,
     /// Kafka Streams' stream time and Flink's per-split watermarks: every
     /// input partition its own watermark, all combined by the policy (under
     /// `min` the slowest partition sets the pace; nothing is late because
     /// another partition ran ahead).
-    #[default]
     Partition,
 }
 
@@ -508,11 +508,11 @@ mod tests {
         // tracker's configuration applies.
         let saved: WatermarkTracker =
             serde_json::from_str(&serde_json::to_string(&wm).unwrap()).unwrap();
-        assert_eq!(saved.scope(), WatermarkScope::Partition);
+        assert_eq!(saved.scope(), WatermarkScope::default());
         let mut restored = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None)
-            .with_scope(WatermarkScope::Query);
+            .with_scope(WatermarkScope::Partition);
         restored.restore(&saved);
-        assert_eq!(restored.scope(), WatermarkScope::Query);
+        assert_eq!(restored.scope(), WatermarkScope::Partition);
         assert_eq!(restored.in_effect(), 40 * MIN);
     }
 

@@ -8,7 +8,12 @@
 pub const KEYS: i64 = 5;
 
 /// An exactly-once pipeline: 1-minute tumbling counts (and sums) per `id`,
-/// 30-second watermark, append mode, RocksDB state with a changelog. The
+/// 30-second watermark, append mode, RocksDB state with a changelog.
+/// Its watermark is per partition: these tests produce events while the
+/// query runs, and under Spark's query-wide watermark whether a row is late
+/// depends on when its partition's records became visible against the
+/// others' (a batch planned before a partition's records landed moves the
+/// watermark on without them); see [`use_query_wide_watermark`]. The
 /// source does not say it is keyed by `id`, so the aggregation runs behind
 /// a repartition topic (see [`write_direct_pipeline`] for the other way).
 pub fn windowed_pipeline(
@@ -27,6 +32,7 @@ source:
   properties: {{session.timeout.ms: "6000", heartbeat.interval.ms: "1000"}}
 event_time: event_time
 watermark: 30 seconds
+watermark_scope: partition
 steps:
   - window_aggregate:
       keys: [id]
@@ -43,7 +49,11 @@ processing_guarantee: exactly_once
 }
 
 /// Produces, to each of `partitions`, one event a second from 10:00:00 +
-/// `from` s to `to` s (exclusive), keys rotating, amount 1.5.
+/// `from` s to `to` s (exclusive), keys rotating, amount 1.5. The
+/// partitions are written in step (second by second, all partitions each
+/// second), as a live topic fills: under the query-wide watermark a
+/// partition written whole before the next would make the next one's rows
+/// late.
 pub fn produce_seconds(input: &str, partitions: i32, from: i64, to: i64) {
     produce_seconds_with(
         &tidemark_integration_tests::plain(),
@@ -63,19 +73,27 @@ pub fn produce_seconds_with(
     to: i64,
 ) {
     let start = tidemark::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap();
-    for p in 0..partitions {
-        let records: Vec<_> = (from..to)
-            .map(|i| {
-                let id = format!("p{p}-{}", i % KEYS);
-                let t = tidemark::time::format_rfc3339(start + i * 1_000_000);
-                (
-                    id.clone(),
-                    format!(r#"{{"event_time": "{t}", "id": "{id}", "amount": 1.5}}"#).into_bytes(),
-                )
-            })
-            .collect();
-        tidemark_integration_tests::produce_with(base, input, Some(p), &records);
-    }
+    let records: Vec<_> = (from..to)
+        .flat_map(|i| (0..partitions).map(move |p| (i, p)))
+        .map(|(i, p)| {
+            let id = format!("p{p}-{}", i % KEYS);
+            let t = tidemark::time::format_rfc3339(start + i * 1_000_000);
+            let value = format!(r#"{{"event_time": "{t}", "id": "{id}", "amount": 1.5}}"#);
+            (Some(p), id, value.into_bytes())
+        })
+        .collect();
+    tidemark_integration_tests::produce_each_with(base, input, &records);
+}
+
+/// Switches the pipeline `file` to Spark's query-wide watermark (the
+/// default), for a test whose input is all written before the query
+/// starts: its batches are then planned over every partition's records
+/// and no row is late.
+pub fn use_query_wide_watermark(file: &std::path::Path) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let switched = text.replace("watermark_scope: partition\n", "watermark_scope: query\n");
+    assert_ne!(text, switched, "the pipeline names a watermark scope");
+    std::fs::write(file, switched).unwrap();
 }
 
 /// Checks that `out` holds exactly `partitions` × 9 windows × `KEYS` keys
@@ -252,6 +270,18 @@ pub struct Replica {
     pub batches_with_input: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Log lines mentioning a fenced producer (echoed as `fenced: ...`).
     pub fenced: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Every progress report, in order.
+    pub progress: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Replica {
+    /// The progress reports so far.
+    pub fn progress_lines(&self) -> Vec<serde_json::Value> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// With `TIDEMARK_TEST_LOG_DIR` set, a file there that keeps process
@@ -280,7 +310,9 @@ pub fn start_replica_as(file: &std::path::Path, instance: Option<&str>) -> Repli
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let batches_with_input = Arc::new(AtomicUsize::new(0));
     let fenced = Arc::new(AtomicUsize::new(0));
-    let (counter, fenced_lines) = (batches_with_input.clone(), fenced.clone());
+    let progress = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (counter, fenced_lines, reports) =
+        (batches_with_input.clone(), fenced.clone(), progress.clone());
     let mut log = replica_log(child.id());
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
@@ -298,12 +330,17 @@ pub fn start_replica_as(file: &std::path::Path, instance: Option<&str>) -> Repli
             if progress["numInputRows"].as_u64().unwrap_or(0) > 0 {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
+            reports
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(progress);
         }
     });
     Replica {
         child,
         batches_with_input,
         fenced,
+        progress,
     }
 }
 

@@ -385,6 +385,7 @@ mod tests {
             max_records: 1000,
             available_now: true,
             return_early: false,
+            plan_offsets: false,
         }
     }
 

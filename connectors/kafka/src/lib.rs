@@ -4,6 +4,7 @@
 //! instance identity transactional ids derive from.
 #![deny(missing_docs)]
 
+mod batch_plan;
 mod changelog;
 mod connection;
 mod dead_letter;

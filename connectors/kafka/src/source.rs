@@ -1,6 +1,7 @@
 //! The Kafka source: a consumer group with cooperative-sticky assignment;
 //! offsets are committed only after the batch's output is acknowledged.
 
+use crate::batch_plan::BatchPlan;
 use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
@@ -66,8 +67,14 @@ impl ConsumerContext for SourceContext {
             }
         }
     }
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
+            // librdkafka keeps a partition's pause across assignments: one
+            // paused when it was taken away (held, or past a batch's
+            // planned end) would come back paused, and never be read.
+            if let Err(error) = consumer.resume(tpl) {
+                tracing::warn!(%error, "resuming newly assigned partitions");
+            }
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
             for e in tpl.elements() {
                 tracing::info!(
@@ -134,7 +141,17 @@ pub struct KafkaSource {
     /// metadata is looked up once the grace has passed (librdkafka says so
     /// only once per metadata refresh, every few minutes).
     unknown_topic_since: Option<Instant>,
+    /// The current batch's end offsets, when batches are planned
+    /// ([`BatchRequest::plan_offsets`]).
+    plan: Option<BatchPlan<TopicPartition>>,
+    /// Partitions paused because a record past their planned end arrived,
+    /// with that record's offset: the next batch reads again from it.
+    paused_at_plan: HashMap<TopicPartition, i64>,
 }
+
+/// How long a planned batch may take to reach its end offsets before it
+/// ends with what it has (a broker gone, records deleted under it).
+const PLANNED_BATCH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a subscribed topic may stay unknown (metadata not yet
 /// propagated after its creation, a broker restarting) before the cluster
@@ -216,6 +233,8 @@ impl KafkaSource {
             topic_names: Vec::new(),
             replaying: false,
             unknown_topic_since: None,
+            plan: None,
+            paused_at_plan: HashMap::default(),
         })
     }
 
@@ -383,6 +402,10 @@ impl KafkaSource {
             if let Some(ends) = self.end_offsets.as_mut() {
                 ends.remove(&key);
             }
+            if let Some(plan) = self.plan.as_mut() {
+                plan.forget(&key);
+            }
+            self.paused_at_plan.remove(&key);
             self.next_offsets.remove(&key);
             self.first_uncommitted.remove(&key);
             self.committed.remove(&key);
@@ -458,6 +481,235 @@ impl KafkaSource {
             handed_out.max(fetched) >= *end
         })
     }
+
+    /// Whether the batch being read ends before the next poll: a planned
+    /// batch once every partition reached its planned end (or after
+    /// [`PLANNED_BATCH_TIMEOUT`]), any other at the record cap or the
+    /// deadline; a replay only at its bounds (an error after its deadline).
+    fn batch_ends(
+        &self,
+        records: usize,
+        request: &BatchRequest,
+        replay_deadline: Instant,
+        plan_deadline: Instant,
+    ) -> Result<bool> {
+        let now = Instant::now();
+        if self.replaying {
+            if now >= replay_deadline {
+                return Err(Error::Source(
+                    "the replayed batch did not reach its recorded offsets in 5 minutes".into(),
+                ));
+            }
+            return Ok(false);
+        }
+        match &self.plan {
+            Some(plan) if plan.complete() => Ok(true),
+            Some(plan) if now >= plan_deadline => {
+                let short: Vec<_> = plan.unreached().collect();
+                tracing::warn!(
+                    ?short,
+                    "the batch did not reach its planned end offsets in {} s; it ends with what it read",
+                    PLANNED_BATCH_TIMEOUT.as_secs()
+                );
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Ok(records >= request.max_records || now >= request.deadline),
+        }
+    }
+
+    /// Plans the batch as Spark plans a micro-batch: the end offset of
+    /// every partition this member reads (not held) is its latest one —
+    /// the last stable offset, as the consumer reads committed records
+    /// only; under available-now never past the end fixed at start — cut
+    /// to its share of `max_records` by backlog. `None` when nothing waits.
+    fn plan_batch(&mut self, max_records: usize) -> Result<Option<BatchPlan<TopicPartition>>> {
+        let partitions: Vec<(String, i32)> = self
+            .assigned()
+            .into_iter()
+            .filter(|(_, p)| !self.held.contains_key(p))
+            .collect();
+        if partitions.is_empty() {
+            return Ok(None);
+        }
+        let mut latest = match &self.end_offsets {
+            Some(ends) => ends.clone(),
+            None => self.list_offsets(&partitions, Offset::End)?,
+        };
+        latest.retain(|(topic, partition), _| {
+            partitions
+                .iter()
+                .any(|(t, p)| t.as_str() == topic.as_ref() && p == partition)
+        });
+        let starts = self.start_offsets(&partitions, &latest)?;
+        Ok(BatchPlan::new(max_records, &starts, &latest))
+    }
+
+    /// The offsets of `partitions` at `position` (`Offset::End`: the latest
+    /// — the last stable offset under read_committed; `Offset::Beginning`:
+    /// the earliest), asked of their leaders.
+    fn list_offsets(
+        &self,
+        partitions: &[(String, i32)],
+        position: Offset,
+    ) -> Result<HashMap<TopicPartition, i64>> {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in partitions {
+            tpl.add_partition_offset(topic, *partition, position)
+                .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+        }
+        let listed = self
+            .consumer
+            .offsets_for_times(tpl, Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("listing the offsets of {partitions:?}: {e}")))?;
+        let mut offsets = HashMap::default();
+        for e in listed.elements() {
+            if let Err(error) = e.error() {
+                return Err(Error::Source(format!(
+                    "listing the offsets of {}/{}: {error}",
+                    e.topic(),
+                    e.partition()
+                )));
+            }
+            if let Some(offset) = e.offset().to_raw().filter(|o| *o >= 0) {
+                offsets.insert(topic_partition(e.topic(), e.partition()), offset);
+            }
+        }
+        Ok(offsets)
+    }
+
+    /// Where each of `partitions` reads next: after the last record handed
+    /// out, else the consumer's position, else the group's committed
+    /// offset, else the earliest or the `latest` offset by
+    /// `auto.offset.reset`.
+    fn start_offsets(
+        &self,
+        partitions: &[(String, i32)],
+        latest: &HashMap<TopicPartition, i64>,
+    ) -> Result<HashMap<TopicPartition, i64>> {
+        let position = self.consumer.position().ok();
+        let mut starts = HashMap::default();
+        let mut unknown = Vec::new();
+        for (topic, partition) in partitions {
+            let key = topic_partition(topic, *partition);
+            let known = self.next_offsets.get(&key).copied().or_else(|| {
+                position
+                    .as_ref()?
+                    .find_partition(topic, *partition)?
+                    .offset()
+                    .to_raw()
+                    .filter(|o| *o >= 0)
+            });
+            match known {
+                Some(offset) => {
+                    starts.insert(key, offset);
+                }
+                None => unknown.push((topic.clone(), *partition)),
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(starts);
+        }
+        let committed = self.committed_offsets(&unknown)?;
+        let mut never_committed = Vec::new();
+        for (topic, partition) in unknown {
+            let offset = committed
+                .find_partition(&topic, partition)
+                .and_then(|e| e.offset().to_raw())
+                .filter(|o| *o >= 0);
+            match offset {
+                Some(offset) => {
+                    starts.insert(topic_partition(&topic, partition), offset);
+                }
+                None => never_committed.push((topic, partition)),
+            }
+        }
+        if !never_committed.is_empty() && self.config.earliest {
+            starts.extend(self.list_offsets(&never_committed, Offset::Beginning)?);
+        } else {
+            for (topic, partition) in never_committed {
+                let key = topic_partition(&topic, partition);
+                if let Some(end) = latest.get(&key) {
+                    starts.insert(key, *end);
+                }
+            }
+        }
+        Ok(starts)
+    }
+
+    /// Stops reading `key` for this batch: its record at `offset` lies past
+    /// the plan (and the partition has therefore reached its end); the
+    /// next batch reads again from that record.
+    fn pause_at_plan(&mut self, key: TopicPartition, offset: i64) -> Result<()> {
+        if let Some(plan) = self.plan.as_mut() {
+            plan.reached(&key);
+        }
+        if self.paused_at_plan.contains_key(&key) {
+            // Fetched before the pause took effect.
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&key.0, key.1);
+        self.consumer
+            .pause(&tpl)
+            .map_err(|e| Error::Source(format!("pausing {}/{}: {e}", key.0, key.1)))?;
+        self.paused_at_plan.insert(key, offset);
+        Ok(())
+    }
+
+    /// Reads again, from the record that stopped each, the partitions the
+    /// last plan paused (a held one stays paused: its release rewinds it).
+    fn resume_planned(&mut self) -> Result<()> {
+        let paused: Vec<(TopicPartition, i64)> = self
+            .paused_at_plan
+            .iter()
+            .map(|(tp, offset)| (tp.clone(), *offset))
+            .collect();
+        for ((topic, partition), offset) in paused {
+            if !self.held.contains_key(&partition) {
+                self.consumer
+                    .seek(
+                        &topic,
+                        partition,
+                        Offset::Offset(offset),
+                        Duration::from_secs(10),
+                    )
+                    .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&topic, partition);
+                self.consumer
+                    .resume(&tpl)
+                    .map_err(|e| Error::Source(format!("resuming {topic}/{partition}: {e}")))?;
+            }
+            self.paused_at_plan.remove(&(topic, partition));
+        }
+        Ok(())
+    }
+
+    /// On a poll that found nothing: partitions whose consumer position
+    /// passed their planned end (past transaction markers, never handed
+    /// out) have reached it. Whether the plan is now complete.
+    fn plan_complete_when_idle(&mut self) -> bool {
+        let Some(plan) = self.plan.as_mut() else {
+            return false;
+        };
+        if let Ok(position) = self.consumer.position() {
+            let passed: Vec<TopicPartition> = plan
+                .unreached()
+                .filter(|((topic, partition), end)| {
+                    position
+                        .find_partition(topic, *partition)
+                        .and_then(|e| e.offset().to_raw())
+                        .is_some_and(|o| o >= *end)
+                })
+                .map(|(tp, _)| tp.clone())
+                .collect();
+            for tp in passed {
+                plan.reached(&tp);
+            }
+        }
+        plan.complete()
+    }
 }
 
 impl Source for KafkaSource {
@@ -470,41 +722,59 @@ impl Source for KafkaSource {
         if request.available_now && self.end_offsets.is_none() {
             self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
         }
+        self.resume_planned()?;
+        let mut may_plan = request.plan_offsets && !self.replaying && !request.return_early;
+        self.plan = None;
+        let mut unplannable = false;
+        if may_plan {
+            match self.plan_batch(request.max_records) {
+                Ok(plan) => {
+                    // Nothing waits: plan once the first record arrives.
+                    may_plan = plan.is_none();
+                    self.plan = plan;
+                }
+                Err(error) => {
+                    // A broker restarting: no batch this time round.
+                    tracing::warn!(%error, "planning the batch's end offsets failed; retrying");
+                    unplannable = true;
+                }
+            }
+        }
         let mut records = Vec::new();
         // A replayed batch is whole or nothing: neither the deadline nor the
         // record cap ends it, only its bounds.
         let bounded = request.available_now || self.replaying;
         let replay_deadline = Instant::now() + Duration::from_secs(300);
+        let plan_deadline = Instant::now() + PLANNED_BATCH_TIMEOUT;
         loop {
-            if bounded && self.caught_up(false) {
+            if unplannable || (bounded && self.caught_up(false)) {
                 break;
             }
-            let now = Instant::now();
-            if self.replaying {
-                if now >= replay_deadline {
-                    return Err(Error::Source(
-                        "the replayed batch did not reach its recorded offsets in 5 minutes".into(),
-                    ));
-                }
-            } else if records.len() >= request.max_records || now >= request.deadline {
+            if self.batch_ends(records.len(), request, replay_deadline, plan_deadline)? {
                 break;
             }
-            let wait = if self.replaying {
+            let wait = if self.replaying || self.plan.is_some() {
                 Duration::from_millis(100)
             } else if request.return_early && !records.is_empty() {
                 // Real-time: take what is already fetched, wait for nothing.
                 Duration::ZERO
             } else {
-                (request.deadline - now).min(Duration::from_millis(100))
+                (request.deadline - Instant::now()).min(Duration::from_millis(100))
             };
             // Revocations happen inside poll: purge what the last poll made
             // stale before fetching more.
             self.forget_revoked(&mut records);
-            match self.consumer.poll(wait) {
-                None if bounded && self.caught_up(true) => break,
-                None if request.return_early && !records.is_empty() => break,
-                None => continue,
-                Some(Err(e)) => {
+            let Some(polled) = self.consumer.poll(wait) else {
+                if (bounded && self.caught_up(true))
+                    || self.plan_complete_when_idle()
+                    || (request.return_early && !records.is_empty())
+                {
+                    break;
+                }
+                continue;
+            };
+            match polled {
+                Err(e) => {
                     if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
                         return Err(fatal);
                     }
@@ -515,51 +785,48 @@ impl Source for KafkaSource {
                     tracing::warn!(error = %e, "Kafka consumer error; retrying");
                     continue;
                 }
-                Some(Ok(m)) => {
+                Ok(m) => {
                     if self.held.contains_key(&m.partition()) {
                         // Fetched before the pause took effect; read again
                         // after the release.
                         continue;
                     }
                     let key = (topic_name(&mut self.topic_names, m.topic()), m.partition());
+                    let offset = m.offset();
                     if let Some(ends) = &self.end_offsets {
                         // Available-now reads only what was there at start.
-                        if ends.get(&key).is_some_and(|end| m.offset() >= *end) {
+                        if ends.get(&key).is_some_and(|end| offset >= *end) {
                             continue;
                         }
                     }
-                    let headers = m
-                        .headers()
-                        .map(|hs| {
-                            hs.iter()
-                                .map(|h| {
-                                    (
-                                        h.key.to_string(),
-                                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                                    )
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    let topic = key.0.clone();
+                    if self.plan.as_ref().is_some_and(|p| !p.admits(&key, offset)) {
+                        drop(m);
+                        self.pause_at_plan(key, offset)?;
+                        continue;
+                    }
+                    records.push(record_of(&m, key.0.clone()));
+                    drop(m);
                     match self.next_offsets.get_mut(&key) {
-                        Some(next) => *next = m.offset() + 1,
+                        Some(next) => *next = offset + 1,
                         None => {
-                            self.next_offsets.insert(key.clone(), m.offset() + 1);
+                            self.next_offsets.insert(key.clone(), offset + 1);
                         }
                     }
-                    self.first_uncommitted.entry(key).or_insert(m.offset());
-                    records.push(Record {
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                        timestamp_ms: m.timestamp().to_millis(),
-                        headers,
-                        position: SourcePosition::new(topic, m.partition(), m.offset()),
-                    });
+                    if let Some(plan) = self.plan.as_mut() {
+                        plan.advance(&key, offset + 1);
+                    }
+                    self.first_uncommitted.entry(key).or_insert(offset);
+                    if std::mem::take(&mut may_plan) {
+                        self.plan = self.plan_batch(request.max_records).unwrap_or_else(|error| {
+                            tracing::warn!(%error, "planning the batch's end offsets failed; it takes what the polls return");
+                            None
+                        });
+                    }
                 }
             }
         }
         self.forget_revoked(&mut records);
+        self.plan = None;
         if self.replaying {
             self.end_replay()?;
         }
@@ -640,7 +907,10 @@ impl Source for KafkaSource {
         for tp in topic_partitions {
             tpl.add_partition(&tp.0, tp.1);
             let key = topic_partition(&tp.0, tp.1);
-            let first = self.first_uncommitted.remove(&key);
+            // Paused past a plan's end, it resumes from the first record
+            // not handed out, unless records since the commit were.
+            let paused_at = self.paused_at_plan.remove(&key);
+            let first = self.first_uncommitted.remove(&key).or(paused_at);
             if let Some(offset) = first {
                 self.next_offsets.insert(key, offset);
             }
@@ -735,6 +1005,18 @@ impl Source for KafkaSource {
 
     fn rewind(&mut self) -> Result<bool> {
         let assigned = self.assigned();
+        // Partitions paused past a plan's end are read again from their
+        // commit too (the seeks below).
+        let mut paused = TopicPartitionList::new();
+        for (topic, partition) in self.paused_at_plan.keys() {
+            paused.add_partition(topic, *partition);
+        }
+        if paused.count() > 0 {
+            self.consumer
+                .resume(&paused)
+                .map_err(|e| Error::Source(format!("resuming paused partitions: {e}")))?;
+        }
+        self.paused_at_plan.clear();
         let committed = self.committed_offsets(&assigned)?;
         for e in committed.elements() {
             let (topic, partition) = (e.topic().to_string(), e.partition());
@@ -847,4 +1129,28 @@ fn cached_high_watermark(
     };
     (code == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
         .then_some(high)
+}
+
+/// The record `m` carries, its topic's name shared.
+fn record_of(m: &rdkafka::message::BorrowedMessage<'_>, topic: Arc<str>) -> Record {
+    let headers = m
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h.key.to_string(),
+                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        timestamp_ms: m.timestamp().to_millis(),
+        headers,
+        position: SourcePosition::new(topic, m.partition(), m.offset()),
+    }
 }
