@@ -105,9 +105,11 @@ struct Args {
     /// `read_committed`.
     #[arg(long, value_enum, default_value_t = Guarantee::AtLeastOnce)]
     guarantee: Guarantee,
-    /// The window pipeline's `watermark_scope`: `query` (the default;
-    /// batches planned by offsets per partition) or `partition`.
-    #[arg(long, default_value = "query", value_parser = parse_scope)]
+    /// The window pipeline's `watermark_scope`: `partition` (by default
+    /// here: Kafka Streams' stream time is per partition, so the two
+    /// engines compute the same thing) or `query` (Spark's, the pipeline
+    /// file's default; batches planned by offsets per partition).
+    #[arg(long, default_value = "partition", value_parser = parse_scope)]
     watermark_scope: tidemark::watermark::WatermarkScope,
 }
 

@@ -147,11 +147,17 @@ pub struct KafkaSource {
     /// Partitions paused because a record past their planned end arrived,
     /// with that record's offset: the next batch reads again from it.
     paused_at_plan: HashMap<TopicPartition, i64>,
+    /// The last planned batch ended short of its plan: the next one is not
+    /// planned, so that a plan that cannot be reached never stalls the
+    /// query.
+    plan_stalled: bool,
 }
 
 /// How long a planned batch may take to reach its end offsets before it
-/// ends with what it has (a broker gone, records deleted under it).
-const PLANNED_BATCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// ends with what it has (a broker gone, records deleted under it, an end
+/// the consumer's position never shows passed); the next batch then takes
+/// what the polls return.
+const PLANNED_BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a subscribed topic may stay unknown (metadata not yet
 /// propagated after its creation, a broker restarting) before the cluster
@@ -235,6 +241,7 @@ impl KafkaSource {
             unknown_topic_since: None,
             plan: None,
             paused_at_plan: HashMap::default(),
+            plan_stalled: false,
         })
     }
 
@@ -508,7 +515,7 @@ impl KafkaSource {
                 let short: Vec<_> = plan.unreached().collect();
                 tracing::warn!(
                     ?short,
-                    "the batch did not reach its planned end offsets in {} s; it ends with what it read",
+                    "the batch did not reach its planned end offsets in {} s; it ends with what it read, and the next batch takes what the polls return",
                     PLANNED_BATCH_TIMEOUT.as_secs()
                 );
                 Ok(true)
@@ -723,7 +730,10 @@ impl Source for KafkaSource {
             self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
         }
         self.resume_planned()?;
-        let mut may_plan = request.plan_offsets && !self.replaying && !request.return_early;
+        let mut may_plan = request.plan_offsets
+            && !self.replaying
+            && !request.return_early
+            && !std::mem::take(&mut self.plan_stalled);
         self.plan = None;
         let mut unplannable = false;
         if may_plan {
@@ -826,7 +836,7 @@ impl Source for KafkaSource {
             }
         }
         self.forget_revoked(&mut records);
-        self.plan = None;
+        self.plan_stalled = self.plan.take().is_some_and(|plan| !plan.complete());
         if self.replaying {
             self.end_replay()?;
         }
