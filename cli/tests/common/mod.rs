@@ -13,9 +13,11 @@ pub const KEYS: i64 = 5;
 /// query runs, and under Spark's query-wide watermark whether a row is late
 /// depends on when its partition's records became visible against the
 /// others' (a batch planned before a partition's records landed moves the
-/// watermark on without them); see [`use_query_wide_watermark`]. The
-/// source does not say it is keyed by `id`, so the aggregation runs behind
-/// a repartition topic (see [`write_direct_pipeline`] for the other way).
+/// watermark on without them), and after kills under the query-wide
+/// watermark one run was seen with five first windows short, a cause not
+/// yet found. The source does not say it is keyed by `id`, so the
+/// aggregation runs behind a repartition topic (see
+/// [`write_direct_pipeline`] for the other way).
 pub fn windowed_pipeline(
     group: &str,
     input: &str,
@@ -83,17 +85,6 @@ pub fn produce_seconds_with(
         })
         .collect();
     tidemark_integration_tests::produce_each_with(base, input, &records);
-}
-
-/// Switches the pipeline `file` to Spark's query-wide watermark (the
-/// default), for a test whose input is all written before the query
-/// starts: its batches are then planned over every partition's records
-/// and no row is late.
-pub fn use_query_wide_watermark(file: &std::path::Path) {
-    let text = std::fs::read_to_string(file).unwrap();
-    let switched = text.replace("watermark_scope: partition\n", "watermark_scope: query\n");
-    assert_ne!(text, switched, "the pipeline names a watermark scope");
-    std::fs::write(file, switched).unwrap();
 }
 
 /// Checks that `out` holds exactly `partitions` × 9 windows × `KEYS` keys
