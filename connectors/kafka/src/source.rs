@@ -2,6 +2,7 @@
 //! offsets are committed only after the batch's output is acknowledged.
 
 use crate::batch_plan::BatchPlan;
+use crate::carried::CarriedRecords;
 use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message};
@@ -144,8 +145,12 @@ pub struct KafkaSource {
     /// The current batch's end offsets, when batches are planned
     /// ([`BatchRequest::plan_offsets`]).
     plan: Option<BatchPlan<TopicPartition>>,
-    /// Partitions paused because a record past their planned end arrived,
-    /// with that record's offset: the next batch reads again from it.
+    /// Records polled past the planned end of their partition, handed out
+    /// by the next batch (see [`CarriedRecords`]).
+    carried: CarriedRecords<TopicPartition>,
+    /// Partitions paused because [`Self::carried`] was full when a record
+    /// past their planned end arrived, with that record's offset: the next
+    /// batch reads again from it.
     paused_at_plan: HashMap<TopicPartition, i64>,
     /// The last planned batch ended short of its plan: the next one is not
     /// planned, so that a plan that cannot be reached never stalls the
@@ -240,6 +245,7 @@ impl KafkaSource {
             replaying: false,
             unknown_topic_since: None,
             plan: None,
+            carried: CarriedRecords::default(),
             paused_at_plan: HashMap::default(),
             plan_stalled: false,
         })
@@ -291,6 +297,14 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// Moves the consumer's position in `topic`/`partition` to `offset`
+    /// (dropping what was prefetched from it).
+    fn seek(&self, topic: &str, partition: i32, offset: Offset) -> Result<()> {
+        self.consumer
+            .seek(topic, partition, offset, Duration::from_secs(10))
+            .map_err(|e| Error::Source(format!("seeking {topic}/{partition} to {offset:?}: {e}")))
+    }
+
     /// Ends a replayed batch: what was fetched past its bounds is dropped
     /// and read again by the next batch.
     fn end_replay(&mut self) -> Result<()> {
@@ -309,16 +323,7 @@ impl KafkaSource {
             self.next_offsets
                 .entry((topic.clone(), partition))
                 .or_insert(position);
-            self.consumer
-                .seek(
-                    &topic,
-                    partition,
-                    Offset::Offset(position),
-                    Duration::from_secs(10),
-                )
-                .map_err(|e| {
-                    Error::Source(format!("after the replay, {topic}/{partition}: {e}"))
-                })?;
+            self.seek(&topic, partition, Offset::Offset(position))?;
         }
         Ok(())
     }
@@ -412,6 +417,7 @@ impl KafkaSource {
             if let Some(plan) = self.plan.as_mut() {
                 plan.forget(&key);
             }
+            self.carried.forget(&key);
             self.paused_at_plan.remove(&key);
             self.next_offsets.remove(&key);
             self.first_uncommitted.remove(&key);
@@ -459,8 +465,9 @@ impl KafkaSource {
         let Some(ends) = &self.end_offsets else {
             return false;
         };
-        if !self.held.is_empty() {
-            // A held partition is read again from where it was held.
+        if !self.held.is_empty() || !self.carried.is_empty() {
+            // A held partition is read again from where it was held; the
+            // consumer's position is past carried records not handed out.
             return false;
         }
         let handed_out_all = ends
@@ -585,8 +592,9 @@ impl KafkaSource {
         Ok(offsets)
     }
 
-    /// Where each of `partitions` reads next: after the last record handed
-    /// out, else the consumer's position, else the group's committed
+    /// Where each of `partitions` reads next: its first record read past
+    /// the last plan, else after the last record handed out, else the
+    /// consumer's position, else the group's committed
     /// offset, else the earliest or the `latest` offset by
     /// `auto.offset.reset`.
     fn start_offsets(
@@ -599,14 +607,25 @@ impl KafkaSource {
         let mut unknown = Vec::new();
         for (topic, partition) in partitions {
             let key = topic_partition(topic, *partition);
-            let known = self.next_offsets.get(&key).copied().or_else(|| {
-                position
-                    .as_ref()?
-                    .find_partition(topic, *partition)?
-                    .offset()
-                    .to_raw()
-                    .filter(|o| *o >= 0)
-            });
+            // The first record read past the last plan, kept or paused at,
+            // is where the partition's next readable record is: the offsets
+            // between it and the last one handed out hold nothing to read
+            // (transaction markers, an aborted transaction's records). A
+            // plan starting from the last handed out would end inside such
+            // a gap for ever, its every batch empty.
+            let known = self
+                .carried
+                .first_offset(&key)
+                .or_else(|| self.paused_at_plan.get(&key).copied())
+                .or_else(|| self.next_offsets.get(&key).copied())
+                .or_else(|| {
+                    position
+                        .as_ref()?
+                        .find_partition(topic, *partition)?
+                        .offset()
+                        .to_raw()
+                        .filter(|o| *o >= 0)
+                });
             match known {
                 Some(offset) => {
                     starts.insert(key, offset);
@@ -644,10 +663,11 @@ impl KafkaSource {
         Ok(starts)
     }
 
-    /// Stops reading `key` for this batch: its record at `offset` lies past
-    /// the plan (and the partition has therefore reached its end); the
-    /// next batch reads again from that record.
-    fn pause_at_plan(&mut self, key: TopicPartition, offset: i64) -> Result<()> {
+    /// Keeps `record` of `key`, past its planned end or behind records
+    /// kept before it, for the next batch: the partition has reached its
+    /// end. Once a batch's worth of records is kept, the partition is
+    /// paused instead, and read again from this record.
+    fn carry(&mut self, key: TopicPartition, record: Record, max_records: usize) -> Result<()> {
         if let Some(plan) = self.plan.as_mut() {
             plan.reached(&key);
         }
@@ -655,13 +675,52 @@ impl KafkaSource {
             // Fetched before the pause took effect.
             return Ok(());
         }
+        if self.carried.len() < max_records {
+            self.carried.push(key, record);
+            return Ok(());
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(&key.0, key.1);
         self.consumer
             .pause(&tpl)
             .map_err(|e| Error::Source(format!("pausing {}/{}: {e}", key.0, key.1)))?;
-        self.paused_at_plan.insert(key, offset);
+        self.paused_at_plan.insert(key, record.position.offset);
         Ok(())
+    }
+
+    /// Notes that the record at `offset` of `key` is handed out.
+    fn handed_out(&mut self, key: TopicPartition, offset: i64) {
+        match self.next_offsets.get_mut(&key) {
+            Some(next) => *next = offset + 1,
+            None => {
+                self.next_offsets.insert(key.clone(), offset + 1);
+            }
+        }
+        if let Some(plan) = self.plan.as_mut() {
+            plan.advance(&key, offset + 1);
+        }
+        self.first_uncommitted.entry(key).or_insert(offset);
+    }
+
+    /// Hands out, first in the batch, the carried records the plan admits
+    /// (every one when the batch is not planned).
+    fn hand_out_carried(&mut self, records: &mut Vec<Record>) {
+        if self.carried.is_empty() {
+            return;
+        }
+        let plan = self.plan.as_ref();
+        let (taken, stopped) = self
+            .carried
+            .take_admitted(|key, offset| plan.is_none_or(|p| p.admits(key, offset)));
+        for key in stopped {
+            if let Some(plan) = self.plan.as_mut() {
+                plan.reached(&key);
+            }
+        }
+        for (key, record) in taken {
+            self.handed_out(key, record.position.offset);
+            records.push(record);
+        }
     }
 
     /// Reads again, from the record that stopped each, the partitions the
@@ -674,14 +733,7 @@ impl KafkaSource {
             .collect();
         for ((topic, partition), offset) in paused {
             if !self.held.contains_key(&partition) {
-                self.consumer
-                    .seek(
-                        &topic,
-                        partition,
-                        Offset::Offset(offset),
-                        Duration::from_secs(10),
-                    )
-                    .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
+                self.seek(&topic, partition, Offset::Offset(offset))?;
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&topic, partition);
                 self.consumer
@@ -751,6 +803,9 @@ impl Source for KafkaSource {
             }
         }
         let mut records = Vec::new();
+        if !unplannable {
+            self.hand_out_carried(&mut records);
+        }
         // A replayed batch is whole or nothing: neither the deadline nor the
         // record cap ends it, only its bounds.
         let bounded = request.available_now || self.replaying;
@@ -809,23 +864,16 @@ impl Source for KafkaSource {
                             continue;
                         }
                     }
-                    if self.plan.as_ref().is_some_and(|p| !p.admits(&key, offset)) {
+                    let past_plan = self.plan.as_ref().is_some_and(|p| !p.admits(&key, offset));
+                    if past_plan || self.carried.holds(&key) {
+                        let record = record_of(&m, key.0.clone());
                         drop(m);
-                        self.pause_at_plan(key, offset)?;
+                        self.carry(key, record, request.max_records)?;
                         continue;
                     }
                     records.push(record_of(&m, key.0.clone()));
                     drop(m);
-                    match self.next_offsets.get_mut(&key) {
-                        Some(next) => *next = offset + 1,
-                        None => {
-                            self.next_offsets.insert(key.clone(), offset + 1);
-                        }
-                    }
-                    if let Some(plan) = self.plan.as_mut() {
-                        plan.advance(&key, offset + 1);
-                    }
-                    self.first_uncommitted.entry(key).or_insert(offset);
+                    self.handed_out(key, offset);
                     if std::mem::take(&mut may_plan) {
                         self.plan = self.plan_batch(request.max_records).unwrap_or_else(|error| {
                             tracing::warn!(%error, "planning the batch's end offsets failed; it takes what the polls return");
@@ -917,10 +965,16 @@ impl Source for KafkaSource {
         for tp in topic_partitions {
             tpl.add_partition(&tp.0, tp.1);
             let key = topic_partition(&tp.0, tp.1);
-            // Paused past a plan's end, it resumes from the first record
-            // not handed out, unless records since the commit were.
+            // Read past a plan's end (records carried, or paused), it
+            // resumes from the first record not handed out, unless records
+            // since the commit were.
             let paused_at = self.paused_at_plan.remove(&key);
-            let first = self.first_uncommitted.remove(&key).or(paused_at);
+            let first = self
+                .first_uncommitted
+                .remove(&key)
+                .or(self.carried.first_offset(&key))
+                .or(paused_at);
+            self.carried.forget(&key);
             if let Some(offset) = first {
                 self.next_offsets.insert(key, offset);
             }
@@ -942,9 +996,7 @@ impl Source for KafkaSource {
             // Nothing handed out since the last commit: the consumer's
             // position is already right.
             if let Some(offset) = offset {
-                self.consumer
-                    .seek(&topic, p, Offset::Offset(offset), Duration::from_secs(10))
-                    .map_err(|e| Error::Source(format!("rewinding {topic}/{p}: {e}")))?;
+                self.seek(&topic, p, Offset::Offset(offset))?;
             }
             tpl.add_partition(&topic, p);
         }
@@ -1027,6 +1079,7 @@ impl Source for KafkaSource {
                 .map_err(|e| Error::Source(format!("resuming paused partitions: {e}")))?;
         }
         self.paused_at_plan.clear();
+        self.carried.clear();
         let committed = self.committed_offsets(&assigned)?;
         for e in committed.elements() {
             let (topic, partition) = (e.topic().to_string(), e.partition());
@@ -1036,9 +1089,7 @@ impl Source for KafkaSource {
                 _ => Offset::End,
             };
             // Seeking also drops what was prefetched from the partition.
-            self.consumer
-                .seek(&topic, partition, offset, Duration::from_secs(10))
-                .map_err(|e| Error::Source(format!("rewinding {topic}/{partition}: {e}")))?;
+            self.seek(&topic, partition, offset)?;
             let key = topic_partition(&topic, partition);
             self.first_uncommitted.remove(&key);
             match offset {
