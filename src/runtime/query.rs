@@ -344,7 +344,11 @@ impl<'a> TriggerLoop<'a> {
         }
         let (batch, get_batch_ms) = self.poll()?;
         self.exhausted |= batch.exhausted;
-        let hold_allowed = self.replaying != Some(self.batch_id);
+        // Under Spark's query-wide watermark a partition held back while its
+        // task restores would find the watermark moved past its rows by the
+        // others' (Spark loads every task's state before its batch runs):
+        // the batch waits for every restore instead.
+        let hold_allowed = self.replaying != Some(self.batch_id) && !self.query_wide_watermark();
         self.tasks.follow_assignment(
             &self.builder,
             &batch,
@@ -407,6 +411,16 @@ impl<'a> TriggerLoop<'a> {
         Ok(())
     }
 
+    /// Whether the query keeps Spark's one watermark over every partition
+    /// (an event-time query under [`WatermarkScope::Query`]): batches are
+    /// then planned by offsets and no partition is left behind.
+    ///
+    /// [`WatermarkScope::Query`]: crate::watermark::WatermarkScope::Query
+    fn query_wide_watermark(&self) -> bool {
+        (self.builder.watermark.is_some() || self.builder.event_time.is_some())
+            && self.builder.scope == crate::watermark::WatermarkScope::Query
+    }
+
     /// Polls the source for the open batch (opening one if needed); returns
     /// the records and how long the poll took.
     fn poll(&mut self) -> Result<(SourceBatch, u64)> {
@@ -433,9 +447,7 @@ impl<'a> TriggerLoop<'a> {
             return_early: real_time,
             // A repartition writer has no watermark of its own but plans
             // too: the reader's watermark comes from what it wrote.
-            plan_offsets: !real_time
-                && (self.builder.watermark.is_some() || self.builder.event_time.is_some())
-                && self.builder.scope == crate::watermark::WatermarkScope::Query,
+            plan_offsets: !real_time && self.query_wide_watermark(),
         };
         let started = Instant::now();
         let batch = self.source.next_batch(&request)?;
