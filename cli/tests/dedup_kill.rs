@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{run_and_kill, tidemark_run};
-use std::process::Stdio;
+use common::{run_and_kill, run_to_end};
 use std::time::Duration;
 use tidemark_integration_tests::*;
 
@@ -61,7 +60,7 @@ fn sigkill_twice_under_exactly_once_then_each_guid_is_written_once() {
     run_and_kill(&file, 4);
     run_and_kill(&file, 6);
     write("available_now");
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",

@@ -7,8 +7,7 @@
 
 mod common;
 
-use common::{run_and_kill, tidemark_run};
-use std::process::Stdio;
+use common::{run_and_kill, run_to_end};
 use std::time::Duration;
 use tidemark_integration_tests::*;
 
@@ -115,7 +114,7 @@ fn sigkill_twice_under_exactly_once_then_each_ad_is_written_once() {
     run_and_kill(&file, 3);
     run_and_kill(&file, 5);
     write("available_now");
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",
@@ -238,7 +237,7 @@ fn streams_keyed_otherwise_or_not_co_partitioned_are_repartitioned_and_joined() 
         described.contains("-left-repartition") && described.contains("-right-repartition"),
         "{described}"
     );
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",

@@ -134,7 +134,7 @@ fn available_now_runs_the_writer_to_the_end_then_the_reader() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pipeline.yaml");
     std::fs::write(&file, pipeline(&app, &input, &output, "available_now")).unwrap();
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",
@@ -303,7 +303,7 @@ fn a_chained_aggregation_runs_behind_the_repartition_or_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pipeline.yaml");
     std::fs::write(&file, chained_pipeline(&app, &input, &output, "[region]")).unwrap();
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",
@@ -332,7 +332,7 @@ fn a_chained_aggregation_runs_behind_the_repartition_or_is_refused() {
 
     let app = unique("rpc-app");
     std::fs::write(&file, chained_pipeline(&app, &input, &output, "[]")).unwrap();
-    let refused = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let refused = run_to_end(&file);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(

@@ -6,9 +6,8 @@
 
 mod common;
 
-use common::{tidemark_describe, tidemark_run};
+use common::{run_to_end, tidemark_describe};
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 use tidemark_integration_tests::*;
 
@@ -130,7 +129,7 @@ fn two_streams_not_co_partitioned_are_unioned_by_name_repartitioned_and_counted_
         described.contains("-op1-repartition") && described.contains("Union [eu] by name"),
         "{described}"
     );
-    let done = tidemark_run(&file, None, Stdio::piped()).output().unwrap();
+    let done = run_to_end(&file);
     assert!(
         done.status.success(),
         "{}",
