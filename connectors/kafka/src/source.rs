@@ -781,7 +781,6 @@ impl Source for KafkaSource {
         if request.available_now && self.end_offsets.is_none() {
             self.capture_end_offsets(Instant::now() + Duration::from_secs(60))?;
         }
-        self.resume_planned()?;
         let mut may_plan = request.plan_offsets
             && !self.replaying
             && !request.return_early
@@ -802,6 +801,9 @@ impl Source for KafkaSource {
                 }
             }
         }
+        // Resumed only now: the plan starts a partition paused past the
+        // last plan at the record it was paused at.
+        self.resume_planned()?;
         let mut records = Vec::new();
         if !unplannable {
             self.hand_out_carried(&mut records);
