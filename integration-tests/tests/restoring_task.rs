@@ -162,6 +162,24 @@ fn count_ten_of_each(yaml: &str, dir: &Path, input: &str, output: &str) -> Vec<C
     out
 }
 
+/// What a run started by [`start_gated`] hands back: the gate, the stop
+/// handle, the progress reports and the run's thread.
+type GatedRun = (
+    Gate,
+    StopHandle,
+    Arc<Mutex<Vec<QueryProgress>>>,
+    std::thread::JoinHandle<()>,
+);
+
+/// Starts the pipeline with partition 1's restore waiting at a closed gate.
+fn start_gated(yaml: &str, dir: &Path) -> GatedRun {
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let stop = StopHandle::default();
+    let reports = Arc::new(Mutex::new(Vec::new()));
+    let run = start(yaml, dir, &stop, Some((1, gate.clone())), reports.clone());
+    (gate, stop, reports, run)
+}
+
 /// Lets the gated restore go on.
 fn open_gate(gate: &Gate) {
     let (open, changed) = &**gate;
@@ -187,16 +205,7 @@ fn a_restoring_task_does_not_stop_the_other_partitions() {
     std::fs::remove_dir_all(dir.path().join("state")).unwrap();
     produce_to(&input, Some(0), &events("a", 10..15));
     produce_to(&input, Some(1), &events("b", 10..15));
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let stop = StopHandle::default();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let run = start(
-        &yaml,
-        dir.path(),
-        &stop,
-        Some((1, gate.clone())),
-        reports.clone(),
-    );
+    let (gate, stop, reports, run) = start_gated(&yaml, dir.path());
     let out = consume_until(&output, timeout, |rows| count_of(rows, "a") == 15);
     assert_eq!(count_of(&out, "a"), 15, "partition 0 went on: {out:?}");
     // More input for partition 0 is processed too, batch after batch.
@@ -261,16 +270,7 @@ fn under_the_query_wide_watermark_the_batch_waits_for_every_restore() {
     std::fs::remove_dir_all(dir.path().join("state")).unwrap();
     produce_to(&input, Some(0), &events("a", 180..185));
     produce_to(&input, Some(1), &events("b", 10..15));
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let stop = StopHandle::default();
-    let reports = Arc::new(Mutex::new(Vec::new()));
-    let run = start(
-        &yaml,
-        dir.path(),
-        &stop,
-        Some((1, gate.clone())),
-        reports.clone(),
-    );
+    let (gate, stop, reports, run) = start_gated(&yaml, dir.path());
     std::thread::sleep(Duration::from_secs(3));
     open_gate(&gate);
     let out = consume_until(&output, timeout, |rows| {

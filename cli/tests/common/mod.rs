@@ -217,8 +217,8 @@ pub fn run_to_end(file: &std::path::Path) -> std::process::Output {
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            let text = String::from_utf8_lossy(&reader.join().unwrap()).to_string();
-            let tail = &text[text.len().saturating_sub(4000)..];
+            let text = reader.join().unwrap();
+            let tail = String::from_utf8_lossy(&text[text.len().saturating_sub(4000)..]);
             panic!("the run had not ended after 5 minutes; the end of its stderr:\n{tail}");
         }
         std::thread::sleep(std::time::Duration::from_millis(100));

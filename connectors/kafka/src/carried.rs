@@ -46,9 +46,12 @@ impl<K: Clone + Eq + Hash> CarriedRecords<K> {
     /// Whether records of `partition` are kept: a newer record of it must
     /// then be kept behind them, whatever the plan says, to stay in order.
     pub(crate) fn holds(&self, partition: &K) -> bool {
-        self.by_partition
-            .get(partition)
-            .is_some_and(|queue| !queue.is_empty())
+        // Asked per record polled: no hash lookup while nothing is kept.
+        self.len > 0
+            && self
+                .by_partition
+                .get(partition)
+                .is_some_and(|queue| !queue.is_empty())
     }
 
     /// Keeps `record` of `partition`, after those kept before it.
