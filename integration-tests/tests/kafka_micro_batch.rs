@@ -342,3 +342,81 @@ fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
     );
     assert!(consume_all(&output, 1, Duration::from_secs(2)).is_empty());
 }
+
+/// The request of a plain micro-batch lasting `wait`.
+fn batch_request(batch_id: u64, wait: Duration) -> tidemark::runtime::BatchRequest {
+    tidemark::runtime::BatchRequest {
+        batch_id,
+        deadline: Instant::now() + wait,
+        max_records: 10_000,
+        available_now: false,
+        return_early: false,
+        plan_offsets: false,
+    }
+}
+
+/// A batch aborted and rewound hands every owned partition's checkpoint
+/// back, as after an assignment. When a rebalance takes one of them away
+/// before that batch ends, its checkpoint must not come back with it: the
+/// runtime applies the revocation first and would start a task for a
+/// partition it no longer owns, whose state then goes stale and is reused
+/// if the partition comes back (a zombie test's duplicate window).
+#[test]
+fn a_partition_revoked_after_a_rewind_does_not_hand_back_its_checkpoint() {
+    use tidemark::runtime::Source;
+    let (topic, group) = (unique("rewind-revoke"), unique("rewind-revoke-app"));
+    create_topic(&topic, 2);
+    for partition in 0..2 {
+        let records: Vec<_> = (0..10)
+            .map(|i| (format!("k{i}"), format!(r#"{{"n": {i}}}"#).into_bytes()))
+            .collect();
+        produce_to(&topic, Some(partition), &records);
+    }
+    let mut first = source(&topic, &group);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut read = 0;
+    while read < 20 && Instant::now() < deadline {
+        read += first
+            .next_batch(&batch_request(0, Duration::from_secs(1)))
+            .unwrap()
+            .records
+            .len();
+    }
+    assert_eq!(read, 20, "the first member read both partitions");
+    let checkpoints: std::collections::BTreeMap<i32, String> =
+        (0..2).map(|p| (p, format!("checkpoint-{p}"))).collect();
+    first.commit(&checkpoints).unwrap();
+    assert!(first.rewind().unwrap());
+
+    // A second member joins while the first one's next batch runs: the
+    // cooperative rebalance moves one partition to it within that batch.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let second = {
+        let (stop, topic, group) = (stop.clone(), topic.clone(), group.clone());
+        std::thread::spawn(move || {
+            let mut second = source(&topic, &group);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                second
+                    .next_batch(&batch_request(0, Duration::from_millis(200)))
+                    .unwrap();
+            }
+        })
+    };
+    let batch = first
+        .next_batch(&batch_request(1, Duration::from_secs(25)))
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    second.join().unwrap();
+    assert_eq!(
+        batch.revoked_partitions.len(),
+        1,
+        "the rebalance ended within the batch: {batch:?}"
+    );
+    let handed_back: Vec<i32> = batch.restored_checkpoints.iter().map(|(p, _)| *p).collect();
+    let kept = 1 - batch.revoked_partitions[0];
+    assert_eq!(
+        handed_back,
+        vec![kept],
+        "only the partition still owned comes back with its checkpoint"
+    );
+}

@@ -71,7 +71,9 @@ pub struct SourceBatch {
     /// Checkpoints stored with the committed offsets of partitions assigned
     /// since the last batch: their tasks resume from them. A partition may
     /// come with several (one per topic, each written when that topic last
-    /// moved); the task merges them, which keeps the newest.
+    /// moved); the task merges them, which keeps the newest. Only partitions
+    /// still owned when the batch ends: the runtime applies the revocations
+    /// first, so one assigned and revoked within the batch must not be here.
     pub restored_checkpoints: Vec<(i32, String)>,
 }
 

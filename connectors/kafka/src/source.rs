@@ -890,13 +890,20 @@ impl Source for KafkaSource {
         if self.replaying {
             self.end_replay()?;
         }
-        let (revoked, assigned) = {
+        let (revoked, mut assigned) = {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
             (
                 std::mem::take(&mut log.revoked),
                 std::mem::take(&mut log.assigned),
             )
         };
+        // Assigned (or rewound) and then revoked within this batch: not this
+        // member's any more. Handing back its checkpoint would start a task
+        // the runtime never closes (the revocation is applied first), whose
+        // state goes stale while another member moves on, and is reused as
+        // it stands if the partition comes back.
+        let owned = self.assigned();
+        assigned.retain(|partition| owned.contains(partition));
         Ok(SourceBatch {
             records,
             exhausted: request.available_now && self.caught_up(true),
