@@ -51,14 +51,68 @@ pub trait Aggregator: Send + Sync + 'static {
 }
 
 /// A type-erased accumulator.
-pub struct Accumulator(Box<dyn Any + Send>);
+///
+/// The small states of the common built-ins (count, sum, avg and the other
+/// moments; any aggregate whose state is an `i64`) are stored inline: a
+/// window's accumulators then sit in its one vector, with no allocation per
+/// window and no pointer to follow per row, which was the fold's cache miss
+/// (`docs/benchmarks.md`, window aggregation at scale). Other states are
+/// boxed.
+pub struct Accumulator(Slot);
+
+enum Slot {
+    Long(i64),
+    Sum(SumAcc),
+    Moments(MomentsAcc),
+    Boxed(Box<dyn Any + Send>),
+}
 
 impl Accumulator {
+    /// Wraps `state`, inline when its type is one of [`Slot`]'s.
+    fn new<T: Any + Send>(state: T) -> Self {
+        let mut state = Some(state);
+        if let Some(v) = inline_take::<T, i64>(&mut state) {
+            return Accumulator(Slot::Long(v));
+        }
+        if let Some(v) = inline_take::<T, SumAcc>(&mut state) {
+            return Accumulator(Slot::Sum(v));
+        }
+        if let Some(v) = inline_take::<T, MomentsAcc>(&mut state) {
+            return Accumulator(Slot::Moments(v));
+        }
+        match state {
+            Some(state) => Accumulator(Slot::Boxed(Box::new(state))),
+            None => unreachable!("taken only when stored inline"),
+        }
+    }
+
     /// The concrete state, when it is a `T` (rolling ranges take values back
     /// out of built-in accumulators).
     pub fn downcast_mut<T: 'static>(&mut self) -> Option<&mut T> {
-        self.0.downcast_mut()
+        match &mut self.0 {
+            Slot::Long(v) => (v as &mut dyn Any).downcast_mut(),
+            Slot::Sum(v) => (v as &mut dyn Any).downcast_mut(),
+            Slot::Moments(v) => (v as &mut dyn Any).downcast_mut(),
+            Slot::Boxed(b) => b.downcast_mut(),
+        }
     }
+
+    fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        match &self.0 {
+            Slot::Long(v) => (v as &dyn Any).downcast_ref(),
+            Slot::Sum(v) => (v as &dyn Any).downcast_ref(),
+            Slot::Moments(v) => (v as &dyn Any).downcast_ref(),
+            Slot::Boxed(b) => b.downcast_ref(),
+        }
+    }
+}
+
+/// Takes `state` out when `T` is `U` (the types are compared, not the
+/// values): how [`Accumulator::new`] picks an inline slot without `unsafe`.
+fn inline_take<T: Any, U: Any>(state: &mut Option<T>) -> Option<U> {
+    (state as &mut dyn Any)
+        .downcast_mut::<Option<U>>()
+        .and_then(Option::take)
 }
 
 impl std::fmt::Debug for Accumulator {
@@ -80,48 +134,43 @@ trait ErasedAggregator: Send + Sync {
 
 impl<A: Aggregator> ErasedAggregator for A {
     fn zero(&self) -> Accumulator {
-        Accumulator(Box::new(Aggregator::zero(self)))
+        Accumulator::new(Aggregator::zero(self))
     }
     fn reduce(&self, acc: &mut Accumulator, input: &Value) {
-        if let Some(a) = acc.0.downcast_mut::<A::Acc>() {
+        if let Some(a) = acc.downcast_mut::<A::Acc>() {
             Aggregator::reduce(self, a, input)
         }
     }
     fn reduce_by(&self, acc: &mut Accumulator, input: &Value, ordering: &Value) {
-        if let Some(a) = acc.0.downcast_mut::<A::Acc>() {
+        if let Some(a) = acc.downcast_mut::<A::Acc>() {
             Aggregator::reduce_by(self, a, input, ordering)
         }
     }
     fn merge(&self, acc: &mut Accumulator, other: &Accumulator) {
-        if let (Some(a), Some(b)) = (
-            acc.0.downcast_mut::<A::Acc>(),
-            other.0.downcast_ref::<A::Acc>(),
-        ) {
+        if let (Some(a), Some(b)) = (acc.downcast_mut::<A::Acc>(), other.downcast_ref::<A::Acc>()) {
             Aggregator::merge(self, a, b)
         }
     }
     fn finish(&self, acc: &Accumulator) -> Value {
-        acc.0
-            .downcast_ref::<A::Acc>()
+        acc.downcast_ref::<A::Acc>()
             .map(|a| Aggregator::finish(self, a))
             .unwrap_or(Value::Null)
     }
     fn clone_acc(&self, acc: &Accumulator) -> Accumulator {
-        match acc.0.downcast_ref::<A::Acc>() {
-            Some(a) => Accumulator(Box::new(a.clone())),
+        match acc.downcast_ref::<A::Acc>() {
+            Some(a) => Accumulator::new(a.clone()),
             None => ErasedAggregator::zero(self),
         }
     }
     fn encode(&self, acc: &Accumulator) -> Vec<u8> {
-        acc.0
-            .downcast_ref::<A::Acc>()
+        acc.downcast_ref::<A::Acc>()
             .and_then(|a| serde_json::to_vec(a).ok())
             .unwrap_or_default()
     }
     fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
         let acc: A::Acc = serde_json::from_slice(bytes)
             .map_err(|e| Error::Source(format!("corrupt accumulator: {e}")))?;
-        Ok(Accumulator(Box::new(acc)))
+        Ok(Accumulator::new(acc))
     }
 }
 
@@ -523,6 +572,26 @@ impl Aggregator for ExtremeBy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_states_are_inline_and_others_boxed_and_both_downcast() {
+        let mut count = Accumulator::new(4i64);
+        assert!(matches!(count.0, Slot::Long(4)));
+        *count.downcast_mut::<i64>().unwrap() += 1;
+        assert_eq!(count.downcast_ref::<i64>(), Some(&5));
+        assert!(count.downcast_ref::<SumAcc>().is_none());
+        let sum = Accumulator::new(SumAcc::Double(1.5));
+        assert!(matches!(sum.0, Slot::Sum(SumAcc::Double(_))));
+        assert!(sum.downcast_ref::<i64>().is_none());
+        let mut text = Accumulator::new(String::from("a"));
+        assert!(matches!(text.0, Slot::Boxed(_)));
+        text.downcast_mut::<String>().unwrap().push('b');
+        assert_eq!(
+            text.downcast_ref::<String>().map(String::as_str),
+            Some("ab")
+        );
+        assert!(text.downcast_ref::<i64>().is_none());
+    }
 
     #[test]
     fn max_by_and_min_by_keep_the_value_of_the_extreme_ordering() {
