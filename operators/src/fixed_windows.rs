@@ -4,22 +4,35 @@
 //! The per-row path looks a key up by its encoded bytes without allocating
 //! and scans the key's few open windows linearly; allocation happens only
 //! when a key or a window opens.
+//!
+//! Each pointer a row follows is a cache miss once the state outgrows the
+//! cache, so the common case keeps them few: a short key's bytes sit in the
+//! hash table's slot (compared without a jump), and a window's first two
+//! accumulators sit in the window itself. Longer keys and more aggregates
+//! spill to the heap.
 
 use crate::aggregate::Accumulator;
 use crate::row::Value;
 use crate::window::TimeWindow;
+use hashbrown::hash_map::EntryRef;
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 
 type HashMap<K, V> = crate::CacheMap<K, V>;
 
+/// An encoded key, inline up to 24 bytes.
+type KeyBytes = SmallVec<[u8; 24]>;
+
 struct OpenWindow {
     window: TimeWindow,
-    accumulators: Vec<Accumulator>,
+    accumulators: SmallVec<[Accumulator; 2]>,
     touched: bool,
 }
 
 struct KeyWindows {
     key_values: Vec<Value>,
+    /// On the heap: keys often hold two or three windows near the
+    /// watermark, and an inline one would sit empty in most slots.
     windows: Vec<OpenWindow>,
 }
 
@@ -32,7 +45,7 @@ pub(super) type WindowRef<'a> = (TimeWindow, &'a [Accumulator]);
 /// Open fixed windows of one operator in one task.
 #[derive(Default)]
 pub(super) struct FixedWindowState {
-    keys: HashMap<Vec<u8>, KeyWindows>,
+    keys: HashMap<KeyBytes, KeyWindows>,
     expiry: BTreeMap<i64, Vec<Vec<u8>>>,
     touched: Vec<(Vec<u8>, TimeWindow)>,
     open: usize,
@@ -57,16 +70,25 @@ impl FixedWindowState {
         zeros: impl FnOnce() -> Vec<Accumulator>,
     ) -> &mut [Accumulator] {
         // One probe: the key is copied only when it is new.
-        let entry = self.keys.entry_ref(key).or_insert_with(|| KeyWindows {
-            key_values: key_values(),
-            windows: Vec::with_capacity(2),
-        });
+        let entry = match self.keys.entry_ref(key) {
+            EntryRef::Occupied(entry) => entry.into_mut(),
+            EntryRef::Vacant(entry) => entry.insert_with_key(
+                KeyBytes::from_slice(key),
+                KeyWindows {
+                    key_values: key_values(),
+                    windows: Vec::with_capacity(1),
+                },
+            ),
+        };
         let position = match entry.windows.iter().position(|w| w.window == window) {
             Some(p) => p,
             None => {
+                // Grown one at a time: a window is 100 bytes and a key holds
+                // one to a few; doubling would leave most of them empty.
+                entry.windows.reserve_exact(1);
                 entry.windows.push(OpenWindow {
                     window,
-                    accumulators: zeros(),
+                    accumulators: SmallVec::from_vec(zeros()),
                     touched: false,
                 });
                 self.expiry
@@ -126,12 +148,12 @@ impl FixedWindowState {
             .into_iter()
             .map(|(window, accumulators)| OpenWindow {
                 window,
-                accumulators,
+                accumulators: accumulators.into_iter().collect(),
                 touched: false,
             })
             .collect();
         self.keys.insert(
-            key,
+            KeyBytes::from_vec(key),
             KeyWindows {
                 key_values,
                 windows,
@@ -211,7 +233,7 @@ impl FixedWindowState {
             self.dirty.extend(touched.iter().map(|(k, _)| k.clone()));
         }
         for (key, window) in &touched {
-            if let Some(entry) = self.keys.get_mut(key) {
+            if let Some(entry) = self.keys.get_mut(key.as_slice()) {
                 if let Some(open) = entry.windows.iter_mut().find(|w| w.window == *window) {
                     open.touched = false;
                     f(&entry.key_values, open.window, &open.accumulators);
@@ -223,7 +245,7 @@ impl FixedWindowState {
 
     /// Every open window, by window start then key.
     pub(super) fn for_each(&self, mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator])) {
-        let mut all: Vec<(&Vec<u8>, &KeyWindows, &OpenWindow)> = self
+        let mut all: Vec<(&KeyBytes, &KeyWindows, &OpenWindow)> = self
             .keys
             .iter()
             .flat_map(|(k, e)| e.windows.iter().map(move |w| (k, e, w)))
@@ -239,7 +261,7 @@ impl FixedWindowState {
     pub(super) fn evict_until(
         &mut self,
         watermark: i64,
-        mut f: impl FnMut(&[Value], TimeWindow, Vec<Accumulator>),
+        mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
     ) -> usize {
         let keep = self.expiry.split_off(&watermark.saturating_add(1));
         let expired = std::mem::replace(&mut self.expiry, keep);
@@ -251,7 +273,7 @@ impl FixedWindowState {
                 if self.track_dirty {
                     self.dirty.push(key.clone());
                 }
-                let Some(entry) = self.keys.get_mut(&key) else {
+                let Some(entry) = self.keys.get_mut(key.as_slice()) else {
                     continue;
                 };
                 let mut i = 0;
@@ -266,13 +288,13 @@ impl FixedWindowState {
                     }
                 }
                 if entry.windows.is_empty() {
-                    self.keys.remove(&key);
+                    self.keys.remove(key.as_slice());
                 }
             }
             closed.sort_by_key(|(_, w)| w.window.start);
             for (key_values, open) in closed {
                 removed += 1;
-                f(&key_values, open.window, open.accumulators);
+                f(&key_values, open.window, &open.accumulators);
             }
         }
         // With state in the store the count starts from an estimate.

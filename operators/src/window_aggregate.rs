@@ -231,7 +231,7 @@ impl WindowAggregate {
             }
             OutputMode::Append => {
                 self.rows_removed += fixed
-                    .evict_until(ctx.watermark, |k, w, a| out.push(self.output_row(k, w, &a)))
+                    .evict_until(ctx.watermark, |k, w, a| out.push(self.output_row(k, w, a)))
                     as u64;
             }
         }
@@ -669,6 +669,54 @@ mod tests {
             out.iter().map(|r| r.to_json().to_string()).collect(),
             most_cached,
         )
+    }
+
+    /// Tumbling counts of 300 rows over 7 keys named `{prefix}{k}`, in
+    /// three count columns: per emitted row, its key without the prefix and
+    /// its counts.
+    fn counts_by_key(prefix: &str) -> Vec<(String, Vec<Value>)> {
+        let aggregates = ["n", "n2", "n3"].map(|name| AggregateSpec::count().alias(name));
+        let mut w = WindowAggregate::new(
+            vec![Arc::from("id")],
+            TimeColumn::EventTime(Arc::from("event_time")),
+            WindowSpec::tumbling("5 minutes").unwrap(),
+            aggregates.to_vec(),
+            OutputMode::Append,
+        );
+        for i in 0..300 {
+            let t = format!("10:{:02}", i % 12);
+            let id = format!("{prefix}{}", i % 7);
+            w.on_row(row(&t, &id), &ctx("", ""), &mut Vec::new())
+                .unwrap();
+        }
+        let mut out = Vec::new();
+        w.on_batch_end(&ctx("11:00", "11:00"), &mut out).unwrap();
+        out.iter()
+            .map(|r| {
+                let id = r.get("id").unwrap().to_string();
+                let counts = ["n", "n2", "n3"].map(|c| r.get(c).unwrap().clone());
+                (id.replacen(prefix, "", 1), counts.to_vec())
+            })
+            .collect()
+    }
+
+    /// A key past the 24 bytes kept in the table's slot and aggregates past
+    /// the two accumulators kept in the window spill to the heap: the
+    /// results are those of short keys.
+    #[test]
+    fn long_keys_and_many_aggregates_spill_with_the_same_results() {
+        let short = counts_by_key("k");
+        let long = counts_by_key("a-key-longer-than-twenty-four-bytes-");
+        assert_eq!(long, short);
+        assert_eq!(short.len(), 7 * 3, "7 keys in 3 windows: {short:?}");
+        let total: i64 = short
+            .iter()
+            .map(|(_, counts)| match &counts[..] {
+                [Value::Long(a), Value::Long(b), Value::Long(c)] if a == b && b == c => *a,
+                other => panic!("counts differ: {other:?}"),
+            })
+            .sum();
+        assert_eq!(total, 300);
     }
 
     #[test]
