@@ -197,6 +197,136 @@ fn two_instances_one_partition_each_share_the_query_wide_watermark_through_kafka
     );
 }
 
+/// The rows the window dropped as late over every report of `progress`.
+fn rows_dropped_by_watermark(progress: &[serde_json::Value]) -> u64 {
+    progress
+        .iter()
+        .map(|p| {
+            p["stateOperators"][0]["numRowsDroppedByWatermark"]
+                .as_u64()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// How the instance that went down comes back.
+#[derive(Clone, Copy, PartialEq)]
+enum Comeback {
+    /// Restarted within its session timeout: its partition waits for it.
+    Restart,
+    /// Never: after its session timeout its partition moves to the other.
+    Failover,
+}
+
+/// Writes an hour of rows a minute at a time to both partitions (key `a`
+/// to 0, `b` to 1, minute `m` stamped `base + m` ms as Kafka's record
+/// timestamp: they arrive in step), then a row of 11:30 each.
+fn an_hour_on_both_partitions(input: &str) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = plain().create().unwrap();
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let minutes = (0..60)
+        .map(|m| format!("10:{m:02}"))
+        .chain(["11:30".to_string()]);
+    for (i, minute) in minutes.enumerate() {
+        for (partition, id) in [(0, "a"), (1, "b")] {
+            let (key, value) = rows(id, &[&minute]).remove(0);
+            let record = BaseRecord::to(input)
+                .partition(partition)
+                .key(&key)
+                .payload(&value)
+                .timestamp(base + i as i64);
+            producer.send(record).map_err(|(e, _)| e).unwrap();
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Spark's single driver reads a backlog after downtime as one: a row meets
+/// the event times of rows that arrived before it, whichever partition
+/// they are in. Two instances (static members, one partition each, five
+/// records a batch), the second stopped; both partitions then receive an
+/// hour of rows. The running instance reads its partition and publishes
+/// 11:30 to the exchange. The stopped one's partition is read later —
+/// by itself restarted, or by the other after a failover — and whoever
+/// reads it counts the other partition's progress only as far as it has
+/// read its own: none of its rows falls behind a watermark made of rows
+/// that arrived after them.
+fn backlog_read_after_downtime(comeback: Comeback) {
+    let (input, output, app) = (unique("wsd-in"), unique("wsd-out"), unique("wsd-app"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let session_ms = if comeback == Comeback::Restart {
+        30_000
+    } else {
+        6_000
+    };
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let files: Vec<_> = dirs
+        .iter()
+        .map(|dir| {
+            let file = dir.path().join("pipeline.yaml");
+            let source_properties = format!(
+                "  properties: {{session.timeout.ms: \"{session_ms}\", heartbeat.interval.ms: \"1000\"}}\n"
+            );
+            let yaml = pipeline(&app, &input, &output, "query")
+                .replace("watermark_scope: query\n", "watermark_scope: query\nmax_records_per_batch: 5\n")
+                .replace("  format: json\n", &format!("  format: json\n{source_properties}"));
+            std::fs::write(&file, yaml).unwrap();
+            file
+        })
+        .collect();
+    let start = |i: usize| start_replica_as(&files[i], Some(&format!("d{i}")));
+    let mut replicas = vec![start(0), start(1)];
+    until_each_holds_a_partition(&input, &replicas);
+    interrupt(&mut replicas[1].child);
+    an_hour_on_both_partitions(&input);
+    if comeback == Comeback::Restart {
+        // The running instance's watermark, 11:25, closes a's windows and
+        // w0's: its progress is in the exchange.
+        wait_for_records(&output, 13);
+        std::thread::sleep(Duration::from_secs(1));
+        replicas[1] = start(1);
+    }
+    wait_for_records(&output, 26);
+    std::thread::sleep(Duration::from_secs(2));
+    interrupt(&mut replicas[0].child);
+    if comeback == Comeback::Restart {
+        interrupt(&mut replicas[1].child);
+    }
+    let expected: Vec<(String, String, i64)> = ["a", "b"]
+        .into_iter()
+        .flat_map(|id| {
+            (0..60)
+                .step_by(5)
+                .map(move |m| (id.to_string(), format!("10:{m:02}"), 5))
+        })
+        .collect();
+    assert_eq!(
+        emitted(&output, 26),
+        expected,
+        "every row of both partitions counted"
+    );
+    let reader = if comeback == Comeback::Restart { 1 } else { 0 };
+    let late = rows_dropped_by_watermark(&replicas[reader].progress_lines());
+    assert_eq!(late, 0, "no row of the backlog late");
+}
+
+#[test]
+fn an_instance_restarted_after_downtime_reads_its_backlog_without_the_others_progress_dropping_it()
+{
+    backlog_read_after_downtime(Comeback::Restart);
+}
+
+#[test]
+fn a_partition_failed_over_with_a_backlog_is_read_without_the_running_tasks_watermark_dropping_it()
+{
+    backlog_read_after_downtime(Comeback::Failover);
+}
+
 /// Partition 0 holds two rows a minute (key `k0`), partitions 1 to 3 one
 /// (`k1`..`k3`), minutes 0 to 49, all written before the query starts.
 /// Batches of at most 25 records share the limit by backlog, as Spark's
@@ -246,15 +376,7 @@ fn the_default_scope_reads_a_backlog_on_several_partitions_batch_by_planned_offs
         "every row counted: no partition fell behind the watermark"
     );
     let progress = &replica.progress_lines();
-    let late: u64 = progress
-        .iter()
-        .map(|p| {
-            p["stateOperators"][0]["numRowsDroppedByWatermark"]
-                .as_u64()
-                .unwrap_or(0)
-        })
-        .sum();
-    assert_eq!(late, 0, "no row late");
+    assert_eq!(rows_dropped_by_watermark(progress), 0, "no row late");
     let sizes: Vec<u64> = progress
         .iter()
         .map(|p| p["numInputRows"].as_u64().unwrap_or(0))

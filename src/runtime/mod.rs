@@ -3,6 +3,7 @@
 
 mod builder;
 mod commit;
+mod exchange_alignment;
 pub mod fault_injection;
 mod inputs;
 mod markers;
@@ -24,7 +25,7 @@ pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
 };
 pub use task::checkpoint_batch_id;
-pub use watermark_exchange::WatermarkExchange;
+pub use watermark_exchange::{PartitionProgress, WatermarkExchange};
 
 use crate::error::{Error, Result};
 use crate::record::Record;
@@ -133,6 +134,13 @@ pub trait Source: Send {
     /// Sources that cannot return `false`.
     fn replay_until(&mut self, _batch_id: u64, _end: &serde_json::Value) -> Result<bool> {
         Ok(false)
+    }
+    /// The task partitions the last planned batch
+    /// ([`BatchRequest::plan_offsets`]) reads to their latest offset (its
+    /// plan was not cut to `max_records`), those with nothing waiting
+    /// included. Sources that do not plan batches know of none.
+    fn partitions_caught_up(&self) -> std::collections::BTreeSet<i32> {
+        Default::default()
     }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {

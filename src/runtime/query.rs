@@ -260,8 +260,12 @@ impl<'a> TriggerLoop<'a> {
         let backend = builder.state_backend.take();
         let watermark_exchange = builder.watermark_exchange.take();
         let listeners = std::mem::take(&mut builder.listeners);
+        let mut tasks = TaskManager::new(&builder, &backend);
+        if watermark_exchange.is_some() {
+            tasks.align_to_exchange();
+        }
         TriggerLoop {
-            tasks: TaskManager::new(&builder, &backend),
+            tasks,
             reporter: ProgressReporter::new(id, run_id, builder.name.clone(), listeners),
             cadence: Cadence::of(builder.trigger),
             late_data: builder.late_data.take(),
@@ -344,6 +348,9 @@ impl<'a> TriggerLoop<'a> {
         }
         let (batch, get_batch_ms) = self.poll()?;
         self.exhausted |= batch.exhausted;
+        if batch.records.is_empty() && self.watermark_exchange.is_some() {
+            self.tasks.nothing_read(&self.source.partitions_caught_up());
+        }
         // Under Spark's query-wide watermark a partition held back while its
         // task restores would find the watermark moved past its rows by the
         // others' (Spark loads every task's state before its batch runs):
@@ -396,11 +403,14 @@ impl<'a> TriggerLoop<'a> {
             backend.between_batches()?;
         }
         if let Some(exchange) = self.watermark_exchange.as_mut() {
-            let progress = exchange.collect()?;
+            let collected = exchange.collect()?;
+            if let Some(alignment) = self.tasks.alignment_mut() {
+                alignment.offer(collected);
+            }
             let processing_time = self.builder.clock.batch_time(self.batch_id);
-            self.others_moved_watermark |=
-                self.tasks
-                    .observe_other_instances(&progress, &self.router.inputs, processing_time);
+            self.others_moved_watermark |= self
+                .tasks
+                .observe_other_instances(&self.router.inputs, processing_time);
         }
         for table in self.builder.global_tables.iter_mut() {
             self.summary.bad_records += table.catch_up(
@@ -505,6 +515,9 @@ impl<'a> TriggerLoop<'a> {
         let mut routed = self
             .router
             .route(&batch.records, self.tasks.tasks_mut(), &scope)?;
+        if let Some(alignment) = self.tasks.alignment_mut() {
+            alignment.note_read(&batch.records, &*self.source);
+        }
         let event_time_progress = self.tasks.observe_event_times(
             &routed.max_event_time,
             &self.router.inputs,
@@ -568,6 +581,9 @@ impl<'a> TriggerLoop<'a> {
         let event_time_progress = &open.event_time_progress;
         let outcome = commit_batch(self.batch_id, &mut self.tasks, event_time_progress, targets)?;
         if let CommitOutcome::Aborted { replay_bounded } = outcome {
+            if let Some(alignment) = self.tasks.alignment_mut() {
+                alignment.batch_aborted();
+            }
             if replay_bounded {
                 // The replay must hold the whole of the aborted input: no
                 // partition is held back while its task restores.
@@ -576,9 +592,12 @@ impl<'a> TriggerLoop<'a> {
             return Ok(outcome);
         }
         if let Some(exchange) = self.watermark_exchange.as_mut() {
+            let caught_up = self.source.partitions_caught_up();
+            let known = self
+                .tasks
+                .share_committed_progress(event_time_progress, &caught_up);
             // Advisory: another instance's watermark waits for it, nothing
             // is lost if it fails.
-            let known = self.tasks.progress_to_publish(event_time_progress);
             if let Err(e) = exchange.publish(&known) {
                 tracing::warn!(error = %e, "publishing event-time progress to the other instances failed");
             }

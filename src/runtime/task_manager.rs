@@ -6,12 +6,13 @@
 //! revoked.
 
 use super::builder::QueryBuilder;
+use super::exchange_alignment::ExchangeAlignment;
 use super::router::BatchScope;
 use super::task::{
     new_task, pending_task, restore_checkpoint, restore_thread_died, RestoringTask, Task,
     TaskCheckpoint, RESTORE_GRACE,
 };
-use super::{SinkCommit, Source, SourceBatch, StateBackend};
+use super::{PartitionProgress, SinkCommit, Source, SourceBatch, StateBackend};
 use crate::error::Result;
 use crate::operators::BatchContext;
 use crate::record::Record;
@@ -37,12 +38,18 @@ pub(super) struct TaskManager {
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
-    /// The largest event time known per input partition through the
-    /// watermark exchange (collected from the other instances or published
-    /// by this one): a task started later (or after every task was
-    /// dropped) starts from it, and a partition's published time never
-    /// goes lower (the compacted exchange keeps one record a partition).
-    exchanged: BTreeMap<String, TimestampMicros>,
+    /// The largest event time counted per input partition: this instance's
+    /// committed progress and what the watermark exchange let it count of
+    /// the others'. A task started later (or after every task was dropped)
+    /// starts from it.
+    counted_progress: BTreeMap<String, TimestampMicros>,
+    /// With a watermark exchange: what of the others' progress each task
+    /// may count, by how far it has read.
+    alignment: Option<ExchangeAlignment>,
+    /// Tasks were running when the current assignment's tasks started.
+    joining_running: bool,
+    /// The current poll's oldest record timestamp per task partition.
+    first_reads: BTreeMap<i32, i64>,
 }
 
 /// What the end of a batch gave besides its output rows.
@@ -67,7 +74,30 @@ impl TaskManager {
             sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
-            exchanged: BTreeMap::new(),
+            counted_progress: BTreeMap::new(),
+            alignment: None,
+            joining_running: false,
+            first_reads: BTreeMap::new(),
+        }
+    }
+
+    /// Counts other instances' progress only as far as each task has read
+    /// (a query sharing its progress through a watermark exchange).
+    pub(super) fn align_to_exchange(&mut self) {
+        self.alignment = Some(ExchangeAlignment::default());
+    }
+
+    /// The exchange's alignment, when the query has an exchange.
+    pub(super) fn alignment_mut(&mut self) -> Option<&mut ExchangeAlignment> {
+        self.alignment.as_mut()
+    }
+
+    /// After a poll that read nothing: the partitions the source's plan
+    /// found with nothing waiting hold nothing back.
+    pub(super) fn nothing_read(&mut self, caught_up: &BTreeSet<i32>) {
+        let running: Vec<i32> = self.tasks.keys().copied().collect();
+        if let Some(alignment) = self.alignment.as_mut() {
+            alignment.nothing_read(&running, caught_up);
         }
     }
 
@@ -133,6 +163,21 @@ impl TaskManager {
         source: &mut dyn Source,
         hold_allowed: bool,
     ) -> Result<()> {
+        // Before the revocations: an eager rebalance revokes every task
+        // and hands the partitions back with the new ones.
+        self.joining_running = !self.tasks.is_empty();
+        self.first_reads.clear();
+        if self.alignment.is_some() {
+            for record in &batch.records {
+                if let Some(ms) = record.timestamp_ms {
+                    let slot = self
+                        .first_reads
+                        .entry(record.position.partition)
+                        .or_insert(ms);
+                    *slot = (*slot).min(ms);
+                }
+            }
+        }
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
@@ -219,18 +264,29 @@ impl TaskManager {
         operators: Vec<Box<dyn crate::operators::Operator>>,
     ) {
         let mut task = new_task(builder, operators);
+        let first_read_ms = self.first_reads.get(&partition).copied();
+        let catching_up = self
+            .alignment
+            .as_mut()
+            .is_some_and(|a| a.task_started(partition, self.joining_running, first_read_ms));
         // Under the query-wide scope a new task starts from what the
-        // instance's other tasks know of every partition.
+        // instance's other tasks know of every partition; one catching up
+        // from its checkpoint alone.
         if let Some(w) = task
             .watermark
             .as_mut()
-            .filter(|w| w.scope() == WatermarkScope::Query)
+            .filter(|w| w.scope() == WatermarkScope::Query && !catching_up)
         {
             match self.tasks.values().find_map(|t| t.watermark.as_ref()) {
                 Some(known) => w.restore(known),
                 None => {
                     let inputs = super::inputs::Inputs::of(builder);
-                    observe_progress(w, &self.exchanged, &inputs, crate::time::now_micros());
+                    observe_progress(
+                        w,
+                        &self.counted_progress,
+                        &inputs,
+                        crate::time::now_micros(),
+                    );
                 }
             }
         }
@@ -369,15 +425,17 @@ impl TaskManager {
             let input = inputs.get(inputs.input_of(topic));
             // Spark's query-wide watermark: every task sees every
             // partition's progress; per partition, only its own task.
-            let query_wide = |task: &&mut Task| {
+            let alignment = self.alignment.as_ref();
+            let query_wide = |p: i32, task: &Task| {
                 task.watermark
                     .as_ref()
                     .is_some_and(|w| w.scope() == WatermarkScope::Query)
+                    && !alignment.is_some_and(|a| a.is_catching_up(p))
             };
             let trackers = self
                 .tasks
                 .iter_mut()
-                .filter(|(p, task)| *p == partition || query_wide(task))
+                .filter(|(p, task)| *p == partition || query_wide(**p, task))
                 .filter_map(|(_, task)| task.watermark.as_mut())
                 .filter(|_| !from_markers);
             for w in trackers {
@@ -394,43 +452,70 @@ impl TaskManager {
         progress
     }
 
-    /// Counts other instances' partitions' progress (`topic/partition` →
-    /// largest event time) in every task's query-wide watermark; returns
-    /// whether a watermark would move (a batch is then due, as Spark's
-    /// driver would run one having seen every partition).
+    /// Counts the progress published to the watermark exchange (every
+    /// instance's, by input partition) in every task's query-wide
+    /// watermark, as far as the alignment lets each (see
+    /// `exchange_alignment`); returns whether a watermark would move (a
+    /// batch is then due, as Spark's driver would run one having seen
+    /// every partition).
     pub(super) fn observe_other_instances(
         &mut self,
-        progress: &BTreeMap<String, TimestampMicros>,
         inputs: &super::inputs::Inputs,
         processing_time: TimestampMicros,
     ) -> bool {
-        merge_max(&mut self.exchanged, progress);
-        let trackers = self
-            .tasks
-            .values_mut()
-            .filter_map(|task| task.watermark.as_mut())
-            .filter(|w| w.scope() == WatermarkScope::Query);
+        let Some(alignment) = self.alignment.as_mut() else {
+            return false;
+        };
+        let running: Vec<i32> = self.tasks.keys().copied().collect();
+        let in_step: Vec<i32> = running
+            .iter()
+            .copied()
+            .filter(|p| !alignment.is_catching_up(*p))
+            .collect();
+        let counted = alignment.count_in_step(&in_step);
+        merge_max(&mut self.counted_progress, &counted);
         let mut moves = false;
-        for w in trackers {
-            observe_progress(w, progress, inputs, processing_time);
+        for (partition, task) in self.tasks.iter_mut() {
+            let Some(w) = task
+                .watermark
+                .as_mut()
+                .filter(|w| w.scope() == WatermarkScope::Query)
+            else {
+                continue;
+            };
+            if alignment.is_catching_up(*partition) {
+                let own = alignment.countable(&[*partition]);
+                observe_progress(w, &own, inputs, processing_time);
+            } else {
+                observe_progress(w, &counted, inputs, processing_time);
+            }
             moves |= w
                 .candidate(processing_time)
                 .is_some_and(|c| c > w.in_effect());
         }
+        alignment.prune(&running);
         moves
     }
 
-    /// This instance's committed `progress`, each partition raised to the
-    /// largest time known for it, to publish to the other instances.
-    pub(super) fn progress_to_publish(
+    /// After a batch committed: notes this instance's committed `progress`
+    /// (a task started later, or after every task was dropped, starts from
+    /// it) and how far each task read (`caught_up`: the partitions the
+    /// source's plan reads to their end); returns the progress to publish
+    /// to the exchange.
+    pub(super) fn share_committed_progress(
         &mut self,
         progress: &BTreeMap<String, TimestampMicros>,
-    ) -> BTreeMap<String, TimestampMicros> {
-        merge_max(&mut self.exchanged, progress);
-        progress
-            .keys()
-            .map(|input| (input.clone(), self.exchanged[input]))
-            .collect()
+        caught_up: &BTreeSet<i32>,
+    ) -> BTreeMap<String, PartitionProgress> {
+        merge_max(&mut self.counted_progress, progress);
+        let running: Vec<i32> = self.tasks.keys().copied().collect();
+        match self.alignment.as_mut() {
+            Some(alignment) => {
+                alignment.batch_committed(&running, caught_up);
+                alignment.progress_to_publish(progress)
+            }
+            None => BTreeMap::new(),
+        }
     }
 
     /// Ends the batch in every task: operators emit what the batch closed

@@ -67,6 +67,18 @@ impl<K: Clone + Eq + Hash> BatchPlan<K> {
         self.unreached.remove(partition);
     }
 
+    /// The partitions whose planned end falls short of their `latest`
+    /// offset: the limit cut their backlog.
+    pub(crate) fn cut_short<'a>(
+        &'a self,
+        latest: &'a HashMap<K, i64>,
+    ) -> impl Iterator<Item = &'a K> {
+        self.ends
+            .iter()
+            .filter(|(tp, end)| latest.get(*tp).is_some_and(|l| *end < l))
+            .map(|(tp, _)| tp)
+    }
+
     /// Whether every partition reached its planned end.
     pub(crate) fn complete(&self) -> bool {
         self.unreached.is_empty()
@@ -146,6 +158,10 @@ mod tests {
         let starts: HashMap<i32, i64> = (0..20).map(|p| (p, 0)).collect();
         let latest: HashMap<i32, i64> = (0..20).map(|p| (p, 3)).collect();
         let ends = rate_limit(5, &starts, &latest);
+        let plan = BatchPlan::new(5, &starts, &latest).unwrap();
+        let mut short: Vec<i32> = plan.cut_short(&latest).copied().collect();
+        short.sort();
+        assert_eq!(short, (0..20).collect::<Vec<_>>(), "each reads 1 of its 3");
         assert!(ends.values().all(|end| *end == 1), "{ends:?}");
     }
 

@@ -156,6 +156,8 @@ pub struct KafkaSource {
     /// planned, so that a plan that cannot be reached never stalls the
     /// query.
     plan_stalled: bool,
+    /// The partitions the last plan reads to their latest offset.
+    caught_up: BTreeSet<i32>,
 }
 
 /// How long a planned batch may take to reach its end offsets before it
@@ -248,6 +250,7 @@ impl KafkaSource {
             carried: CarriedRecords::default(),
             paused_at_plan: HashMap::default(),
             plan_stalled: false,
+            caught_up: BTreeSet::new(),
         })
     }
 
@@ -556,7 +559,18 @@ impl KafkaSource {
                 .any(|(t, p)| t.as_str() == topic.as_ref() && p == partition)
         });
         let starts = self.start_offsets(&partitions, &latest)?;
-        Ok(BatchPlan::new(max_records, &starts, &latest))
+        let plan = BatchPlan::new(max_records, &starts, &latest);
+        let cut: BTreeSet<i32> = plan
+            .iter()
+            .flat_map(|plan| plan.cut_short(&latest))
+            .map(|(_, partition)| *partition)
+            .collect();
+        self.caught_up = partitions
+            .iter()
+            .map(|(_, partition)| *partition)
+            .filter(|partition| !cut.contains(partition))
+            .collect();
+        Ok(plan)
     }
 
     /// The offsets of `partitions` at `position` (`Offset::End`: the latest
@@ -786,6 +800,8 @@ impl Source for KafkaSource {
             && !request.return_early
             && !std::mem::take(&mut self.plan_stalled);
         self.plan = None;
+        // Known again only from a plan.
+        self.caught_up.clear();
         let mut unplannable = false;
         if may_plan {
             match self.plan_batch(request.max_records) {
@@ -1160,6 +1176,10 @@ impl Source for KafkaSource {
             }
         }
         serde_json::to_value(by_topic).unwrap_or_default()
+    }
+
+    fn partitions_caught_up(&self) -> BTreeSet<i32> {
+        self.caught_up.clone()
     }
 
     fn lag(&self) -> Option<i64> {

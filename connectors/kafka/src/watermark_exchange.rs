@@ -1,8 +1,10 @@
 //! The query-wide watermark's exchange on Kafka: one compacted topic per
 //! application, `<application_id>-watermarks`, one record per input
 //! partition (key `topic/partition`, value its largest committed event time
-//! in microseconds), written by whichever instance holds the partition and
-//! read whole by every instance.
+//! in microseconds, then a space and the largest record timestamp read from
+//! it in milliseconds), written by whichever instance holds the partition
+//! and read whole by every instance. A value of the event time alone (an
+//! earlier version's) is read too.
 
 use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -11,7 +13,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
-use tidemark::runtime::WatermarkExchange;
+use tidemark::runtime::{PartitionProgress, WatermarkExchange};
 use tidemark::time::TimestampMicros;
 
 /// Shares input partitions' progress between the instances of a query
@@ -61,9 +63,9 @@ impl KafkaWatermarkExchange {
 }
 
 impl WatermarkExchange for KafkaWatermarkExchange {
-    fn publish(&mut self, progress: &BTreeMap<String, TimestampMicros>) -> Result<()> {
-        for (input, max_event_time) in progress {
-            let value = max_event_time.to_string();
+    fn publish(&mut self, progress: &BTreeMap<String, PartitionProgress>) -> Result<()> {
+        for (input, progress) in progress {
+            let value = encode(progress);
             self.producer
                 .send(BaseRecord::to(&self.topic).key(input).payload(&value))
                 .map_err(|(e, _)| Error::Sink(format!("publishing to `{}`: {e}", self.topic)))?;
@@ -73,8 +75,8 @@ impl WatermarkExchange for KafkaWatermarkExchange {
             .map_err(|e| Error::Sink(format!("publishing to `{}`: {e}", self.topic)))
     }
 
-    fn collect(&mut self) -> Result<BTreeMap<String, TimestampMicros>> {
-        let mut progress: BTreeMap<String, TimestampMicros> = BTreeMap::new();
+    fn collect(&mut self) -> Result<Vec<(String, PartitionProgress)>> {
+        let mut collected = Vec::new();
         while let Some(message) = self.consumer.poll(Duration::ZERO) {
             let message =
                 message.map_err(|e| Error::Source(format!("reading `{}`: {e}", self.topic)))?;
@@ -82,18 +84,57 @@ impl WatermarkExchange for KafkaWatermarkExchange {
             let value = message
                 .payload()
                 .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|v| v.parse::<TimestampMicros>().ok());
+                .and_then(decode);
             match (key, value) {
-                (Some(input), Some(t)) => {
-                    let slot = progress.entry(input.to_string()).or_insert(t);
-                    *slot = (*slot).max(t);
-                }
+                (Some(input), Some(progress)) => collected.push((input.to_string(), progress)),
                 // Written by something else: it moves no watermark.
                 _ => {
                     tracing::warn!(topic = %self.topic, offset = message.offset(), "an unreadable record in the watermark exchange; skipped")
                 }
             }
         }
-        Ok(progress)
+        Ok(collected)
+    }
+}
+
+/// `max_event_time[ read_until_ms]`, in decimal.
+fn encode(progress: &PartitionProgress) -> String {
+    match progress.read_until_ms {
+        Some(ms) => format!("{} {ms}", progress.max_event_time),
+        None => progress.max_event_time.to_string(),
+    }
+}
+
+/// The progress [`encode`] wrote, or an earlier version's event time alone.
+fn decode(value: &str) -> Option<PartitionProgress> {
+    let mut fields = value.split(' ');
+    let max_event_time = fields.next()?.parse::<TimestampMicros>().ok()?;
+    let read_until_ms = match fields.next() {
+        Some(ms) => Some(ms.parse::<i64>().ok()?),
+        None => None,
+    };
+    fields.next().is_none().then_some(PartitionProgress {
+        max_event_time,
+        read_until_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_reads_back_and_an_earlier_versions_value_still_reads() {
+        for read_until_ms in [Some(1_767_225_600_000), None] {
+            let progress = PartitionProgress {
+                max_event_time: 1_767_225_600_000_123,
+                read_until_ms,
+            };
+            assert_eq!(decode(&encode(&progress)), Some(progress));
+        }
+        assert_eq!(decode("42").map(|p| p.read_until_ms), Some(None));
+        for garbage in ["", "x", "1 2 3", "1 y"] {
+            assert_eq!(decode(garbage), None, "{garbage:?}");
+        }
     }
 }
