@@ -13,18 +13,22 @@
 //! partitions are read as far: the watermark its rows meet is made of rows
 //! that arrived before them, as in Spark.
 //!
-//! The same holds inside one instance when a partition joins tasks that
-//! are already running (a rebalance after another instance failed): its
-//! backlog arrived alongside rows the running tasks read long ago. Such a
-//! task is *catching up*: it starts from its partition's checkpoint (the
-//! watermark its last owner committed), not from the running tasks'
-//! watermark, and counts the other partitions' progress (this instance's
-//! too, as published to the exchange) only as far as it has read itself,
-//! until a batch reads its backlog to the end. Tasks started together
-//! (at start, after a restart) read their partitions in step, batch by
-//! batch, as Spark does: they count each other's progress at once; so does
-//! a task whose first rows are newer than any the running tasks read (its
-//! partition was silent until now).
+//! The same holds inside one instance when a partition is handed over to
+//! tasks that are already running (a rebalance after another instance
+//! failed): its backlog arrived alongside rows the running tasks read long
+//! ago. Such a task is *catching up*: it starts from its partition's
+//! checkpoint (the watermark its last owner committed), not from the
+//! running tasks' watermark, and counts the other partitions' progress
+//! (this instance's too, as published to the exchange) only as far as it
+//! has read itself, until a batch reads its backlog to the end. Tasks
+//! started together (at start, after a restart) read their partitions in
+//! step, batch by batch, as Spark does: they count each other's progress at
+//! once; so does a task whose partition has no checkpoint (silent until
+//! now: its rows arrive now).
+//!
+//! The real-time trigger does not plan its polls, so no partition is ever
+//! known caught up: there everything published counts at once, as before
+//! this alignment.
 //!
 //! A partition of this instance is *caught up* when the source's plan
 //! reads it to its latest offset and a batch (or a poll) then read nothing
@@ -64,9 +68,9 @@ pub(super) struct ExchangeAlignment {
     /// Tasks that joined running ones and have not read their backlog to
     /// its end yet.
     catching_up: BTreeSet<i32>,
-    /// The newest record timestamp behind the in-step tasks' watermark:
-    /// read by them, or of progress they counted.
-    in_step_read_until: Option<i64>,
+    /// Counts everything published at once (the real-time trigger, which
+    /// does not plan batches: no partition is ever known caught up).
+    ungated: bool,
     /// The open batch's largest record timestamp per task partition.
     batch_reads: BTreeMap<i32, i64>,
     /// The largest record timestamp read per input partition
@@ -82,13 +86,25 @@ pub(super) struct ExchangeAlignment {
 }
 
 impl ExchangeAlignment {
-    /// Notes the record timestamps of one poll's `records`.
+    /// An alignment that counts everything published at once: for the
+    /// real-time trigger, whose polls are not planned.
+    pub(super) fn ungated() -> Self {
+        ExchangeAlignment {
+            ungated: true,
+            ..Default::default()
+        }
+    }
+
+    /// Notes the record timestamps of one poll's `records`; a timestamp
+    /// ahead of the wall clock counts as now (a producer's clock ahead
+    /// must not make a partition look read far ahead).
     pub(super) fn note_read(&mut self, records: &[Record], source: &dyn Source) {
+        let now_ms = crate::time::now_micros() / 1_000;
         // Records come in runs per partition: the maps are touched once a
         // run, not once a record.
         let mut run: Option<(&Arc<str>, i32, i64)> = None;
         for record in records {
-            let Some(ms) = record.timestamp_ms else {
+            let Some(ms) = record.timestamp_ms.map(|ms| ms.min(now_ms)) else {
                 continue;
             };
             let position = &record.position;
@@ -124,9 +140,6 @@ impl ExchangeAlignment {
     fn note_task_read(&mut self, partition: i32, ms: i64) {
         let slot = self.batch_reads.entry(partition).or_insert(ms);
         *slot = (*slot).max(ms);
-        if !self.catching_up.contains(&partition) {
-            self.in_step_read_until = self.in_step_read_until.max(Some(ms));
-        }
     }
 
     /// After a batch committed: each of `tasks` (this instance's task
@@ -167,25 +180,19 @@ impl ExchangeAlignment {
         self.batch_reads.clear();
     }
 
-    /// Notes that the task of `partition` started, `joining_running` when
-    /// other tasks were running already, its first record of the poll
-    /// stamped `first_read_ms`: it is catching up (see the module's
-    /// documentation) when that record (or, without one, its checkpoint)
-    /// is older than what the running tasks' watermark is made of. Returns
-    /// whether it is.
+    /// Notes that the task of `partition` started: it is catching up (see
+    /// the module's documentation) when it `joins_running` tasks and was
+    /// `handed_over` with a checkpoint (its last owner committed it, here
+    /// or on another instance) — not a partition silent until now, whose
+    /// rows are in step with the running tasks'. Returns whether it is.
     pub(super) fn task_started(
         &mut self,
         partition: i32,
-        joining_running: bool,
-        first_read_ms: Option<i64>,
+        joins_running: bool,
+        handed_over: bool,
     ) -> bool {
         self.own.remove(&partition);
-        let behind_the_others = match (first_read_ms, self.in_step_read_until) {
-            (Some(first), Some(newest)) => first < newest,
-            (None, _) => true,
-            (Some(_), None) => false,
-        };
-        if joining_running && behind_the_others {
+        if joins_running && handed_over && !self.ungated {
             self.catching_up.insert(partition);
             true
         } else {
@@ -210,22 +217,6 @@ impl ExchangeAlignment {
                 thin_out(waiting);
             }
         }
-    }
-
-    /// [`Self::countable`] for the tasks in step, noting what they count.
-    pub(super) fn count_in_step(&mut self, in_step: &[i32]) -> BTreeMap<String, TimestampMicros> {
-        let counted = self.countable(in_step);
-        if let Some(frontier) = self.frontier(in_step) {
-            let newest = self
-                .waiting
-                .values()
-                .flatten()
-                .filter(|p| read_before(p, frontier))
-                .filter_map(|p| p.read_until_ms)
-                .max();
-            self.in_step_read_until = self.in_step_read_until.max(newest);
-        }
-        counted
     }
 
     /// Per input partition, the largest published event time the tasks of
@@ -267,6 +258,9 @@ impl ExchangeAlignment {
     /// to which others' progress may be counted (`i64::MAX` when all are
     /// caught up); `None` while a task has read nothing, or none runs.
     fn frontier(&self, tasks: &[i32]) -> Option<i64> {
+        if self.ungated {
+            return Some(i64::MAX);
+        }
         if tasks.is_empty() {
             return None;
         }
@@ -341,7 +335,7 @@ mod tests {
     #[test]
     fn a_task_that_read_nothing_yet_counts_nothing_published() {
         let mut alignment = ExchangeAlignment::default();
-        alignment.task_started(1, false, Some(11));
+        alignment.task_started(1, false, false);
         alignment.offer(vec![("t/0".into(), progress(500, 10))]);
         assert!(alignment.countable(&[1]).is_empty());
         // Its first batch reads up to 11: what was read up to 10 counts.
@@ -404,17 +398,20 @@ mod tests {
     }
 
     #[test]
-    fn a_task_joining_running_ones_with_older_rows_catches_up_until_its_backlog_is_read() {
+    fn a_task_handed_over_to_running_ones_catches_up_until_its_backlog_is_read() {
         let mut alignment = ExchangeAlignment::default();
-        assert!(!alignment.task_started(0, false, Some(100)));
+        assert!(
+            !alignment.task_started(0, false, true),
+            "started with the others"
+        );
         reads(&mut alignment, 0, 100);
         committed(&mut alignment, &[0], &[0]);
-        // Rows newer than any the running task read: in step, as a
-        // partition that was silent until now.
-        assert!(!alignment.task_started(2, true, Some(150)));
-        // Older rows (a backlog), or a checkpoint and no rows yet.
-        assert!(alignment.task_started(1, true, Some(20)));
-        assert!(alignment.task_started(3, true, None));
+        // A partition silent until now (no checkpoint) is in step, as
+        // under Spark, whatever its records' timestamps.
+        assert!(!alignment.task_started(2, true, false));
+        // Handed over with its last owner's checkpoint: a backlog.
+        assert!(alignment.task_started(1, true, true));
+        assert!(alignment.task_started(3, true, true));
         assert!(alignment.is_catching_up(1) && !alignment.is_catching_up(0));
         reads(&mut alignment, 1, 40);
         committed(&mut alignment, &[0, 1, 2, 3], &[0, 2]);
@@ -425,6 +422,14 @@ mod tests {
         committed(&mut alignment, &[0, 1, 2], &[0, 1, 2]);
         assert!(!alignment.is_catching_up(1), "read to the end: in step");
         assert!(!alignment.is_catching_up(3), "revoked");
+    }
+
+    #[test]
+    fn without_planned_batches_everything_published_counts_at_once() {
+        let mut alignment = ExchangeAlignment::ungated();
+        assert!(!alignment.task_started(1, true, true));
+        alignment.offer(vec![("t/0".to_string(), progress(1_000, 500))]);
+        assert_eq!(alignment.countable(&[1])["t/0"], 1_000);
     }
 
     #[test]

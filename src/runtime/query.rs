@@ -261,13 +261,14 @@ impl<'a> TriggerLoop<'a> {
         let watermark_exchange = builder.watermark_exchange.take();
         let listeners = std::mem::take(&mut builder.listeners);
         let mut tasks = TaskManager::new(&builder, &backend);
+        let cadence = Cadence::of(builder.trigger);
         if watermark_exchange.is_some() {
-            tasks.align_to_exchange();
+            tasks.align_to_exchange(!cadence.real_time());
         }
         TriggerLoop {
             tasks,
             reporter: ProgressReporter::new(id, run_id, builder.name.clone(), listeners),
-            cadence: Cadence::of(builder.trigger),
+            cadence,
             late_data: builder.late_data.take(),
             backend,
             router,

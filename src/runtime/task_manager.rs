@@ -48,8 +48,8 @@ pub(super) struct TaskManager {
     alignment: Option<ExchangeAlignment>,
     /// Tasks were running when the current assignment's tasks started.
     joining_running: bool,
-    /// The current poll's oldest record timestamp per task partition.
-    first_reads: BTreeMap<i32, i64>,
+    /// Partitions the current poll handed back with a checkpoint.
+    handed_over: BTreeSet<i32>,
 }
 
 /// What the end of a batch gave besides its output rows.
@@ -77,14 +77,19 @@ impl TaskManager {
             counted_progress: BTreeMap::new(),
             alignment: None,
             joining_running: false,
-            first_reads: BTreeMap::new(),
+            handed_over: BTreeSet::new(),
         }
     }
 
     /// Counts other instances' progress only as far as each task has read
-    /// (a query sharing its progress through a watermark exchange).
-    pub(super) fn align_to_exchange(&mut self) {
-        self.alignment = Some(ExchangeAlignment::default());
+    /// (a query sharing its progress through a watermark exchange); at
+    /// once when the polls are not `planned` (the real-time trigger).
+    pub(super) fn align_to_exchange(&mut self, planned: bool) {
+        self.alignment = Some(if planned {
+            ExchangeAlignment::default()
+        } else {
+            ExchangeAlignment::ungated()
+        });
     }
 
     /// The exchange's alignment, when the query has an exchange.
@@ -166,18 +171,7 @@ impl TaskManager {
         // Before the revocations: an eager rebalance revokes every task
         // and hands the partitions back with the new ones.
         self.joining_running = !self.tasks.is_empty();
-        self.first_reads.clear();
-        if self.alignment.is_some() {
-            for record in &batch.records {
-                if let Some(ms) = record.timestamp_ms {
-                    let slot = self
-                        .first_reads
-                        .entry(record.position.partition)
-                        .or_insert(ms);
-                    *slot = (*slot).min(ms);
-                }
-            }
-        }
+        self.handed_over = batch.restored_checkpoints.iter().map(|(p, _)| *p).collect();
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
@@ -264,11 +258,11 @@ impl TaskManager {
         operators: Vec<Box<dyn crate::operators::Operator>>,
     ) {
         let mut task = new_task(builder, operators);
-        let first_read_ms = self.first_reads.get(&partition).copied();
+        let handed_over = self.handed_over.contains(&partition);
         let catching_up = self
             .alignment
             .as_mut()
-            .is_some_and(|a| a.task_started(partition, self.joining_running, first_read_ms));
+            .is_some_and(|a| a.task_started(partition, self.joining_running, handed_over));
         // Under the query-wide scope a new task starts from what the
         // instance's other tasks know of every partition; one catching up
         // from its checkpoint alone.
@@ -472,7 +466,7 @@ impl TaskManager {
             .copied()
             .filter(|p| !alignment.is_catching_up(*p))
             .collect();
-        let counted = alignment.count_in_step(&in_step);
+        let counted = alignment.countable(&in_step);
         merge_max(&mut self.counted_progress, &counted);
         let mut moves = false;
         for (partition, task) in self.tasks.iter_mut() {

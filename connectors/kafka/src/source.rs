@@ -503,8 +503,10 @@ impl KafkaSource {
     /// batch once every partition reached its planned end (or after
     /// [`PLANNED_BATCH_TIMEOUT`]), any other at the record cap or the
     /// deadline; a replay only at its bounds (an error after its deadline).
+    /// A planned batch that times out leaves its short partitions out of
+    /// those known caught up.
     fn batch_ends(
-        &self,
+        &mut self,
         records: usize,
         request: &BatchRequest,
         replay_deadline: Instant,
@@ -523,11 +525,16 @@ impl KafkaSource {
             Some(plan) if plan.complete() => Ok(true),
             Some(plan) if now >= plan_deadline => {
                 let short: Vec<_> = plan.unreached().collect();
+                // Not read to their end after all.
+                let unread: Vec<i32> = short.iter().map(|((_, p), _)| *p).collect();
                 tracing::warn!(
                     ?short,
                     "the batch did not reach its planned end offsets in {} s; it ends with what it read, and the next batch takes what the polls return",
                     PLANNED_BATCH_TIMEOUT.as_secs()
                 );
+                for partition in unread {
+                    self.caught_up.remove(&partition);
+                }
                 Ok(true)
             }
             Some(_) => Ok(false),

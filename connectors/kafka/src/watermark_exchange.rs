@@ -1,20 +1,21 @@
 //! The query-wide watermark's exchange on Kafka: one compacted topic per
 //! application, `<application_id>-watermarks`, one record per input
 //! partition (key `topic/partition`, value its largest committed event time
-//! in microseconds, then a space and the largest record timestamp read from
-//! it in milliseconds), written by whichever instance holds the partition
-//! and read whole by every instance. A value of the event time alone (an
-//! earlier version's) is read too.
+//! in microseconds, header [`READ_UNTIL_HEADER`] the largest record
+//! timestamp read from it in milliseconds), written by whichever instance
+//! holds the partition and read whole by every instance. The value stays
+//! the event time alone, so an earlier version reading the topic (a rolling
+//! upgrade) still counts it; a record without the header counts at once.
 
 use crate::connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::runtime::{PartitionProgress, WatermarkExchange};
-use tidemark::time::TimestampMicros;
 
 /// Shares input partitions' progress between the instances of a query
 /// through the compacted topic `topic` (see the module's documentation).
@@ -23,6 +24,10 @@ pub struct KafkaWatermarkExchange {
     consumer: BaseConsumer,
     topic: String,
 }
+
+/// The header that carries how far the partition was read (decimal
+/// milliseconds of record timestamp).
+pub const READ_UNTIL_HEADER: &str = "tidemark-read-until-ms";
 
 /// How long a publish may wait for the broker's acknowledgement.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,9 +70,17 @@ impl KafkaWatermarkExchange {
 impl WatermarkExchange for KafkaWatermarkExchange {
     fn publish(&mut self, progress: &BTreeMap<String, PartitionProgress>) -> Result<()> {
         for (input, progress) in progress {
-            let value = encode(progress);
+            let value = progress.max_event_time.to_string();
+            let read_until = progress.read_until_ms.map(|ms| ms.to_string());
+            let mut record = BaseRecord::to(&self.topic).key(input).payload(&value);
+            if let Some(ms) = &read_until {
+                record = record.headers(OwnedHeaders::new().insert(Header {
+                    key: READ_UNTIL_HEADER,
+                    value: Some(ms),
+                }));
+            }
             self.producer
-                .send(BaseRecord::to(&self.topic).key(input).payload(&value))
+                .send(record)
                 .map_err(|(e, _)| Error::Sink(format!("publishing to `{}`: {e}", self.topic)))?;
         }
         self.producer
@@ -81,10 +94,13 @@ impl WatermarkExchange for KafkaWatermarkExchange {
             let message =
                 message.map_err(|e| Error::Source(format!("reading `{}`: {e}", self.topic)))?;
             let key = message.key().and_then(|k| std::str::from_utf8(k).ok());
-            let value = message
-                .payload()
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(decode);
+            let read_until = message.headers().and_then(|headers| {
+                headers
+                    .iter()
+                    .find(|h| h.key == READ_UNTIL_HEADER)
+                    .and_then(|h| h.value)
+            });
+            let value = message.payload().and_then(|v| decode(v, read_until));
             match (key, value) {
                 (Some(input), Some(progress)) => collected.push((input.to_string(), progress)),
                 // Written by something else: it moves no watermark.
@@ -97,24 +113,17 @@ impl WatermarkExchange for KafkaWatermarkExchange {
     }
 }
 
-/// `max_event_time[ read_until_ms]`, in decimal.
-fn encode(progress: &PartitionProgress) -> String {
-    match progress.read_until_ms {
-        Some(ms) => format!("{} {ms}", progress.max_event_time),
-        None => progress.max_event_time.to_string(),
-    }
-}
-
-/// The progress [`encode`] wrote, or an earlier version's event time alone.
-fn decode(value: &str) -> Option<PartitionProgress> {
-    let mut fields = value.split(' ');
-    let max_event_time = fields.next()?.parse::<TimestampMicros>().ok()?;
-    let read_until_ms = match fields.next() {
-        Some(ms) => Some(ms.parse::<i64>().ok()?),
+/// The progress in a record's `value` (the event time) and its
+/// [`READ_UNTIL_HEADER`] (`read_until`, absent from an earlier version's);
+/// `None` when either is not a decimal number.
+fn decode(value: &[u8], read_until: Option<&[u8]>) -> Option<PartitionProgress> {
+    let number = |bytes: &[u8]| std::str::from_utf8(bytes).ok()?.parse::<i64>().ok();
+    let read_until_ms = match read_until {
+        Some(bytes) => Some(number(bytes)?),
         None => None,
     };
-    fields.next().is_none().then_some(PartitionProgress {
-        max_event_time,
+    Some(PartitionProgress {
+        max_event_time: number(value)?,
         read_until_ms,
     })
 }
@@ -124,17 +133,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn progress_reads_back_and_an_earlier_versions_value_still_reads() {
-        for read_until_ms in [Some(1_767_225_600_000), None] {
-            let progress = PartitionProgress {
+    fn progress_reads_back_and_an_earlier_versions_record_still_reads() {
+        let progress = decode(b"1767225600000123", Some(b"1767225600000"));
+        assert_eq!(
+            progress,
+            Some(PartitionProgress {
                 max_event_time: 1_767_225_600_000_123,
-                read_until_ms,
-            };
-            assert_eq!(decode(&encode(&progress)), Some(progress));
-        }
-        assert_eq!(decode("42").map(|p| p.read_until_ms), Some(None));
-        for garbage in ["", "x", "1 2 3", "1 y"] {
-            assert_eq!(decode(garbage), None, "{garbage:?}");
+                read_until_ms: Some(1_767_225_600_000),
+            })
+        );
+        assert_eq!(decode(b"42", None).map(|p| p.read_until_ms), Some(None));
+        for (value, header) in [
+            (&b""[..], None),
+            (b"x", None),
+            (b"1 2", None),
+            (b"1", Some(&b"y"[..])),
+        ] {
+            assert_eq!(decode(value, header), None, "{value:?} {header:?}");
         }
     }
 }
