@@ -184,7 +184,9 @@ impl ExchangeAlignment {
     /// the module's documentation) when it `joins_running` tasks and was
     /// `handed_over` with a checkpoint (its last owner committed it, here
     /// or on another instance) — not a partition silent until now, whose
-    /// rows are in step with the running tasks'. Returns whether it is.
+    /// rows are in step with the running tasks' — or when it was catching
+    /// up already (its task rebuilt after an aborted batch; a revoked
+    /// partition is forgotten at the next commit). Returns whether it is.
     pub(super) fn task_started(
         &mut self,
         partition: i32,
@@ -192,7 +194,10 @@ impl ExchangeAlignment {
         handed_over: bool,
     ) -> bool {
         self.own.remove(&partition);
-        if joins_running && handed_over && !self.ungated {
+        // Still catching up when its task is rebuilt after an aborted
+        // batch (every task is, so it joins none running).
+        let was_catching_up = self.catching_up.contains(&partition);
+        if !self.ungated && (joins_running && handed_over || was_catching_up) {
             self.catching_up.insert(partition);
             true
         } else {
@@ -422,6 +427,17 @@ mod tests {
         committed(&mut alignment, &[0, 1, 2], &[0, 1, 2]);
         assert!(!alignment.is_catching_up(1), "read to the end: in step");
         assert!(!alignment.is_catching_up(3), "revoked");
+    }
+
+    #[test]
+    fn a_task_rebuilt_after_an_abort_goes_on_catching_up() {
+        let mut alignment = ExchangeAlignment::default();
+        alignment.task_started(0, false, true);
+        assert!(alignment.task_started(1, true, true));
+        // The batch aborts: every task is rebuilt, none running.
+        alignment.batch_aborted();
+        assert!(!alignment.task_started(0, false, true));
+        assert!(alignment.task_started(1, false, true), "still catching up");
     }
 
     #[test]

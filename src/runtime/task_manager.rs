@@ -171,7 +171,14 @@ impl TaskManager {
         // Before the revocations: an eager rebalance revokes every task
         // and hands the partitions back with the new ones.
         self.joining_running = !self.tasks.is_empty();
-        self.handed_over = batch.restored_checkpoints.iter().map(|(p, _)| *p).collect();
+        // Handed over: new here with a checkpoint, not a partition an
+        // eager rebalance revoked and gave straight back.
+        self.handed_over = batch
+            .restored_checkpoints
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| !self.tasks.contains_key(p))
+            .collect();
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
@@ -271,7 +278,14 @@ impl TaskManager {
             .as_mut()
             .filter(|w| w.scope() == WatermarkScope::Query && !catching_up)
         {
-            match self.tasks.values().find_map(|t| t.watermark.as_ref()) {
+            let alignment = self.alignment.as_ref();
+            let in_step = |p: &i32| !alignment.is_some_and(|a| a.is_catching_up(*p));
+            let known = self
+                .tasks
+                .iter()
+                .filter(|(p, _)| in_step(p))
+                .find_map(|(_, t)| t.watermark.as_ref());
+            match known {
                 Some(known) => w.restore(known),
                 None => {
                     let inputs = super::inputs::Inputs::of(builder);

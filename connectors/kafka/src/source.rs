@@ -503,10 +503,8 @@ impl KafkaSource {
     /// batch once every partition reached its planned end (or after
     /// [`PLANNED_BATCH_TIMEOUT`]), any other at the record cap or the
     /// deadline; a replay only at its bounds (an error after its deadline).
-    /// A planned batch that times out leaves its short partitions out of
-    /// those known caught up.
     fn batch_ends(
-        &mut self,
+        &self,
         records: usize,
         request: &BatchRequest,
         replay_deadline: Instant,
@@ -525,16 +523,11 @@ impl KafkaSource {
             Some(plan) if plan.complete() => Ok(true),
             Some(plan) if now >= plan_deadline => {
                 let short: Vec<_> = plan.unreached().collect();
-                // Not read to their end after all.
-                let unread: Vec<i32> = short.iter().map(|((_, p), _)| *p).collect();
                 tracing::warn!(
                     ?short,
                     "the batch did not reach its planned end offsets in {} s; it ends with what it read, and the next batch takes what the polls return",
                     PLANNED_BATCH_TIMEOUT.as_secs()
                 );
-                for partition in unread {
-                    self.caught_up.remove(&partition);
-                }
                 Ok(true)
             }
             Some(_) => Ok(false),
@@ -900,16 +893,26 @@ impl Source for KafkaSource {
                     drop(m);
                     self.handed_out(key, offset);
                     if std::mem::take(&mut may_plan) {
-                        self.plan = self.plan_batch(request.max_records).unwrap_or_else(|error| {
-                            tracing::warn!(%error, "planning the batch's end offsets failed; it takes what the polls return");
-                            None
-                        });
+                        self.plan = match self.plan_batch(request.max_records) {
+                            Ok(plan) => plan,
+                            Err(error) => {
+                                tracing::warn!(%error, "planning the batch's end offsets failed; it takes what the polls return");
+                                self.caught_up.clear();
+                                None
+                            }
+                        };
                     }
                 }
             }
         }
         self.forget_revoked(&mut records);
-        self.plan_stalled = self.plan.take().is_some_and(|plan| !plan.complete());
+        let plan = self.plan.take();
+        // A plan that ended short (its deadline): those partitions were
+        // not read to their end after all.
+        for ((_, partition), _) in plan.iter().flat_map(|plan| plan.unreached()) {
+            self.caught_up.remove(partition);
+        }
+        self.plan_stalled = plan.is_some_and(|plan| !plan.complete());
         if self.replaying {
             self.end_replay()?;
         }
