@@ -470,25 +470,7 @@ mod tests {
             position: crate::record::SourcePosition::new("t", 0, 5),
             ..Default::default()
         };
-        struct Named;
-        impl Source for Named {
-            fn describe(&self) -> String {
-                "test".into()
-            }
-            fn next_batch(
-                &mut self,
-                _: &super::super::BatchRequest,
-            ) -> crate::error::Result<super::super::SourceBatch> {
-                Ok(Default::default())
-            }
-            fn commit(&mut self, _: &BTreeMap<i32, String>) -> crate::error::Result<()> {
-                Ok(())
-            }
-            fn offsets(&self) -> serde_json::Value {
-                serde_json::Value::Null
-            }
-        }
-        alignment.note_read(&[record], &Named);
+        alignment.note_read(&[record], &crate::runtime::testing::VecSource::default());
         let published = alignment.progress_to_publish(&BTreeMap::from([("t/0".to_string(), 500)]));
         assert_eq!(published["t/0"], progress(900, 70));
         let published = alignment.progress_to_publish(&BTreeMap::from([("t/1".to_string(), 500)]));
