@@ -117,6 +117,47 @@ fn print_kafka_clients(file: &PipelineFile) {
     }
 }
 
+/// How the watermark is scoped and shared between instances, and what
+/// the query serves over HTTP: what `run` sets up beside the topology.
+fn print_watermark_and_services(file: &PipelineFile, topology: &TopologyDescription) {
+    use tidemark::pipeline::SourceKind;
+    use tidemark::watermark::WatermarkScope;
+    if file.watermark.is_some() {
+        let shared = match file.watermark_scope {
+            WatermarkScope::Partition => "per input partition, not shared".to_string(),
+            WatermarkScope::Query if topology.sub_topologies.len() > 1 => {
+                "query-wide (Spark's), carried by the repartition topic's markers".into()
+            }
+            WatermarkScope::Query if file.source.kind == SourceKind::Kafka => format!(
+                "query-wide (Spark's), partitions' progress exchanged on topic {}-watermarks",
+                file.name
+            ),
+            WatermarkScope::Query => "query-wide (Spark's)".into(),
+        };
+        println!("Watermark: {shared}");
+    }
+    let mut services = Vec::new();
+    if let Some(serve) = &file.serve {
+        let advertised = serve.advertised.as_deref().unwrap_or(&serve.listen);
+        services.push(format!(
+            "interactive queries on {} (advertised as {advertised})",
+            serve.listen
+        ));
+    }
+    if let Some(ui) = &file.ui {
+        services.push(format!("web page on http://{}/", ui.listen));
+    }
+    if let Some(metrics) = &file.metrics {
+        services.push(format!("Prometheus metrics on {}", metrics.prometheus));
+    }
+    if !services.is_empty() {
+        println!("Serves:");
+    }
+    for service in services {
+        println!("  {service}");
+    }
+}
+
 struct StatusLine {
     terminal: bool,
     print_json: bool,
@@ -222,6 +263,7 @@ fn main() -> ExitCode {
                 Ok(topology) => {
                     print!("{topology}");
                     print_kafka_clients(&f);
+                    print_watermark_and_services(&f, &topology);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -224,6 +224,65 @@ state_dir: state
         "{text}"
     );
     assert!(subs[1].contains("Sink: Kafka totals"), "{text}");
+    assert!(
+        text.contains(
+            "Watermark: query-wide (Spark's), carried by the repartition topic's markers"
+        ),
+        "{text}"
+    );
+}
+
+/// Beside the topology, `describe` says how the watermark is shared
+/// between instances and what the query serves over HTTP.
+#[test]
+fn describe_names_the_watermark_exchange_and_the_services() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    let pipeline = |scope: &str| {
+        format!(
+            r#"name: totals-app
+source: {{kind: kafka, topic: events, format: json,
+          schema: {{event_time: long, id: string, amount: double}}}}
+event_time: event_time
+watermark: 30 seconds
+watermark_scope: {scope}
+steps:
+  - filter: "amount > 0"
+sink: {{kind: kafka, topic: totals, format: json}}
+state_dir: state
+serve: {{listen: "127.0.0.1:7070", advertised: "host-a:7070"}}
+ui: {{listen: "127.0.0.1:4040"}}
+metrics: {{prometheus: "127.0.0.1:9000"}}
+"#
+        )
+    };
+    let describe = |scope: &str| {
+        std::fs::write(&file, pipeline(scope)).unwrap();
+        let out = tidemark(&["describe", file.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let query = describe("query");
+    assert!(
+        query.contains("Watermark: query-wide (Spark's), partitions' progress exchanged on topic totals-app-watermarks"),
+        "{query}"
+    );
+    assert!(
+        query.contains(
+            "Serves:\n  interactive queries on 127.0.0.1:7070 (advertised as host-a:7070)\n  \
+             web page on http://127.0.0.1:4040/\n  Prometheus metrics on 127.0.0.1:9000\n"
+        ),
+        "{query}"
+    );
+    let partition = describe("partition");
+    assert!(
+        partition.contains("Watermark: per input partition, not shared"),
+        "{partition}"
+    );
 }
 
 #[test]
