@@ -30,7 +30,9 @@ fn a_broker_restart_mid_run_is_survived_with_exact_results() {
     let dir = tempfile::tempdir().unwrap();
     let names = (group.as_str(), input.as_str(), output.as_str());
     let file = write_pipeline(dir.path(), names, "{micro_batch: 200 milliseconds}", 50);
-    let mut app = tidemark_run(&file, None, Stdio::null()).spawn().unwrap();
+    // Its log kept for diagnosing a failure after the fact.
+    let stderr = process_log("broker_restart").map_or_else(Stdio::null, Stdio::from);
+    let mut app = tidemark_run(&file, None, stderr).spawn().unwrap();
     produce_seconds(&input, PARTITIONS, 0, 300);
     std::thread::sleep(Duration::from_secs(3));
     assert!(kafka_script("stop"), "stopping the broker");

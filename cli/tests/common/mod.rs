@@ -325,9 +325,15 @@ impl Replica {
 /// `pid`'s stderr (its log and progress lines), for diagnosing a failed
 /// soak after the fact.
 pub fn replica_log(pid: u32) -> Option<std::fs::File> {
+    process_log(&format!("tidemark-{pid}"))
+}
+
+/// With `TIDEMARK_TEST_LOG_DIR` set, a file `<name>.log` there for a
+/// process's stderr.
+pub fn process_log(name: &str) -> Option<std::fs::File> {
     let dir = std::env::var("TIDEMARK_TEST_LOG_DIR").ok()?;
     std::fs::create_dir_all(&dir).ok()?;
-    std::fs::File::create(std::path::Path::new(&dir).join(format!("tidemark-{pid}.log"))).ok()
+    std::fs::File::create(std::path::Path::new(&dir).join(format!("{name}.log"))).ok()
 }
 
 /// Starts `tidemark run FILE` (no instance id: it takes a state-directory
