@@ -172,3 +172,105 @@ fn a_restore_waits_for_open_transactions_and_keeps_only_what_they_commit() {
         .iter()
         .all(|r| r.key.as_slice() < b"key-100".as_slice()));
 }
+
+/// Two instances on one partition's changelog, as after a rebalance that
+/// moved the partition while its first owner had not noticed yet: the
+/// first owner's local checkpoint (written when it finally closes the
+/// task) must claim only what it restored and wrote itself, not the
+/// changelog's end, which by then holds the new owner's writes. Before,
+/// it claimed the end, and its next start on that partition skipped the
+/// new owner's records: their counts were lost.
+#[test]
+fn a_local_checkpoint_claims_only_what_its_own_process_restored_and_wrote() {
+    use tidemark::runtime::StateBackend;
+    use tidemark_connectors::state_backend::{ChangelogConfig, RocksDbStateBackend};
+
+    let app = unique("state-handover-app");
+    let cluster = tidemark_connectors::kafka::KafkaConnection::new(bootstrap());
+    let backend = |dir: &std::path::Path| {
+        let changelog = ChangelogConfig {
+            cluster: cluster.clone(),
+            partitions: 1,
+            replication: 1,
+        };
+        RocksDbStateBackend::new(dir, &app, 32 << 20, 8 << 20, Some(changelog)).unwrap()
+    };
+    let count = |store: &dyn StateStore| {
+        store
+            .get(b"key")
+            .unwrap()
+            .map(|v| u32::from_be_bytes(v.try_into().unwrap()))
+    };
+    let commit = |backend: &mut RocksDbStateBackend, store: &mut dyn StateStore, n: u32| {
+        store.put(b"key", &n.to_be_bytes()).unwrap();
+        store.flush().unwrap();
+        backend.commit().unwrap();
+        backend.batch_committed().unwrap();
+    };
+    let (first_dir, second_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+
+    // The first owner counts 1 and commits.
+    let mut first = backend(first_dir.path());
+    let mut store = first.open(0, "counts").unwrap();
+    commit(&mut first, store.as_mut(), 1);
+    // The partition moves: the second owner restores 1 and counts 2.
+    let mut second = backend(second_dir.path());
+    let mut taken_over = second.open(0, "counts").unwrap();
+    assert_eq!(count(taken_over.as_ref()), Some(1));
+    commit(&mut second, taken_over.as_mut(), 2);
+    // The first owner learns of the move only now and closes its task.
+    drop(store);
+    first.close(0).unwrap();
+    drop(first);
+
+    // The partition comes back to the first owner's directory: it must
+    // see the second owner's count.
+    let mut again = backend(first_dir.path());
+    let store = again.open(0, "counts").unwrap();
+    assert_eq!(
+        count(store.as_ref()),
+        Some(2),
+        "the new owner's write is kept"
+    );
+}
+
+/// A task closed after its batch aborted (the rebalance that fenced the
+/// commit also revoked the partition) leaves no checkpoint: its local
+/// files hold the aborted writes, and its next start restores them from
+/// the changelog alone.
+#[test]
+fn a_task_closed_after_an_aborted_batch_leaves_no_local_checkpoint() {
+    use tidemark::runtime::StateBackend;
+    use tidemark_connectors::state_backend::{ChangelogConfig, RocksDbStateBackend};
+
+    let app = unique("state-abort-app");
+    let dir = tempfile::tempdir().unwrap();
+    let changelog = ChangelogConfig {
+        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+        partitions: 1,
+        replication: 1,
+    };
+    let mut backend =
+        RocksDbStateBackend::new(dir.path(), &app, 32 << 20, 8 << 20, Some(changelog)).unwrap();
+    let mut store = backend.open(0, "counts").unwrap();
+    store.put(b"key", b"committed").unwrap();
+    store.flush().unwrap();
+    backend.commit().unwrap();
+    backend.batch_committed().unwrap();
+    // Nothing written since the commit: a checkpoint would be true here...
+    backend.between_batches().unwrap();
+    let checkpoint = dir.path().join(&app).join("0").join(".checkpoint");
+    assert!(checkpoint.exists(), "a committed task is checkpointed");
+    // ...until a batch aborts.
+    store.put(b"key", b"aborted").unwrap();
+    store.flush().unwrap();
+    drop(store);
+    backend.batch_aborted().unwrap();
+    // Other tasks' commits do not vouch for the abandoned one.
+    backend.batch_committed().unwrap();
+    backend.close(0).unwrap();
+    assert!(
+        !checkpoint.exists(),
+        "no checkpoint vouches for the aborted write"
+    );
+}

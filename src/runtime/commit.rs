@@ -84,6 +84,9 @@ pub(super) fn commit_batch(
             tracing::warn!(batch_id, %reason, end_offsets = %batch_end, replay_bounded, "batch aborted; replaying it from the last commit");
             metrics::counter!("tidemark_batches_aborted_total").increment(1);
             tasks.drop_tasks();
+            if let Some(backend) = targets.backend.as_mut() {
+                backend.batch_aborted()?;
+            }
             Ok(CommitOutcome::Aborted { replay_bounded })
         }
         Err(other) => Err(other),

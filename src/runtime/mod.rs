@@ -404,6 +404,13 @@ pub trait StateBackend: Send {
     fn batch_committed(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Called after a batch aborted and every task was dropped (they reopen,
+    /// restoring their stores, when the replay reaches them): the local
+    /// state may hold the aborted batch's writes, and a backend must not
+    /// record it as matching what was committed.
+    fn batch_aborted(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Called before each trigger, between batches: backends with standby
     /// replicas catch them up here.
     fn between_batches(&mut self) -> Result<()> {
@@ -462,6 +469,9 @@ impl<T: StateBackend + ?Sized> StateBackend for Box<T> {
     }
     fn batch_committed(&mut self) -> Result<()> {
         (**self).batch_committed()
+    }
+    fn batch_aborted(&mut self) -> Result<()> {
+        (**self).batch_aborted()
     }
     fn between_batches(&mut self) -> Result<()> {
         (**self).between_batches()

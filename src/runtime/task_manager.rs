@@ -211,9 +211,13 @@ impl TaskManager {
             };
             if self.tasks.remove(p).is_some() || was_restoring {
                 tracing::info!(partition = p, "partition revoked; task closed");
-                if let Some(backend) = backend.as_mut() {
-                    backend.close(*p)?;
-                }
+            }
+            // Also when no task runs: a batch that aborted dropped the
+            // tasks but not their local files, which the next owner of the
+            // partition on this machine opens (and which must not stay
+            // checkpointed from here).
+            if let Some(backend) = backend.as_mut() {
+                backend.close(*p)?;
             }
         }
         Ok(())

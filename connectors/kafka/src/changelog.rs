@@ -47,6 +47,27 @@ impl KafkaChangelogWriter {
         })
     }
 
+    /// The tracker of the producer this writer's records go through.
+    fn delivery_tracker(&self) -> DeliveryTracker {
+        match &self.transactions {
+            Some(t) => t.delivery_tracker(),
+            None => self.tracker.clone(),
+        }
+    }
+
+    /// Notes from now on how far this writer's acknowledged records of the
+    /// changelog `topic` reach.
+    pub(crate) fn track(&self, topic: &str) {
+        self.delivery_tracker().track_written_end(topic);
+    }
+
+    /// The offset after the last record of `topic`/`partition` this writer
+    /// got acknowledged (in a transaction: written, committed or not);
+    /// `None` when it wrote none since [`KafkaChangelogWriter::track`].
+    pub(crate) fn written_end(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.delivery_tracker().written_end(topic, partition)
+    }
+
     /// Waits until every change appended so far is acknowledged: called at
     /// the checkpoint, before offsets commit.
     pub fn flush(&self) -> Result<()> {

@@ -118,6 +118,11 @@ impl SharedTransactions {
             .map_err(|e| Error::Sink(format!("transactional send: {e}")))
     }
 
+    /// The tracker of this producer's deliveries.
+    pub(crate) fn delivery_tracker(&self) -> DeliveryTracker {
+        self.lock().tracker.clone()
+    }
+
     /// Opens the batch's transaction if it is not open yet.
     pub fn begin(&self) -> Result<()> {
         self.lock().begin()

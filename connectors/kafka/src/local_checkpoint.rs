@@ -67,6 +67,8 @@ pub(crate) struct TaskCheckpointGuard {
     /// Restores of the task's stores still running (on restore threads).
     restoring: AtomicUsize,
     last_written: Mutex<Option<Instant>>,
+    /// Per store: the changelog offset its last restore read up to.
+    restored_to: Mutex<LocalCheckpoint>,
 }
 
 /// Written since the last commit (or restoring): no checkpoint may vouch.
@@ -75,6 +77,10 @@ const DIRTY: u8 = 0;
 const COMMITTED: u8 = 1;
 /// The checkpoint file on disk matches the local files.
 const VOUCHED: u8 = 2;
+/// A batch aborted and the runtime dropped the task's stores: the local
+/// files may hold the aborted writes, and no commit vouches for them until
+/// the stores reopen and restore.
+const ABANDONED: u8 = 3;
 
 impl TaskCheckpointGuard {
     /// A guard for the task whose checkpoint file is `file`.
@@ -84,6 +90,7 @@ impl TaskCheckpointGuard {
             state: AtomicU8::new(DIRTY),
             restoring: AtomicUsize::new(0),
             last_written: Mutex::new(None),
+            restored_to: Mutex::new(LocalCheckpoint::new()),
         }
     }
 
@@ -116,6 +123,51 @@ impl TaskCheckpointGuard {
         self.restoring.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// The store `name` was restored from its changelog up to `end`
+    /// (exclusive): its local files reflect the changelog that far.
+    pub(crate) fn restored(&self, name: &str, end: i64) {
+        self.restored_to
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), end);
+    }
+
+    /// The checkpoint the task's local files deserve: for each of
+    /// `stores`, how far its last restore read, or past that the end of
+    /// what this process itself wrote (`written_end`), whichever is later.
+    /// Never the changelog's end as the broker has it: another instance
+    /// that took the partition over may have written there since, and a
+    /// checkpoint claiming those records would have the next restore skip
+    /// them. `None` when a store was never restored here.
+    pub(crate) fn positions(
+        &self,
+        stores: &[String],
+        written_end: impl Fn(&str) -> Option<i64>,
+    ) -> Option<LocalCheckpoint> {
+        let restored = self.restored_to.lock().unwrap_or_else(|p| p.into_inner());
+        stores
+            .iter()
+            .map(|name| {
+                let restored = *restored.get(name)?;
+                let end = written_end(name).map_or(restored, |w| w.max(restored));
+                Some((name.clone(), end))
+            })
+            .collect()
+    }
+
+    /// Whether the local files hold exactly what was committed: nothing
+    /// written since the last commit, no restore running, not abandoned.
+    pub(crate) fn clean(&self) -> bool {
+        self.restoring.load(Ordering::SeqCst) == 0
+            && matches!(self.state.load(Ordering::SeqCst), COMMITTED | VOUCHED)
+    }
+
+    /// A batch aborted and the task's stores were dropped (see
+    /// [`ABANDONED`]): only a restore makes the local files trusted again.
+    pub(crate) fn abandon(&self) {
+        self.state.store(ABANDONED, Ordering::SeqCst);
+    }
+
     /// The batch that wrote last committed.
     pub(crate) fn batch_committed(&self) {
         let _ = self
@@ -126,7 +178,7 @@ impl TaskCheckpointGuard {
     /// Whether a checkpoint is worth writing now: nothing written since a
     /// commit, no restore running, none written for `interval`.
     pub(crate) fn checkpoint_due(&self, interval: Duration) -> bool {
-        self.restoring.load(Ordering::SeqCst) == 0
+        self.clean()
             && self.state.load(Ordering::SeqCst) == COMMITTED
             && self
                 .last_written
@@ -214,5 +266,58 @@ impl<S: StateStore> StateStore for GuardedStore<S> {
     }
     fn flush(&mut self) -> std::result::Result<(), StateError> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(dir: &tempfile::TempDir) -> TaskCheckpointGuard {
+        TaskCheckpointGuard::new(dir.path().join(CHECKPOINT_FILE))
+    }
+
+    #[test]
+    fn positions_are_the_restore_end_or_the_own_writes_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = guard(&dir);
+        let stores = ["a".to_string(), "b".to_string()];
+        assert_eq!(
+            guard.positions(&stores, |_| None),
+            None,
+            "a store never restored here is vouched for by nothing"
+        );
+        guard.restored("a", 10);
+        guard.restored("b", 7);
+        let written = |name: &str| (name == "a").then_some(15);
+        assert_eq!(
+            guard.positions(&stores, written),
+            Some(LocalCheckpoint::from([("a".into(), 15), ("b".into(), 7)]))
+        );
+        // Own writes from before the restore (an earlier ownership) do not
+        // move it back.
+        assert_eq!(
+            guard.positions(&stores[..1], |_| Some(3)),
+            Some(LocalCheckpoint::from([("a".into(), 10)]))
+        );
+    }
+
+    #[test]
+    fn an_abandoned_task_is_clean_again_only_after_a_restore_and_a_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = guard(&dir);
+        guard.restore_started();
+        guard.restore_finished();
+        guard.batch_committed();
+        assert!(guard.clean() && guard.checkpoint_due(Duration::ZERO));
+        guard.abandon();
+        guard.batch_committed();
+        assert!(!guard.clean(), "another task's commit vouches for nothing");
+        assert!(!guard.checkpoint_due(Duration::ZERO));
+        guard.restore_started();
+        assert!(!guard.clean());
+        guard.restore_finished();
+        guard.batch_committed();
+        assert!(guard.clean());
     }
 }

@@ -3,21 +3,61 @@
 //! watches the in-flight count, and a send that waits out a full queue.
 
 use crate::connection::KafkaConnection;
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidemark::error::Result;
 
-/// Collects delivery failures reported by the producer's thread.
+/// Collects delivery failures reported by the producer's thread, and how
+/// far the acknowledged records of the topics asked for reach.
 #[derive(Clone, Default)]
 pub(crate) struct DeliveryTracker {
     failures: Arc<Mutex<Vec<String>>>,
+    written_ends: Arc<WrittenEnds>,
+}
+
+/// Per topic asked for, per partition: the offset after the last record
+/// the broker acknowledged.
+#[derive(Default)]
+struct WrittenEnds {
+    /// Set once a topic is asked for: until then a delivery takes no lock.
+    any: AtomicBool,
+    ends: Mutex<HashMap<String, HashMap<i32, i64>>>,
 }
 
 impl DeliveryTracker {
     pub(crate) fn take_failures(&self) -> Vec<String> {
         std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Notes from now on how far this producer's acknowledged records of
+    /// `topic` reach (see [`DeliveryTracker::written_end`]).
+    pub(crate) fn track_written_end(&self, topic: &str) {
+        let mut ends = self.written_ends.lock();
+        if !ends.contains_key(topic) {
+            ends.insert(topic.to_string(), HashMap::new());
+        }
+        self.written_ends.any.store(true, Ordering::Release);
+    }
+
+    /// The offset after the last record of `topic`/`partition` this
+    /// producer got acknowledged since the topic was tracked; `None` when
+    /// none was.
+    pub(crate) fn written_end(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.written_ends
+            .lock()
+            .get(topic)
+            .and_then(|partitions| partitions.get(&partition).copied())
+    }
+}
+
+impl WrittenEnds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<i32, i64>>> {
+        self.ends.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -26,11 +66,19 @@ impl ClientContext for DeliveryTracker {}
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.failures
+        match result {
+            Err((e, _)) => self
+                .failures
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(e.to_string());
+                .push(e.to_string()),
+            Ok(m) if self.written_ends.any.load(Ordering::Acquire) => {
+                if let Some(partitions) = self.written_ends.lock().get_mut(m.topic()) {
+                    let end = partitions.entry(m.partition()).or_insert(0);
+                    *end = (*end).max(m.offset() + 1);
+                }
+            }
+            Ok(_) => {}
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The production state backend: RocksDB per task, with each store's
 //! changes logged to a compacted Kafka changelog topic and restored from it.
 
-use crate::changelog::changelog_watermarks;
 use crate::connection::KafkaConnection;
 use crate::local_checkpoint::{
     take_local_checkpoint, write_local_checkpoint, GuardedStore, LocalCheckpoint,
@@ -12,7 +11,6 @@ use crate::{
     changelog_topic, ensure_topic_with_config, restore_changelog, KafkaChangelogWriter,
     RestoreOptions,
 };
-use rdkafka::consumer::Consumer;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,19 +53,15 @@ pub struct RocksDbStateBackend {
     restore_stats: std::sync::Arc<std::sync::Mutex<tidemark::runtime::RestoreStats>>,
     restore_options: RestoreOptions,
     /// Per task with a changelog: whether its local files may be vouched
-    /// for by a checkpoint file.
+    /// for by a checkpoint file, and how far they reach.
     guards: std::collections::HashMap<i32, Arc<TaskCheckpointGuard>>,
-    /// Asks the broker for changelog ends when local checkpoints are
-    /// written; made on first use and kept.
-    end_offsets: Option<rdkafka::consumer::BaseConsumer>,
     /// Without a changelog, under a source that logs its batches: a
     /// version of each task's state per batch.
     versions: Option<StateVersions>,
 }
 
 /// How soon after the last one a running task writes its local checkpoint
-/// again (only when nothing was written since a commit): each write asks
-/// the broker for the end of every changelog partition of the task.
+/// again (only when nothing was written since a commit).
 const LOCAL_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(5);
 
 impl RocksDbStateBackend {
@@ -102,7 +96,6 @@ impl RocksDbStateBackend {
             restore_stats: Default::default(),
             restore_options: RestoreOptions::default(),
             guards: Default::default(),
-            end_offsets: None,
             versions: None,
         })
     }
@@ -233,6 +226,9 @@ impl StateBackend for RocksDbStateBackend {
                     config.replication,
                     &[("cleanup.policy", "compact")],
                 )?;
+                // How far this process's own records reach is what a
+                // checkpoint may claim beyond the restore.
+                writer.track(&topic);
                 let mut logged = ChangeLoggingStore::new(local, writer.clone(), partition);
                 let (cluster, application_id, name) = (
                     config.cluster.clone(),
@@ -243,7 +239,6 @@ impl StateBackend for RocksDbStateBackend {
                 let restore_options = self.restore_options;
                 let restoring = RestoreInProgress::new(guard);
                 Ok(Box::new(move || {
-                    let _restoring = restoring;
                     let started = std::time::Instant::now();
                     let (restored, end) = restore_changelog(
                         &cluster,
@@ -257,6 +252,8 @@ impl StateBackend for RocksDbStateBackend {
                     // Restored without the write-ahead log: on disk before
                     // any checkpoint may vouch for it.
                     logged.flush()?;
+                    restoring.0.restored(&name, end);
+                    drop(restoring);
                     {
                         let mut stats = stats.lock().unwrap_or_else(|p| p.into_inner());
                         stats.records += restored;
@@ -324,6 +321,13 @@ impl StateBackend for RocksDbStateBackend {
         Ok(())
     }
 
+    fn batch_aborted(&mut self) -> Result<()> {
+        for guard in self.guards.values() {
+            guard.abandon();
+        }
+        Ok(())
+    }
+
     fn between_batches(&mut self) -> Result<()> {
         self.write_due_checkpoints();
         let (Some(standbys), Some((config, _))) = (self.standbys.as_mut(), &self.changelog) else {
@@ -341,22 +345,26 @@ impl StateBackend for RocksDbStateBackend {
     fn close(&mut self, partition: i32) -> Result<()> {
         let db = self.tasks.remove(&partition);
         let stores = self.opened.remove(&partition).unwrap_or_default();
-        self.guards.remove(&partition);
+        let guard = self.guards.remove(&partition);
         self.local_checkpoints.remove(&partition);
-        let (Some(db), Some((config, _))) = (db, &self.changelog) else {
+        let (Some(db), Some(guard)) = (db, guard) else {
             return Ok(());
         };
-        // After the last commit the local stores equal their changelogs up
-        // to the end: record where, so the next start replays only what
-        // comes after.
-        let mut checkpoint = LocalCheckpoint::new();
-        for name in stores {
-            let topic = changelog_topic(&self.application_id, &name);
-            let (_, end) = changelog_watermarks(&config.cluster, &topic, partition)?;
-            checkpoint.insert(name, end);
-        }
+        // Closed right after a commit, the local stores equal their
+        // changelogs up to where this process restored and wrote them:
+        // record where, so the next start replays only what comes after.
+        // After an aborted batch they may not: no checkpoint, the next
+        // start restores in full.
+        let checkpoint = match guard.clean() {
+            true => self.own_positions(partition, &guard, &stores),
+            false => None,
+        };
         let file = db.path().join(CHECKPOINT_FILE);
         drop(db);
+        let Some(checkpoint) = checkpoint else {
+            tracing::info!(partition, "local state closed without a checkpoint");
+            return Ok(());
+        };
         write_local_checkpoint(&file, &checkpoint)?;
         tracing::info!(
             partition,
@@ -374,53 +382,34 @@ impl RocksDbStateBackend {
     /// tail. A checkpoint is an optimisation: failing to write one is
     /// logged, not an error.
     fn write_due_checkpoints(&mut self) {
-        let Some((config, _)) = &self.changelog else {
-            return;
-        };
-        if !self
-            .guards
-            .values()
-            .any(|g| g.checkpoint_due(LOCAL_CHECKPOINT_INTERVAL))
-        {
-            return;
-        }
-        if self.end_offsets.is_none() {
-            match crate::admin::high_watermark_client(&config.cluster) {
-                Ok(client) => self.end_offsets = Some(client),
-                Err(e) => {
-                    tracing::warn!(error = %e, "local checkpoints not written");
-                    return;
-                }
-            }
-        }
-        let client = self.end_offsets.as_ref().expect("made above");
         for (partition, guard) in &self.guards {
             if !guard.checkpoint_due(LOCAL_CHECKPOINT_INTERVAL) {
                 continue;
             }
-            let mut checkpoint = LocalCheckpoint::new();
-            let ends = self
-                .opened
-                .get(partition)
-                .into_iter()
-                .flatten()
-                .map(|name| {
-                    let topic = changelog_topic(&self.application_id, name);
-                    client
-                        .fetch_watermarks(&topic, *partition, Duration::from_secs(10))
-                        .map(|(_, end)| (name.clone(), end))
-                        .map_err(|e| {
-                            Error::Source(format!("end offset of `{topic}`/{partition}: {e}"))
-                        })
-                });
-            let written = ends
-                .map(|end| end.map(|(name, end)| checkpoint.insert(name, end)))
-                .collect::<Result<Vec<_>>>()
-                .and_then(|_| guard.write(&checkpoint));
-            if let Err(e) = written {
+            let stores = self.opened.get(partition).map_or(&[][..], Vec::as_slice);
+            let Some(checkpoint) = self.own_positions(*partition, guard, stores) else {
+                continue;
+            };
+            if let Err(e) = guard.write(&checkpoint) {
                 tracing::warn!(partition, error = %e, "local checkpoint not written");
             }
         }
+    }
+
+    /// How far the local files of `partition`'s `stores` reflect their
+    /// changelogs, from this process's own restores and writes (see
+    /// [`TaskCheckpointGuard::positions`]); `None` without a changelog or
+    /// when a store was not restored here.
+    fn own_positions(
+        &self,
+        partition: i32,
+        guard: &TaskCheckpointGuard,
+        stores: &[String],
+    ) -> Option<LocalCheckpoint> {
+        let (_, writer) = self.changelog.as_ref()?;
+        guard.positions(stores, |name| {
+            writer.written_end(&changelog_topic(&self.application_id, name), partition)
+        })
     }
 }
 
