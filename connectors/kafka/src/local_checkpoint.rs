@@ -15,6 +15,11 @@ use tidemark_state::{Entries, Entry, RestoreEntries, StateError, StateStore};
 /// The file a cleanly closed task leaves next to its RocksDB files.
 pub(crate) const CHECKPOINT_FILE: &str = ".checkpoint";
 
+/// The file in a task directory naming the process that opened it last
+/// (a random token): a directory deleted and made again has another (its
+/// inode number may well be the same).
+const OWNER_FILE: &str = ".owner";
+
 /// Changelog offset (exclusive) each store's local files reflect.
 pub(crate) type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
 
@@ -69,6 +74,9 @@ pub(crate) struct TaskCheckpointGuard {
     last_written: Mutex<Option<Instant>>,
     /// Per store: the changelog offset its last restore read up to.
     restored_to: Mutex<LocalCheckpoint>,
+    /// The token this process left in the task directory it opened (see
+    /// [`OWNER_FILE`]).
+    owner_token: Mutex<Option<String>>,
 }
 
 /// Written since the last commit (or restoring): no checkpoint may vouch.
@@ -91,6 +99,7 @@ impl TaskCheckpointGuard {
             restoring: AtomicUsize::new(0),
             last_written: Mutex::new(None),
             restored_to: Mutex::new(LocalCheckpoint::new()),
+            owner_token: Mutex::new(None),
         }
     }
 
@@ -109,6 +118,32 @@ impl TaskCheckpointGuard {
             }
         }
         Ok(())
+    }
+
+    /// The task's files were opened in `dir` (the checkpoint file's
+    /// directory): checkpoints are written there only while it is the
+    /// same directory.
+    pub(crate) fn bind_directory(&self, dir: &std::path::Path) -> Result<()> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let file = dir.join(OWNER_FILE);
+        std::fs::write(&file, &token)
+            .map_err(|e| Error::io(format!("writing {}", file.display()), e))?;
+        *self.owner_token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token);
+        Ok(())
+    }
+
+    /// Whether the checkpoint file's directory is still the one this
+    /// process opened. Another instance sharing the state directory that
+    /// took the partition over (this one not having noticed yet) deleted
+    /// it and made its own: a checkpoint from here would vouch for that
+    /// instance's files.
+    pub(crate) fn directory_is_ours(&self) -> bool {
+        let owner = self.owner_token.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self
+            .file
+            .parent()
+            .and_then(|dir| std::fs::read_to_string(dir.join(OWNER_FILE)).ok());
+        owner.is_some() && *owner == current
     }
 
     /// A store of the task starts restoring.
@@ -190,6 +225,9 @@ impl TaskCheckpointGuard {
     /// Writes `checkpoint` as the task's checkpoint file, if nothing was
     /// written since [`TaskCheckpointGuard::checkpoint_due`] said so.
     pub(crate) fn write(&self, checkpoint: &LocalCheckpoint) -> Result<()> {
+        if !self.directory_is_ours() {
+            return Ok(());
+        }
         write_local_checkpoint(&self.file, checkpoint)?;
         *self.last_written.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         if self
@@ -300,6 +338,31 @@ mod tests {
             guard.positions(&stores[..1], |_| Some(3)),
             Some(LocalCheckpoint::from([("a".into(), 10)]))
         );
+    }
+
+    #[test]
+    fn no_checkpoint_lands_in_a_directory_another_process_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = dir.path().join("0");
+        std::fs::create_dir(&task).unwrap();
+        let guard = TaskCheckpointGuard::new(task.join(CHECKPOINT_FILE));
+        guard.bind_directory(&task).unwrap();
+        guard.batch_committed();
+        guard
+            .write(&LocalCheckpoint::from([("a".into(), 5)]))
+            .unwrap();
+        assert!(task.join(CHECKPOINT_FILE).exists());
+        // Another instance took the partition over: deleted, made again.
+        std::fs::remove_dir_all(&task).unwrap();
+        std::fs::create_dir(&task).unwrap();
+        TaskCheckpointGuard::new(task.join(CHECKPOINT_FILE))
+            .bind_directory(&task)
+            .unwrap();
+        assert!(!guard.directory_is_ours());
+        guard
+            .write(&LocalCheckpoint::from([("a".into(), 9)]))
+            .unwrap();
+        assert!(!task.join(CHECKPOINT_FILE).exists());
     }
 
     #[test]

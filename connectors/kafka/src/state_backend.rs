@@ -166,14 +166,25 @@ impl RocksDbStateBackend {
                 self.local_checkpoints
                     .insert(partition, LocalCheckpoint::new());
                 let db = TaskDb::open(&self.state_dir, &self.application_id, &task, &self.budget)?;
+                self.bind_directory(partition, &db)?;
                 self.tasks.insert(partition, db.clone());
                 return Ok(db);
             }
             Err(e) => return Err(e.into()),
         };
         self.local_checkpoints.insert(partition, checkpoint);
+        self.bind_directory(partition, &db)?;
         self.tasks.insert(partition, db.clone());
         Ok(db)
+    }
+
+    /// Marks the task's directory as opened by this process (see
+    /// [`TaskCheckpointGuard::directory_is_ours`]).
+    fn bind_directory(&self, partition: i32, db: &TaskDb) -> Result<()> {
+        match self.guards.get(&partition) {
+            Some(guard) => guard.bind_directory(db.path()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -355,7 +366,7 @@ impl StateBackend for RocksDbStateBackend {
         // record where, so the next start replays only what comes after.
         // After an aborted batch they may not: no checkpoint, the next
         // start restores in full.
-        let checkpoint = match guard.clean() {
+        let checkpoint = match guard.clean() && guard.directory_is_ours() {
             true => self.own_positions(partition, &guard, &stores),
             false => None,
         };
