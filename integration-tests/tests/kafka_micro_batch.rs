@@ -355,6 +355,22 @@ fn batch_request(batch_id: u64, wait: Duration) -> tidemark::runtime::BatchReque
     }
 }
 
+/// Reads batches from `source` until `wanted` records came (or a minute
+/// passed); returns how many came.
+fn read_records(source: &mut KafkaSource, wanted: usize) -> usize {
+    use tidemark::runtime::Source;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut read = 0;
+    while read < wanted && Instant::now() < deadline {
+        read += source
+            .next_batch(&batch_request(0, Duration::from_secs(1)))
+            .unwrap()
+            .records
+            .len();
+    }
+    read
+}
+
 /// A batch aborted and rewound hands every owned partition's checkpoint
 /// back, as after an assignment. When a rebalance takes one of them away
 /// before that batch ends, its checkpoint must not come back with it: the
@@ -373,16 +389,11 @@ fn a_partition_revoked_after_a_rewind_does_not_hand_back_its_checkpoint() {
         produce_to(&topic, Some(partition), &records);
     }
     let mut first = source(&topic, &group);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut read = 0;
-    while read < 20 && Instant::now() < deadline {
-        read += first
-            .next_batch(&batch_request(0, Duration::from_secs(1)))
-            .unwrap()
-            .records
-            .len();
-    }
-    assert_eq!(read, 20, "the first member read both partitions");
+    assert_eq!(
+        read_records(&mut first, 20),
+        20,
+        "the first member read both partitions"
+    );
     let checkpoints: std::collections::BTreeMap<i32, String> =
         (0..2).map(|p| (p, format!("checkpoint-{p}"))).collect();
     first.commit(&checkpoints).unwrap();
@@ -418,5 +429,79 @@ fn a_partition_revoked_after_a_rewind_does_not_hand_back_its_checkpoint() {
         handed_back,
         vec![kept],
         "only the partition still owned comes back with its checkpoint"
+    );
+}
+
+/// A zombie's batch that moved no offset but wrote (a no-data batch
+/// closing windows) must be fenced like any other: its partitions went to
+/// another member while it was not polling. Before, such a commit sent no
+/// offsets, so nothing checked the group generation and the zombie's
+/// output (and state changes) committed next to the new owner's.
+#[test]
+fn a_zombie_batch_that_moved_no_offset_is_fenced_by_the_group_generation() {
+    use rdkafka::producer::BaseRecord;
+    use tidemark::runtime::Source;
+    use tidemark_connectors::kafka::SharedTransactions;
+    let (topic, output, group) = (
+        unique("zombie-nodata-in"),
+        unique("zombie-nodata-out"),
+        unique("zombie-nodata-app"),
+    );
+    create_topic(&topic, 2);
+    create_topic(&output, 1);
+    for partition in 0..2 {
+        produce_to(&topic, Some(partition), &[("k".into(), b"{}".to_vec())]);
+    }
+    let cluster = tidemark_connectors::kafka::KafkaConnection::new(bootstrap());
+    let transactions = SharedTransactions::new(&cluster, &unique("zombie-nodata-tx")).unwrap();
+    // Left out of the group after 6 s without a poll (the least session).
+    let member = |transactions: Option<&SharedTransactions>| {
+        let source = KafkaSource::new(KafkaSourceConfig {
+            cluster: cluster.clone(),
+            topics: vec![topic.clone()],
+            group: group.clone(),
+            earliest: true,
+            properties: [
+                ("session.timeout.ms", "6000"),
+                ("max.poll.interval.ms", "6000"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        })
+        .unwrap();
+        match transactions {
+            Some(t) => source.with_transactions(t.clone()),
+            None => source,
+        }
+    };
+    let mut zombie = member(Some(&transactions));
+    assert_eq!(
+        read_records(&mut zombie, 2),
+        2,
+        "the first member read both partitions"
+    );
+    zombie.commit(&Default::default()).unwrap();
+
+    // Another member takes both partitions while the first stops polling.
+    // It owns them once it reads a new record from each.
+    let mut live = member(None);
+    for partition in 0..2 {
+        produce_to(&topic, Some(partition), &[("k".into(), b"{}".to_vec())]);
+    }
+    assert_eq!(
+        read_records(&mut live, 2),
+        2,
+        "the second member took both partitions"
+    );
+    // The zombie, not knowing, writes and commits without a new offset.
+    transactions
+        .send(BaseRecord::to(&output).key("k").payload("from the zombie"))
+        .unwrap();
+    let committed = zombie.commit(&Default::default());
+    assert!(committed.is_err(), "the zombie's batch committed");
+    assert!(
+        consume_all(&output, 1, Duration::from_secs(5)).is_empty(),
+        "the zombie's output is not visible"
     );
 }

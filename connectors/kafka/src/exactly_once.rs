@@ -123,6 +123,11 @@ impl SharedTransactions {
         self.lock().tracker.clone()
     }
 
+    /// Whether a transaction is open: the batch sent something in it.
+    pub(crate) fn is_open(&self) -> bool {
+        self.lock().open
+    }
+
     /// Opens the batch's transaction if it is not open yet.
     pub fn begin(&self) -> Result<()> {
         self.lock().begin()

@@ -261,6 +261,32 @@ impl KafkaSource {
         self
     }
 
+    /// The committed offsets (and task checkpoints) of the owned
+    /// partitions not held back, as they stand.
+    fn add_unchanged_offsets(
+        &self,
+        tpl: &mut TopicPartitionList,
+        assigned: &[(String, i32)],
+    ) -> Result<()> {
+        for (topic, partition) in assigned {
+            if self.held.contains_key(partition) {
+                continue;
+            }
+            let Some(offset) = self.committed.get(&topic_partition(topic, *partition)) else {
+                continue;
+            };
+            tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+            if let (Some(meta), Some(mut elem)) = (
+                self.committed_checkpoints.get(partition),
+                tpl.find_partition(topic, *partition),
+            ) {
+                elem.set_metadata(meta.as_str());
+            }
+        }
+        Ok(())
+    }
+
     fn assigned(&self) -> Vec<(String, i32)> {
         self.consumer
             .assignment()
@@ -965,6 +991,15 @@ impl Source for KafkaSource {
         }
         self.committed_checkpoints = checkpoints.clone();
         if let Some(t) = &self.transactions {
+            if tpl.count() == 0 && t.is_open() {
+                // A batch that moved no offset but wrote (a no-data batch
+                // closing windows, timers): its offsets are what fences
+                // it if the partitions moved to another instance meanwhile
+                // (KIP-447 checks the group generation with them), so the
+                // unchanged ones go along. Without them a zombie's state
+                // and output would commit next to the new owner's.
+                self.add_unchanged_offsets(&mut tpl, &assigned)?;
+            }
             let group = self.consumer.group_metadata().ok_or_else(|| {
                 Error::Source("no consumer group metadata for the transaction".into())
             })?;
