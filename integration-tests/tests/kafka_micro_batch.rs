@@ -13,12 +13,20 @@ use tidemark_connectors::kafka::{
 use tidemark_integration_tests::*;
 
 fn source(topic: &str, group: &str) -> KafkaSource {
+    source_with(topic, group, &[])
+}
+
+/// [`source`] with the consumer `properties`.
+fn source_with(topic: &str, group: &str, properties: &[(&str, &str)]) -> KafkaSource {
     KafkaSource::new(KafkaSourceConfig {
         cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
         topics: vec![topic.to_string()],
         group: group.to_string(),
         earliest: true,
-        properties: Default::default(),
+        properties: properties
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     })
     .unwrap()
 }
@@ -456,20 +464,11 @@ fn a_zombie_batch_that_moved_no_offset_is_fenced_by_the_group_generation() {
     let transactions = SharedTransactions::new(&cluster, &unique("zombie-nodata-tx")).unwrap();
     // Left out of the group after 6 s without a poll (the least session).
     let member = |transactions: Option<&SharedTransactions>| {
-        let source = KafkaSource::new(KafkaSourceConfig {
-            cluster: cluster.clone(),
-            topics: vec![topic.clone()],
-            group: group.clone(),
-            earliest: true,
-            properties: [
-                ("session.timeout.ms", "6000"),
-                ("max.poll.interval.ms", "6000"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        })
-        .unwrap();
+        let properties = [
+            ("session.timeout.ms", "6000"),
+            ("max.poll.interval.ms", "6000"),
+        ];
+        let source = source_with(&topic, &group, &properties);
         match transactions {
             Some(t) => source.with_transactions(t.clone()),
             None => source,

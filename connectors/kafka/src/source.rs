@@ -97,6 +97,25 @@ type TopicPartition = (Arc<str>, i32);
 /// chosen: they come from the broker's assignment).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+/// Adds `offset` of `topic`/`partition` to `tpl`, with the task's
+/// `checkpoint` as its metadata.
+fn add_offset(
+    tpl: &mut TopicPartitionList,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    checkpoint: Option<&String>,
+) -> Result<()> {
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+    if let (Some(meta), Some(mut elem)) = (checkpoint, tpl.find_partition(topic, partition)) {
+        // Kafka keeps up to `offset.metadata.max.bytes` (4 KiB by default)
+        // of metadata with each committed offset.
+        elem.set_metadata(meta.as_str());
+    }
+    Ok(())
+}
+
 fn topic_partition(topic: &str, partition: i32) -> TopicPartition {
     (Arc::from(topic), partition)
 }
@@ -275,14 +294,8 @@ impl KafkaSource {
             let Some(offset) = self.committed.get(&topic_partition(topic, *partition)) else {
                 continue;
             };
-            tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
-                .map_err(|e| Error::Source(format!("offset list: {e}")))?;
-            if let (Some(meta), Some(mut elem)) = (
-                self.committed_checkpoints.get(partition),
-                tpl.find_partition(topic, *partition),
-            ) {
-                elem.set_metadata(meta.as_str());
-            }
+            let checkpoint = self.committed_checkpoints.get(partition);
+            add_offset(tpl, topic, *partition, *offset, checkpoint)?;
         }
         Ok(())
     }
@@ -978,15 +991,7 @@ impl Source for KafkaSource {
             let changed = self.committed.get(&(topic.clone(), *partition)) != Some(offset)
                 || self.committed_checkpoints.get(partition) != checkpoint;
             if owned && changed {
-                tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
-                    .map_err(|e| Error::Source(format!("offset list: {e}")))?;
-                if let (Some(meta), Some(mut elem)) =
-                    (checkpoint, tpl.find_partition(topic, *partition))
-                {
-                    // Kafka keeps up to `offset.metadata.max.bytes` (4 KiB
-                    // by default) of metadata with each committed offset.
-                    elem.set_metadata(meta.as_str());
-                }
+                add_offset(&mut tpl, topic, *partition, *offset, checkpoint)?;
             }
         }
         self.committed_checkpoints = checkpoints.clone();
