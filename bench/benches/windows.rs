@@ -7,6 +7,9 @@
 //! - `sliding_6h_1h/10k_keys`: 6-hour windows every hour (6 per event);
 //! - `session_30m/10k_keys`: 30-minute gap sessions.
 //!
+//! Each case runs twice: rows through `on_row`, and the same events as
+//! Arrow batches of 100k rows through `on_columns` (`.../columns`).
+//!
 //! Also prints the heap bytes per open window, measured with a counting
 //! allocator.
 //!
@@ -15,6 +18,10 @@
 //! ```
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use deltalake::arrow::array::{
+    ArrayRef, Float64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::sync::Arc;
@@ -54,24 +61,58 @@ const EVENTS: u64 = 10_000_000;
 const CHUNK: u64 = 100_000;
 const START: i64 = 1_767_225_600_000_000;
 
-/// Event `i`: key `i % keys`, event times advancing `step_micros` per event
-/// with a little disorder (every 7th event 3 steps behind).
-fn event(i: u64, keys: u64, step_micros: i64, key_names: &[Arc<str>]) -> Row {
+/// Event `i`'s time: advancing `step_micros` per event with a little
+/// disorder (every 7th event 3 steps behind).
+fn event_time(i: u64, step_micros: i64) -> i64 {
     let late = if i.is_multiple_of(7) {
         3 * step_micros
     } else {
         0
     };
+    START + i as i64 * step_micros - late
+}
+
+/// Event `i` as a row: key `i % keys`, amount `i % 100`.
+fn event(i: u64, keys: u64, step_micros: i64, key_names: &[Arc<str>]) -> Row {
     [
-        (
-            "event_time",
-            Value::Timestamp(START + i as i64 * step_micros - late),
-        ),
+        ("event_time", Value::Timestamp(event_time(i, step_micros))),
         ("id", Value::Str(key_names[(i % keys) as usize].clone())),
         ("amount", Value::Double((i % 100) as f64)),
     ]
     .into_iter()
     .collect()
+}
+
+/// Events `range` as one columnar batch, the same values as [`event`].
+fn events_batch(
+    range: std::ops::Range<u64>,
+    keys: u64,
+    step_micros: i64,
+    key_names: &[Arc<str>],
+) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(
+            "event_time",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("id", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+    ]));
+    let times: TimestampMicrosecondArray = TimestampMicrosecondArray::from_iter_values(
+        range.clone().map(|i| event_time(i, step_micros)),
+    );
+    let ids: StringArray = range
+        .clone()
+        .map(|i| Some(key_names[(i % keys) as usize].as_ref()))
+        .collect();
+    let amounts: Float64Array = range.map(|i| (i % 100) as f64).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(times.with_timezone("UTC")),
+        Arc::new(ids),
+        Arc::new(amounts),
+    ];
+    RecordBatch::try_new(schema, columns).expect("the batch matches its schema")
 }
 
 fn operator(window: WindowSpec) -> WindowAggregate {
@@ -90,13 +131,24 @@ fn operator(window: WindowSpec) -> WindowAggregate {
     )
 }
 
-/// Runs `EVENTS` events; times only the operator (rows are built per chunk
-/// outside the clock). Returns the elapsed time and the peak open windows.
+/// How the events reach the operator.
+#[derive(Clone, Copy, PartialEq)]
+enum Input {
+    /// One `Row` per event, through `on_row`.
+    Rows,
+    /// One Arrow batch per chunk, through `on_columns`.
+    Columns,
+}
+
+/// Runs `EVENTS` events; times only the operator (rows or batches are
+/// built per chunk outside the clock). Returns the elapsed time and the
+/// peak open windows.
 fn run(
     window: &WindowSpec,
     keys: u64,
     step_micros: i64,
     delay_micros: i64,
+    input: Input,
 ) -> (Duration, usize, isize) {
     let key_names: Vec<Arc<str>> = (0..keys).map(|k| Arc::from(format!("c{k}"))).collect();
     let mut op = operator(window.clone());
@@ -109,8 +161,15 @@ fn run(
     let baseline = LIVE_BYTES.load(Ordering::Relaxed);
     let mut i = 0;
     while i < EVENTS {
+        let range = i..(i + CHUNK).min(EVENTS);
         chunk.clear();
-        chunk.extend((i..(i + CHUNK).min(EVENTS)).map(|j| event(j, keys, step_micros, &key_names)));
+        let batch = match input {
+            Input::Rows => {
+                chunk.extend(range.map(|j| event(j, keys, step_micros, &key_names)));
+                None
+            }
+            Input::Columns => Some(events_batch(range, keys, step_micros, &key_names)),
+        };
         let max_t = START + (i + CHUNK) as i64 * step_micros;
         let ctx = BatchContext {
             batch_id: i / CHUNK,
@@ -121,10 +180,16 @@ fn run(
             real_time: false,
         };
         let started = Instant::now();
-        for row in chunk.drain(..) {
-            op.on_row(row, &ctx, &mut out).unwrap();
+        match &batch {
+            None => {
+                for row in chunk.drain(..) {
+                    op.on_row(row, &ctx, &mut out).unwrap();
+                }
+            }
+            Some(batch) => op.on_columns(batch, &ctx, &mut out).unwrap(),
         }
         elapsed += started.elapsed();
+        drop(batch);
         // The chunk's rows were consumed (its buffer predates the baseline):
         // what is live beyond the baseline is the operator's state.
         let open = op
@@ -191,16 +256,20 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(10));
     group.throughput(Throughput::Elements(EVENTS));
     for (name, window, keys, step, delay) in cases {
-        group.bench_function(name, |b| {
-            b.iter_custom(|iterations| {
-                (0..iterations)
-                    .map(|_| run(&window, keys, step, delay).0)
-                    .sum()
-            })
-        });
+        // The same events as rows (`on_row`) and as Arrow batches
+        // (`on_columns`, `/columns`): the two paths of the operator.
+        for (input, suffix) in [(Input::Rows, ""), (Input::Columns, "/columns")] {
+            group.bench_function(format!("{name}{suffix}"), |b| {
+                b.iter_custom(|iterations| {
+                    (0..iterations)
+                        .map(|_| run(&window, keys, step, delay, input).0)
+                        .sum()
+                })
+            });
+        }
         // One more run, untimed, with the allocator counting: the state size.
         COUNTING.store(true, Ordering::SeqCst);
-        let (_, open, bytes) = run(&window, keys, step, delay);
+        let (_, open, bytes) = run(&window, keys, step, delay, Input::Rows);
         COUNTING.store(false, Ordering::SeqCst);
         println!(
             "{name}: peak open windows {open}, state heap {bytes} bytes, {:.0} bytes per open window",

@@ -6,6 +6,8 @@
 //! mode will call at each watermark advance instead.
 #![deny(missing_docs)]
 
+#[cfg(test)]
+mod columnar_equivalence;
 mod dedup;
 mod fixed_windows;
 mod join;
@@ -29,15 +31,31 @@ pub use union::Union;
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
 
 // The vocabulary, under the names the operators' code uses.
+use arrow_array::RecordBatch;
 pub(crate) use tidemark_types::row::encode_key_into;
 pub(crate) use tidemark_types::{
-    aggregate, duration, error, expr, progress, row, time, typed, window,
+    aggregate, columns, duration, error, expr, progress, row, time, typed, window,
 };
 
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
 use crate::row::Row;
 use crate::time::TimestampMicros;
+
+/// Runs each row of `batch` through `op.on_row`, in order: the default
+/// [`Operator::on_columns`], and the way back for a vectorized operator
+/// whose columnar path does not cover a case.
+pub(crate) fn each_row<O: Operator + ?Sized>(
+    op: &mut O,
+    batch: &RecordBatch,
+    ctx: &BatchContext,
+    out: &mut Vec<Row>,
+) -> Result<()> {
+    for row in columns::rows_of(batch)? {
+        op.on_row(row, ctx, out)?;
+    }
+    Ok(())
+}
 
 /// What an operator knows about the batch being processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +111,19 @@ pub trait Operator: Send {
 
     /// Processes one row, pushing any output to `out`.
     fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()>;
+
+    /// Processes a columnar batch (Apache Arrow) of the chain's own rows,
+    /// in order: the same as [`Operator::on_row`] for each of them, which
+    /// is what this default does. Operators with a vectorized path read
+    /// the columns instead of making a [`Row`] per row.
+    fn on_columns(
+        &mut self,
+        batch: &RecordBatch,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        each_row(self, batch, ctx, out)
+    }
 
     /// Processes one row of input `input`: 0 is the chain's own rows, 1
     /// the second stream of a join. Only joins take a second input.

@@ -13,13 +13,18 @@ use super::state_codec::{
     decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
     STATE_KEY_PREFIX,
 };
-use super::{encode_key_into, BatchContext, KeyRange, Operator, OutputMode, QueryableState};
+use super::{
+    each_row, encode_key_into, BatchContext, KeyRange, Operator, OutputMode, QueryableState,
+};
 use crate::aggregate::{Accumulator, AggregateFn};
+use crate::columns::{resolve_all, row_at, Column};
 use crate::error::Result;
 use crate::progress::StateOperatorProgress;
-use crate::row::{Row, Value};
+use crate::row::{encode_key_part, Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::{TimeWindow, WindowSpec};
+use arrow_array::RecordBatch;
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use tidemark_state::StateStore;
 
@@ -151,6 +156,9 @@ impl AggregateSpec {
 /// Groups rows by key columns and a window, folding aggregates.
 pub struct WindowAggregate {
     keys: Vec<Arc<str>>,
+    /// The columns it reads, in slot order ([`referenced_columns`]).
+    columns: Vec<Arc<str>>,
+    input_slots: Vec<InputSlots>,
     time: TimeColumn,
     window: WindowSpec,
     aggregates: Vec<AggregateSpec>,
@@ -179,8 +187,11 @@ impl WindowAggregate {
         aggregates: Vec<AggregateSpec>,
         mode: OutputMode,
     ) -> Self {
+        let (columns, input_slots) = referenced_columns(&keys, &time, &aggregates);
         WindowAggregate {
             keys,
+            columns,
+            input_slots,
             time,
             window,
             aggregates,
@@ -339,6 +350,85 @@ impl WindowAggregate {
         Ok(())
     }
 
+    /// Folds one input row into its windows. Returns whether it was late
+    /// for every window it falls in (the late side output takes it).
+    /// `row` is the whole row where there is one: a dynamic session gap
+    /// reads it.
+    fn fold_input(
+        &mut self,
+        input: &impl InputRow,
+        row: Option<&Row>,
+        ctx: &BatchContext,
+    ) -> Result<bool> {
+        let time_slot = self.keys.len();
+        let t = match &self.time {
+            TimeColumn::ProcessingTime => ctx.processing_time,
+            TimeColumn::EventTime(_) => match input.value(time_slot, &self.columns).as_ref() {
+                Value::Timestamp(t) => *t,
+                Value::Long(ms) => ms.saturating_mul(1000),
+                // Spark's window() yields no window for a NULL time.
+                _ => return Ok(false),
+            },
+            TimeColumn::EarlierWindow => match input.value(time_slot, &self.columns).as_ref() {
+                Value::Timestamp(end) => end.saturating_sub(1),
+                _ => return Ok(false),
+            },
+        };
+        let mut key_buffer = std::mem::take(&mut self.key_buffer);
+        key_buffer.clear();
+        for slot in 0..self.keys.len() {
+            input.encode_key_part(slot, &self.columns, &mut key_buffer);
+        }
+        let mut windows = std::mem::take(&mut self.window_buffer);
+        windows.clear();
+        self.window.assign_into(t, row, &mut windows);
+        // A key not in memory may have windows in the store.
+        if self.max_cached_keys.is_some() && !self.is_cached(&key_buffer) {
+            self.load_key(&key_buffer)?;
+        }
+        let (mut any_late, mut accepted) = (false, false);
+        for window in windows.iter().copied() {
+            if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
+                any_late = true;
+                self.late_in_batch
+                    .insert((window.end, window.start, key_buffer.clone()));
+                continue;
+            }
+            accepted = true;
+            let columns = &self.columns;
+            let key_values = || {
+                (0..self.keys.len())
+                    .map(|slot| input.value(slot, columns).into_owned())
+                    .collect()
+            };
+            let aggregates = &self.aggregates;
+            let inputs = &self.input_slots;
+            if self.window.is_session() {
+                self.rows_removed += self.sessions.add(
+                    &key_buffer,
+                    key_values,
+                    window,
+                    aggregates,
+                    |accumulators| fold(aggregates, inputs, accumulators, input, columns),
+                );
+                continue;
+            }
+            let accumulators = self
+                .fixed
+                .accumulators(&key_buffer, key_values, window, || {
+                    aggregates.iter().map(|a| a.function.zero()).collect()
+                });
+            fold(aggregates, inputs, accumulators, input, columns);
+        }
+        self.key_buffer = key_buffer;
+        self.window_buffer = windows;
+        if any_late {
+            self.late_input_rows += 1;
+        }
+        // Dropped from every window: the late-data side output gets it.
+        Ok(any_late && !accepted)
+    }
+
     fn state_rows(&self) -> usize {
         self.fixed.len() + self.sessions.len()
     }
@@ -369,72 +459,48 @@ impl Operator for WindowAggregate {
     }
 
     fn on_row(&mut self, row: Row, ctx: &BatchContext, _out: &mut Vec<Row>) -> Result<()> {
-        let t = match &self.time {
-            TimeColumn::ProcessingTime => ctx.processing_time,
-            TimeColumn::EventTime(c) => match row.get(c) {
-                Some(Value::Timestamp(t)) => *t,
-                Some(Value::Long(ms)) => ms.saturating_mul(1000),
-                // Spark's window() yields no window for a NULL time.
-                _ => return Ok(()),
-            },
-            TimeColumn::EarlierWindow => match row.get(WINDOW_END) {
-                Some(Value::Timestamp(end)) => end.saturating_sub(1),
-                _ => return Ok(()),
-            },
-        };
-        let mut key_buffer = std::mem::take(&mut self.key_buffer);
-        encode_key_into(
-            self.keys.iter().map(|k| row.get(k).unwrap_or(&Value::Null)),
-            &mut key_buffer,
-        );
-        let mut windows = std::mem::take(&mut self.window_buffer);
-        windows.clear();
-        self.window.assign_into(t, Some(&row), &mut windows);
-        // A key not in memory may have windows in the store.
-        if self.max_cached_keys.is_some() && !self.is_cached(&key_buffer) {
-            self.load_key(&key_buffer)?;
+        let late = self.fold_input(&row, Some(&row), ctx)?;
+        if late && ctx.collect_late_rows {
+            self.late_rows.push(row);
         }
-        let (mut any_late, mut accepted) = (false, false);
-        for window in windows.iter().copied() {
-            if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
-                any_late = true;
-                self.late_in_batch
-                    .insert((window.end, window.start, key_buffer.clone()));
-                continue;
-            }
-            accepted = true;
-            let key_values = || {
-                self.keys
-                    .iter()
-                    .map(|k| row.get(k).cloned().unwrap_or(Value::Null))
-                    .collect()
-            };
-            if self.window.is_session() {
-                let aggregates = &self.aggregates;
-                self.rows_removed += self.sessions.add(
-                    &key_buffer,
-                    key_values,
-                    window,
-                    aggregates,
-                    |accumulators| fold(aggregates, accumulators, &row),
-                );
-                continue;
-            }
-            let aggregates = &self.aggregates;
-            let accumulators = self
-                .fixed
-                .accumulators(&key_buffer, key_values, window, || {
-                    aggregates.iter().map(|a| a.function.zero()).collect()
-                });
-            fold(aggregates, accumulators, &row);
+        Ok(())
+    }
+
+    /// The vectorized path: the columns the aggregation reads are resolved
+    /// once per batch and each row is read from them by index, with no
+    /// [`Row`] made (but for a late row the side output collects). The
+    /// same fold as [`WindowAggregate::on_row`], so the same results.
+    fn on_columns(
+        &mut self,
+        batch: &RecordBatch,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        // A dynamic session gap is an expression over the whole row.
+        if matches!(self.window, WindowSpec::DynamicSession { .. }) {
+            return each_row(self, batch, ctx, out);
         }
-        self.key_buffer = key_buffer;
-        self.window_buffer = windows;
-        if any_late {
-            self.late_input_rows += 1;
-            // Dropped from every window: the late-data side output gets it.
-            if !accepted && ctx.collect_late_rows {
-                self.late_rows.push(row);
+        let columns = self
+            .columns
+            .iter()
+            .map(|name| Column::resolve(batch, name))
+            .collect::<Result<Vec<_>>>()?;
+        let mut whole_rows = None;
+        for i in 0..batch.num_rows() {
+            let late = self.fold_input(
+                &BatchRow {
+                    columns: &columns,
+                    i,
+                },
+                None,
+                ctx,
+            )?;
+            if late && ctx.collect_late_rows {
+                let all = match &whole_rows {
+                    Some(all) => all,
+                    None => whole_rows.insert(resolve_all(batch)?),
+                };
+                self.late_rows.push(row_at(all, i));
             }
         }
         Ok(())
@@ -580,19 +646,104 @@ impl Operator for WindowAggregate {
 
 /// Store keys: `K` + encoded key → the key's windows; `E` + window end +
 /// encoded key → nothing, the expiry index that eviction scans by range.
-fn fold(aggregates: &[AggregateSpec], accumulators: &mut [Accumulator], row: &Row) {
-    for (spec, acc) in aggregates.iter().zip(accumulators.iter_mut()) {
-        match &spec.input {
-            AggregateInput::Star => spec.function.reduce(acc, &Value::Bool(true)),
-            AggregateInput::Column(c) => spec
+fn fold(
+    aggregates: &[AggregateSpec],
+    inputs: &[InputSlots],
+    accumulators: &mut [Accumulator],
+    input: &impl InputRow,
+    columns: &[Arc<str>],
+) {
+    for ((spec, slots), acc) in aggregates.iter().zip(inputs).zip(accumulators.iter_mut()) {
+        match *slots {
+            InputSlots::Star => spec.function.reduce(acc, &Value::Bool(true)),
+            InputSlots::Column(slot) => spec
                 .function
-                .reduce(acc, row.get(c).unwrap_or(&Value::Null)),
-            AggregateInput::By { value, ordering } => spec.function.reduce_by(
+                .reduce(acc, input.value(slot, columns).as_ref()),
+            InputSlots::By { value, ordering } => spec.function.reduce_by(
                 acc,
-                row.get(value).unwrap_or(&Value::Null),
-                row.get(ordering).unwrap_or(&Value::Null),
+                input.value(value, columns).as_ref(),
+                input.value(ordering, columns).as_ref(),
             ),
         }
+    }
+}
+
+/// Where an aggregate's input columns are among the aggregation's columns
+/// ([`WindowAggregate`]'s `columns`).
+#[derive(Debug, Clone, Copy)]
+enum InputSlots {
+    Star,
+    Column(usize),
+    By { value: usize, ordering: usize },
+}
+
+/// The columns an aggregation reads, in slot order: its keys, then its
+/// time column (when it reads one), then each aggregate's inputs.
+fn referenced_columns(
+    keys: &[Arc<str>],
+    time: &TimeColumn,
+    aggregates: &[AggregateSpec],
+) -> (Vec<Arc<str>>, Vec<InputSlots>) {
+    let mut columns = keys.to_vec();
+    match time {
+        TimeColumn::EventTime(c) => columns.push(c.clone()),
+        TimeColumn::EarlierWindow => columns.push(Arc::from(WINDOW_END)),
+        // Never read: a placeholder keeps the slots after it in place.
+        TimeColumn::ProcessingTime => columns.push(Arc::from("")),
+    }
+    let mut slot_of = |name: &Arc<str>| {
+        columns.push(name.clone());
+        columns.len() - 1
+    };
+    let inputs = aggregates
+        .iter()
+        .map(|a| match &a.input {
+            AggregateInput::Star => InputSlots::Star,
+            AggregateInput::Column(c) => InputSlots::Column(slot_of(c)),
+            AggregateInput::By { value, ordering } => InputSlots::By {
+                value: slot_of(value),
+                ordering: slot_of(ordering),
+            },
+        })
+        .collect();
+    (columns, inputs)
+}
+
+/// One input row as the aggregation reads it, by slot (see
+/// [`referenced_columns`]): a decoded [`Row`], read by name, or a row of
+/// a columnar batch, read by index.
+trait InputRow {
+    /// The value of column `slot` (named `names[slot]`); NULL when absent.
+    fn value<'r>(&'r self, slot: usize, names: &[Arc<str>]) -> Cow<'r, Value>;
+    /// Appends column `slot`'s key encoding to `out`.
+    fn encode_key_part(&self, slot: usize, names: &[Arc<str>], out: &mut Vec<u8>);
+}
+
+static NULL: Value = Value::Null;
+
+impl InputRow for Row {
+    fn value<'r>(&'r self, slot: usize, names: &[Arc<str>]) -> Cow<'r, Value> {
+        Cow::Borrowed(self.get(&names[slot]).unwrap_or(&NULL))
+    }
+
+    fn encode_key_part(&self, slot: usize, names: &[Arc<str>], out: &mut Vec<u8>) {
+        encode_key_part(self.get(&names[slot]).unwrap_or(&NULL), out);
+    }
+}
+
+/// Row `i` of a columnar batch whose columns are resolved in slot order.
+struct BatchRow<'c, 'a> {
+    columns: &'c [Column<'a>],
+    i: usize,
+}
+
+impl InputRow for BatchRow<'_, '_> {
+    fn value<'r>(&'r self, slot: usize, _: &[Arc<str>]) -> Cow<'r, Value> {
+        Cow::Owned(self.columns[slot].value(self.i))
+    }
+
+    fn encode_key_part(&self, slot: usize, _: &[Arc<str>], out: &mut Vec<u8>) {
+        self.columns[slot].encode_key_part(self.i, out);
     }
 }
 

@@ -1,5 +1,6 @@
 //! tidemark's vocabulary, shared by its operators, runtime and connectors:
-//! values and rows ([`row`]), schemas ([`schema`]), Spark SQL expressions
+//! values and rows ([`row`]), Arrow batches read as rows ([`columns`]),
+//! schemas ([`schema`]), Spark SQL expressions
 //! ([`expr`]), timestamps and durations ([`time`], [`duration`]), windows
 //! ([`window`]), watermarks ([`watermark`]), aggregate functions
 //! ([`aggregate`], [`sketch_aggregates`]), typed rows ([`typed`]), records
@@ -11,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod aggregate;
+pub mod columns;
 pub mod duration;
 pub mod error;
 pub mod expr;

@@ -261,26 +261,37 @@ pub fn encode_key(values: &[Value]) -> Vec<u8> {
 pub fn encode_key_into<'a>(values: impl Iterator<Item = &'a Value>, out: &mut Vec<u8>) {
     out.clear();
     for v in values {
-        match v {
-            Value::Null => out.push(0),
-            Value::Bool(b) => out.extend([1, *b as u8]),
-            Value::Long(x) => {
-                out.push(2);
-                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
-            }
-            Value::Double(x) => {
-                out.push(3);
-                out.extend(x.to_bits().to_be_bytes());
-            }
-            Value::Timestamp(x) => {
-                out.push(4);
-                out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
-            }
-            Value::Str(s) => {
-                out.push(5);
-                out.extend(s.as_bytes());
-                out.push(0);
-            }
-        }
+        encode_key_part(v, out);
     }
+}
+
+/// Appends one key value's encoding to `out` (the step of
+/// [`encode_key_into`]); columnar batches encode their keys through it too,
+/// so both give the same bytes.
+pub fn encode_key_part(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Null => out.push(0),
+        Value::Bool(b) => out.extend([1, *b as u8]),
+        Value::Long(x) => {
+            out.push(2);
+            out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+        }
+        Value::Double(x) => {
+            out.push(3);
+            out.extend(x.to_bits().to_be_bytes());
+        }
+        Value::Timestamp(x) => {
+            out.push(4);
+            out.extend(((*x as u64) ^ (1 << 63)).to_be_bytes());
+        }
+        Value::Str(s) => encode_key_str(s, out),
+    }
+}
+
+/// The encoding of a string key value, from the text itself: a columnar
+/// batch encodes its string keys without making a [`Value`] of each.
+pub fn encode_key_str(text: &str, out: &mut Vec<u8>) {
+    out.push(5);
+    out.extend(text.as_bytes());
+    out.push(0);
 }
