@@ -4,6 +4,9 @@
 //!    of about `--value-bytes` bytes (10% with a negative amount);
 //! 2. measures the raw consume rate of a plain rdkafka `BaseConsumer` (fresh
 //!    group, earliest) reading every record and touching each payload;
+//!    for the filter, also the raw pipe: that consumer producing the
+//!    records the filter keeps, unchanged and undecoded, to a third topic
+//!    (the ceiling of a pipeline that writes what it reads);
 //! 3. measures tidemark's pipeline on the same topic, available-now:
 //!    `--pipeline filter` (default) is Kafka → JSON decode → the filter
 //!    `amount >= 0` → Kafka (JSON), checked to write exactly the 90% of
@@ -187,6 +190,13 @@ struct RawResult {
     first_record_after: Duration,
 }
 
+/// The raw pipe: consume, keep what the filter keeps, produce, no decode.
+struct RawPipeResult {
+    records_in: u64,
+    records_out: u64,
+    elapsed: Duration,
+}
+
 /// Times and counts of the tidemark pipeline.
 struct PipelineResult {
     summary: tidemark::runtime::RunSummary,
@@ -260,7 +270,12 @@ fn main() -> anyhow::Result<()> {
 
     let result = measure(&args, &input, &output);
     if !args.keep_topics {
-        if let Err(e) = delete_topics(&args, &[&input, &output]) {
+        let raw_pipe = format!("{output}-raw-pipe");
+        let mut topics = vec![input.as_str(), output.as_str()];
+        if args.pipeline == PipelineKind::Filter {
+            topics.push(&raw_pipe);
+        }
+        if let Err(e) = delete_topics(&args, &topics) {
             eprintln!("warning: deleting the benchmark topics: {e:#}");
         }
     }
@@ -298,6 +313,22 @@ fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
     }
     raw_runs.sort_by_key(|r| r.elapsed);
 
+    // 2b. The raw pipe: the ceiling of consume + produce on this machine.
+    let raw_pipe = match args.pipeline {
+        PipelineKind::Filter => {
+            eprintln!("raw rdkafka consume -> produce (no decode) ...");
+            let pipe = raw_pipe(args, input, &format!("{output}-raw-pipe"))?;
+            eprintln!(
+                "raw pipe: {} in, {} out in {:.2} s",
+                pipe.records_in,
+                pipe.records_out,
+                pipe.elapsed.as_secs_f64()
+            );
+            Some(pipe)
+        }
+        PipelineKind::Window => None,
+    };
+
     // 3. tidemark.
     eprintln!(
         "tidemark {} pipeline `{input}` -> `{output}` ...",
@@ -325,7 +356,14 @@ fn measure(args: &Args, input: &str, output: &str) -> anyhow::Result<()> {
     };
 
     // 5. Report.
-    report(args, produce_time, &raw_runs, &pipeline, peer.as_ref())
+    report(
+        args,
+        produce_time,
+        &raw_runs,
+        raw_pipe.as_ref(),
+        &pipeline,
+        peer.as_ref(),
+    )
 }
 
 /// Checks what `engine` wrote to `output`: the filter's 90%, or windows
@@ -515,20 +553,25 @@ fn end_offsets_total(args: &Args, topic: &str, partitions: i32) -> anyhow::Resul
     Ok(total)
 }
 
-/// Reads all `expected` records of `topic` with a plain consumer in a fresh
-/// group, touching each payload. The time includes the group join, as the
-/// tidemark run's does.
-fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
-    let expected = args.records;
-    // The same fetch settings as tidemark's source, without its commits.
-    let consumer: BaseConsumer = reader_config(args, "raw")
+/// A plain consumer in a fresh group (`purpose` in its name), with the
+/// same fetch settings as tidemark's source, without its commits.
+fn raw_consumer(args: &Args, purpose: &str) -> anyhow::Result<BaseConsumer> {
+    reader_config(args, purpose)
         .set("fetch.wait.max.ms", "100")
         .set(
             "fetch.queue.backoff.ms",
             args.fetch_queue_backoff_ms.to_string(),
         )
         .create()
-        .context("creating the raw consumer")?;
+        .with_context(|| format!("creating the {purpose} consumer"))
+}
+
+/// Reads all `expected` records of `topic` with a plain consumer in a fresh
+/// group, touching each payload. The time includes the group join, as the
+/// tidemark run's does.
+fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
+    let expected = args.records;
+    let consumer = raw_consumer(args, "raw")?;
     let start = Instant::now();
     consumer.subscribe(&[topic])?;
     let deadline = start + Duration::from_secs(600);
@@ -558,6 +601,66 @@ fn raw_consume(args: &Args, topic: &str) -> anyhow::Result<RawResult> {
         payload_bytes,
         elapsed,
         first_record_after: first_record_after.unwrap_or_default(),
+    })
+}
+
+/// Consumes all of `input` as [`raw_consume`] does and produces the
+/// records the filter keeps (found by a byte search for a negative amount,
+/// no JSON decode) to `output`, unchanged, with the sink's producer
+/// defaults; timed until every record is acknowledged. No engine can copy
+/// records faster on the same machine: the ceiling of a stateless
+/// pipeline that writes what it reads.
+fn raw_pipe(args: &Args, input: &str, output: &str) -> anyhow::Result<RawPipeResult> {
+    ensure_topic(&args.cluster(), output, args.partitions)
+        .with_context(|| format!("creating `{output}`"))?;
+    let consumer = raw_consumer(args, "raw-pipe")?;
+    let producer: ThreadedProducer<DefaultProducerContext> = args
+        .client_config()
+        .create()
+        .context("creating the raw pipe's producer")?;
+    let start = Instant::now();
+    consumer.subscribe(&[input])?;
+    let deadline = start + Duration::from_secs(600);
+    let (mut records_in, mut records_out) = (0u64, 0u64);
+    while records_in < args.records {
+        ensure!(
+            Instant::now() < deadline,
+            "raw pipe: only {records_in} of {} records after 10 minutes",
+            args.records
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => eprintln!("raw pipe: {e}"),
+            Some(Ok(m)) => {
+                records_in += 1;
+                let payload = m.payload().unwrap_or_default();
+                if payload.windows(11).any(|w| w == b"\"amount\": -") {
+                    continue;
+                }
+                let mut record = BaseRecord::to(output).payload(payload);
+                if let Some(key) = m.key() {
+                    record = record.key(key);
+                }
+                tidemark_connectors::kafka::send_with_backpressure(&producer, record)
+                    .with_context(|| format!("producing to `{output}`"))?;
+                records_out += 1;
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .context("flushing the raw pipe's producer")?;
+    let elapsed = start.elapsed();
+    let written = end_offsets_total(args, output, args.partitions)?;
+    ensure!(
+        records_out == tidemark_bench::expected_kept(args.records) && written == records_out,
+        "raw pipe: kept {records_out}, {written} in `{output}`, expected {}",
+        tidemark_bench::expected_kept(args.records)
+    );
+    Ok(RawPipeResult {
+        records_in,
+        records_out,
+        elapsed,
     })
 }
 
@@ -735,6 +838,7 @@ fn report(
     args: &Args,
     produce_time: Duration,
     raw_runs: &[RawResult],
+    raw_pipe: Option<&RawPipeResult>,
     pipeline: &PipelineResult,
     peer: Option<&PeerResult>,
 ) -> anyhow::Result<()> {
@@ -795,6 +899,25 @@ fn report(
         mb(raw.payload_bytes, pipeline.elapsed)
     );
     println!("| **ratio tidemark / raw** | | | **{ratio:.3}** | |");
+    if let Some(pipe) = raw_pipe {
+        let pipe_rate = rate(pipe.records_in, pipe.elapsed);
+        println!(
+            "| raw rdkafka consume → produce the kept {} (no decode), the ceiling | {} | {:.2} | {:.0} | {:.1} |",
+            pipe.records_out,
+            pipe.records_in,
+            pipe.elapsed.as_secs_f64(),
+            pipe_rate,
+            mb(raw.payload_bytes, pipe.elapsed)
+        );
+        println!(
+            "| raw pipe / raw consume | | | {:.3} | |",
+            pipe_rate / raw_rate
+        );
+        println!(
+            "| **ratio tidemark / raw pipe** | | | **{:.3}** | |",
+            tm_rate / pipe_rate
+        );
+    }
     let peer_rate = peer.map(|p| p.records as f64 / p.seconds.max(1e-9));
     if let (Some(p), Some(peer_rate)) = (peer, peer_rate) {
         println!(
@@ -852,6 +975,17 @@ fn report(
             raw_steady: raw_steady_rate,
             tidemark: tm_rate,
             peer: peer_rate,
+            raw_pipe: raw_pipe.map(|pipe| {
+                let pipe_rate = rate(pipe.records_in, pipe.elapsed);
+                serde_json::json!({
+                    "records_in": pipe.records_in,
+                    "records_out": pipe.records_out,
+                    "seconds": pipe.elapsed.as_secs_f64(),
+                    "records_per_second": pipe_rate,
+                    "ratio_to_raw_consume": pipe_rate / raw_rate,
+                    "ratio_tidemark_to_raw_pipe": tm_rate / pipe_rate,
+                })
+            }),
         };
         write_json(path, args, produce_time, raw_runs, pipeline, peer, &rates)?;
     }
@@ -864,6 +998,8 @@ struct Rates {
     raw_steady: f64,
     tidemark: f64,
     peer: Option<f64>,
+    /// The raw pipe's counts, time and ratios (filter only).
+    raw_pipe: Option<serde_json::Value>,
 }
 
 /// Writes the results as JSON to `path`.
@@ -919,6 +1055,7 @@ fn write_json(
             "batch_ms_max": pipeline.batches.batch_ms.max(),
         },
         "ratio": ratio,
+        "raw_pipe": rates.raw_pipe,
         "pipeline": args.pipeline.name(),
         "kafka_streams": peer.map(|p| serde_json::json!({
             "version": KAFKA_STREAMS_VERSION,
