@@ -1,13 +1,16 @@
 //! The window aggregation's vectorized path (`on_columns`) against its row
 //! path (`on_row`): random batches through both, the same rows out, the
-//! same late rows, the same state.
+//! same late rows, the same state. The batches vary what the columnar
+//! path reads differently: the event time as a timestamp, as epoch
+//! milliseconds or not read (processing time), a 32-bit key column, an
+//! aggregate's input column missing, late rows collected or not.
 
 use crate::columns::rows_of;
 use crate::row::Value;
 use crate::window::WindowSpec;
 use crate::{AggregateSpec, BatchContext, Operator, OutputMode, TimeColumn, WindowAggregate};
 use arrow_array::TimestampMicrosecondArray;
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{ArrayRef, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -19,23 +22,38 @@ const START: i64 = 1_767_225_600_000_000;
 /// NULL).
 type Event = (Option<u8>, Option<u8>, Option<u8>, Option<i16>);
 
-/// `events` as a batch; the event time as microsecond timestamps, or as
-/// epoch milliseconds in a long column (`millis`).
-fn batch(events: &[Event], millis: bool) -> RecordBatch {
-    let time_type = match millis {
+/// How a batch is shaped.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// The event time as epoch milliseconds in a long column, not as
+    /// microsecond timestamps.
+    millis: bool,
+    /// `grp` as a 32-bit integer column.
+    narrow_group: bool,
+    /// No `amount` column at all.
+    without_amount: bool,
+}
+
+/// `events` as a batch of `shape`.
+fn batch(events: &[Event], shape: Shape) -> RecordBatch {
+    let time_type = match shape.millis {
         true => DataType::Int64,
         false => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
     };
-    let schema = Schema::new(vec![
+    let group_type = match shape.narrow_group {
+        true => DataType::Int32,
+        false => DataType::Int64,
+    };
+    let mut fields = vec![
         Field::new("event_time", time_type, true),
         Field::new("id", DataType::Utf8, true),
-        Field::new("grp", DataType::Int64, true),
+        Field::new("grp", group_type, true),
         Field::new("amount", DataType::Float64, true),
-    ]);
+    ];
     let times = events
         .iter()
         .map(|e| e.0.map(|m| START + m as i64 * MINUTE - 7));
-    let time: ArrayRef = match millis {
+    let time: ArrayRef = match shape.millis {
         true => Arc::new(Int64Array::from_iter(times.map(|t| t.map(|t| t / 1000)))),
         false => Arc::new(TimestampMicrosecondArray::from_iter(times).with_timezone("UTC")),
     };
@@ -43,16 +61,27 @@ fn batch(events: &[Event], millis: bool) -> RecordBatch {
         .iter()
         .map(|e| e.1.map(|k| format!("key-{k}")))
         .collect();
-    let groups: Int64Array = events.iter().map(|e| e.2.map(|g| g as i64)).collect();
-    let amounts: Float64Array = events.iter().map(|e| e.3.map(|a| a as f64)).collect();
-    let columns: Vec<ArrayRef> = vec![time, Arc::new(ids), Arc::new(groups), Arc::new(amounts)];
-    RecordBatch::try_new(Arc::new(schema), columns).unwrap()
+    let groups: ArrayRef = match shape.narrow_group {
+        true => Arc::new(Int32Array::from_iter(
+            events.iter().map(|e| e.2.map(i32::from)),
+        )),
+        false => Arc::new(Int64Array::from_iter(
+            events.iter().map(|e| e.2.map(i64::from)),
+        )),
+    };
+    let amounts: Float64Array = events.iter().map(|e| e.3.map(f64::from)).collect();
+    let mut columns: Vec<ArrayRef> = vec![time, Arc::new(ids), groups, Arc::new(amounts)];
+    if shape.without_amount {
+        fields.pop();
+        columns.pop();
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
 }
 
-fn aggregation(window: &WindowSpec, mode: OutputMode) -> WindowAggregate {
+fn aggregation(window: &WindowSpec, mode: OutputMode, time: &TimeColumn) -> WindowAggregate {
     WindowAggregate::new(
         vec![Arc::from("id"), Arc::from("grp")],
-        TimeColumn::EventTime(Arc::from("event_time")),
+        time.clone(),
         window.clone(),
         vec![
             AggregateSpec::count(),
@@ -68,12 +97,12 @@ fn aggregation(window: &WindowSpec, mode: OutputMode) -> WindowAggregate {
 /// Everything the aggregation gives per batch, as text: its rows, its late
 /// rows, its state's size.
 fn run(
-    window: &WindowSpec,
-    mode: OutputMode,
+    (window, mode, time): (&WindowSpec, OutputMode, &TimeColumn),
     batches: &[RecordBatch],
+    collect_late_rows: bool,
     columnar: bool,
 ) -> Vec<String> {
-    let mut op = aggregation(window, mode);
+    let mut op = aggregation(window, mode, time);
     let mut seen = Vec::new();
     let mut watermark = 0;
     for (batch_id, batch) in batches.iter().enumerate() {
@@ -89,10 +118,10 @@ fn run(
         let next_watermark = max_time.map_or(watermark, |t| watermark.max(t - 5 * MINUTE));
         let ctx = BatchContext {
             batch_id: batch_id as u64,
-            processing_time: 0,
+            processing_time: START + batch_id as i64 * 3 * MINUTE,
             late_threshold: watermark,
             watermark: next_watermark,
-            collect_late_rows: true,
+            collect_late_rows,
             real_time: false,
         };
         let mut out = Vec::new();
@@ -139,7 +168,10 @@ proptest! {
         batches in proptest::collection::vec(proptest::collection::vec(event(), 0..30), 1..6),
         window in 0usize..3,
         mode in 0usize..3,
-        millis in proptest::bool::ANY,
+        processing_time in proptest::bool::weighted(0.2),
+        shape in (proptest::bool::ANY, proptest::bool::ANY, proptest::bool::weighted(0.2))
+            .prop_map(|(millis, narrow_group, without_amount)| Shape { millis, narrow_group, without_amount }),
+        collect_late_rows in proptest::bool::weighted(0.8),
     ) {
         let window = [
             WindowSpec::tumbling("5 minutes").unwrap(),
@@ -148,10 +180,55 @@ proptest! {
         ][window]
             .clone();
         let mode = [OutputMode::Append, OutputMode::Update, OutputMode::Complete][mode];
-        let batches: Vec<RecordBatch> = batches.iter().map(|b| batch(b, millis)).collect();
+        let time = match processing_time {
+            true => TimeColumn::ProcessingTime,
+            false => TimeColumn::EventTime(Arc::from("event_time")),
+        };
+        let batches: Vec<RecordBatch> = batches.iter().map(|b| batch(b, shape)).collect();
+        let spec = (&window, mode, &time);
         prop_assert_eq!(
-            run(&window, mode, &batches, true),
-            run(&window, mode, &batches, false)
+            run(spec, &batches, collect_late_rows, true),
+            run(spec, &batches, collect_late_rows, false)
         );
     }
+}
+
+/// A batch with a column no value type reads (a date) fails before any of
+/// its rows changed the state when late rows are collected, as a batch of
+/// rows fails when its rows are made.
+#[test]
+fn a_column_with_no_value_type_fails_the_batch_before_any_fold() {
+    let events: Vec<Event> = vec![(Some(1), Some(1), Some(0), Some(5)); 3];
+    let good = batch(
+        &events,
+        Shape {
+            millis: false,
+            narrow_group: false,
+            without_amount: false,
+        },
+    );
+    let mut fields: Vec<Field> = good
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("day", DataType::Date32, true));
+    let mut columns = good.columns().to_vec();
+    columns.push(Arc::new(arrow_array::Date32Array::from(vec![1, 2, 3])));
+    let bad = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    let window = WindowSpec::tumbling("5 minutes").unwrap();
+    let time = TimeColumn::EventTime(Arc::from("event_time"));
+    let mut op = aggregation(&window, OutputMode::Update, &time);
+    let ctx = BatchContext {
+        batch_id: 0,
+        processing_time: 0,
+        late_threshold: 0,
+        watermark: 0,
+        collect_late_rows: true,
+        real_time: false,
+    };
+    let err = op.on_columns(&bad, &ctx, &mut Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("day"), "{err}");
+    assert_eq!(op.state_progress().unwrap().num_rows_total, 0);
 }

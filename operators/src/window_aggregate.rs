@@ -306,7 +306,9 @@ impl WindowAggregate {
     }
 
     /// Writes changed keys and expiry index entries as one batch, then
-    /// flushes the store.
+    /// flushes the store. Store keys: `K` + encoded key → the key's
+    /// windows; `E` + window end + encoded key → nothing, the expiry index
+    /// that eviction scans by range.
     fn write_changes(&mut self, store: &mut dyn StateStore) -> Result<()> {
         if self.window.is_session() {
             let changes = self.sessions.write_changes(store, &self.aggregates)?;
@@ -469,7 +471,9 @@ impl Operator for WindowAggregate {
     /// The vectorized path: the columns the aggregation reads are resolved
     /// once per batch and each row is read from them by index, with no
     /// [`Row`] made (but for a late row the side output collects). The
-    /// same fold as [`WindowAggregate::on_row`], so the same results.
+    /// same fold as [`WindowAggregate::on_row`], so the same results. As
+    /// for rows, event times are the caller's to check against Spark's
+    /// range (the router does it for the rows it decodes).
     fn on_columns(
         &mut self,
         batch: &RecordBatch,
@@ -480,26 +484,31 @@ impl Operator for WindowAggregate {
         if matches!(self.window, WindowSpec::DynamicSession { .. }) {
             return each_row(self, batch, ctx, out);
         }
+        let time_slot = self.keys.len();
+        let reads_time = self.time != TimeColumn::ProcessingTime;
         let columns = self
             .columns
             .iter()
-            .map(|name| Column::resolve(batch, name))
+            .enumerate()
+            .map(|(slot, name)| match slot == time_slot && !reads_time {
+                true => Ok(Column::Missing),
+                false => Column::resolve(batch, name),
+            })
             .collect::<Result<Vec<_>>>()?;
-        let mut whole_rows = None;
+        // Whole rows are read only for the late side output; resolved
+        // before any row is folded, so that a column with no value type
+        // fails the batch before it changed the state, as rows would.
+        let whole_rows = match ctx.collect_late_rows {
+            true => Some(resolve_all(batch)?),
+            false => None,
+        };
         for i in 0..batch.num_rows() {
-            let late = self.fold_input(
-                &BatchRow {
-                    columns: &columns,
-                    i,
-                },
-                None,
-                ctx,
-            )?;
-            if late && ctx.collect_late_rows {
-                let all = match &whole_rows {
-                    Some(all) => all,
-                    None => whole_rows.insert(resolve_all(batch)?),
-                };
+            let row = BatchRow {
+                columns: &columns,
+                i,
+            };
+            let late = self.fold_input(&row, None, ctx)?;
+            if let (true, Some(all)) = (late, &whole_rows) {
                 self.late_rows.push(row_at(all, i));
             }
         }
@@ -644,8 +653,8 @@ impl Operator for WindowAggregate {
     }
 }
 
-/// Store keys: `K` + encoded key → the key's windows; `E` + window end +
-/// encoded key → nothing, the expiry index that eviction scans by range.
+/// Folds one input row into a window's accumulators, each aggregate
+/// reading its input slots.
 fn fold(
     aggregates: &[AggregateSpec],
     inputs: &[InputSlots],

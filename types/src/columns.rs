@@ -4,10 +4,13 @@
 //! [`Row`] gives them.
 //!
 //! Arrow types map to values as the schema's field types do: `Utf8` and
-//! `LargeUtf8` → string, `Int64` (and the narrower integers) → long,
-//! `Float64`/`Float32` → double, `Boolean` → bool, `Timestamp` in any unit
-//! (its zone ignored: instants) → timestamp in microseconds, `Null` → null.
-//! Any other type is refused by [`Column::resolve`], naming the column.
+//! `LargeUtf8` → string, `Int64` → long, `Float64` → double, `Boolean` →
+//! bool, `Timestamp` (its zone ignored: instants) → timestamp in
+//! microseconds, `Null` → null. Types a JSON decode never gives are
+//! widened: the narrower integers to long, `Float32` to double (its binary
+//! value: 0.1f32 reads as 0.10000000149011612, not as the text "0.1"
+//! would), seconds, milliseconds and nanoseconds to microseconds. Any other
+//! type is refused by [`Column::resolve`], naming the column.
 
 use crate::error::{Error, Result};
 use crate::row::{encode_key_part, encode_key_str, Row, Value};
@@ -22,7 +25,7 @@ use std::sync::Arc;
 
 /// One column of a batch, resolved to its typed array: reading a row's
 /// value is an index, not a lookup by name, a type test or a downcast.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Column<'a> {
     /// The batch has no such column: every row reads NULL, as a row
     /// without the field does.
@@ -44,7 +47,7 @@ pub enum Column<'a> {
 }
 
 /// An integer column of any width.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Integers<'a> {
     /// `Int8`.
     I8(&'a Int8Array),
@@ -57,7 +60,7 @@ pub enum Integers<'a> {
 }
 
 /// A floating-point column of either width.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Floats<'a> {
     /// `Float32`.
     F32(&'a Float32Array),
@@ -66,7 +69,7 @@ pub enum Floats<'a> {
 }
 
 /// A timestamp column of any unit.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Instants<'a> {
     /// Seconds.
     Seconds(&'a TimestampSecondArray),
@@ -203,7 +206,7 @@ pub fn resolve_all(batch: &RecordBatch) -> Result<Vec<(Arc<str>, Column<'_>)>> {
 }
 
 /// Row `i` of a batch whose columns are `columns` ([`resolve_all`]), a
-/// NULL kept as a NULL column (`Row::get` reads it as a missing one).
+/// NULL kept as a NULL column, as the JSON decoder keeps an absent field.
 pub fn row_at(columns: &[(Arc<str>, Column<'_>)], i: usize) -> Row {
     let mut row = Row::with_capacity(columns.len());
     for (name, column) in columns {
