@@ -844,7 +844,6 @@ fn report(
 ) -> anyhow::Result<()> {
     // `raw_runs` is sorted by time: report the median run.
     let raw = &raw_runs[raw_runs.len() / 2];
-    let raw_seconds: Vec<f64> = raw_runs.iter().map(|r| r.elapsed.as_secs_f64()).collect();
     let raw_rate = rate(raw.records, raw.elapsed);
     let tm_rate = rate(pipeline.summary.input_records, pipeline.elapsed);
     let ratio = tm_rate / raw_rate;
@@ -858,7 +857,6 @@ fn report(
     let cpu_model = tidemark_bench::cpu_model().unwrap_or_else(|| "unknown".into());
     let profile = tidemark_bench::profile();
     let avg_value = raw.payload_bytes as f64 / raw.records.max(1) as f64;
-    let phase = |name: &str| pipeline.batches.phases_ms.get(name).copied().unwrap_or(0);
 
     println!();
     let librdkafka = rdkafka::util::get_rdkafka_version().1;
@@ -900,23 +898,7 @@ fn report(
     );
     println!("| **ratio tidemark / raw** | | | **{ratio:.3}** | |");
     if let Some(pipe) = raw_pipe {
-        let pipe_rate = rate(pipe.records_in, pipe.elapsed);
-        println!(
-            "| raw rdkafka consume → produce the kept {} (no decode), the ceiling | {} | {:.2} | {:.0} | {:.1} |",
-            pipe.records_out,
-            pipe.records_in,
-            pipe.elapsed.as_secs_f64(),
-            pipe_rate,
-            mb(raw.payload_bytes, pipe.elapsed)
-        );
-        println!(
-            "| raw pipe / raw consume | | | {:.3} | |",
-            pipe_rate / raw_rate
-        );
-        println!(
-            "| **ratio tidemark / raw pipe** | | | **{:.3}** | |",
-            tm_rate / pipe_rate
-        );
+        pipe.print_rows(raw_rate, tm_rate, raw.payload_bytes);
     }
     let peer_rate = peer.map(|p| p.records as f64 / p.seconds.max(1e-9));
     if let (Some(p), Some(peer_rate)) = (peer, peer_rate) {
@@ -933,6 +915,32 @@ fn report(
             tm_rate / peer_rate
         );
     }
+    print_details(args, raw_runs, raw_steady_rate, pipeline);
+
+    if let Some(path) = &args.json {
+        let rates = Rates {
+            raw: raw_rate,
+            raw_steady: raw_steady_rate,
+            tidemark: tm_rate,
+            peer: peer_rate,
+            raw_pipe: raw_pipe.map(|pipe| pipe.to_json(raw_rate, tm_rate)),
+        };
+        write_json(path, args, produce_time, raw_runs, pipeline, peer, &rates)?;
+    }
+    Ok(())
+}
+
+/// The lines under the table: what the output held, the raw consumer's
+/// runs, tidemark's batches and phases.
+fn print_details(
+    args: &Args,
+    raw_runs: &[RawResult],
+    raw_steady_rate: f64,
+    pipeline: &PipelineResult,
+) {
+    let raw = &raw_runs[raw_runs.len() / 2];
+    let raw_seconds: Vec<f64> = raw_runs.iter().map(|r| r.elapsed.as_secs_f64()).collect();
+    let phase = |name: &str| pipeline.batches.phases_ms.get(name).copied().unwrap_or(0);
     println!();
     match args.pipeline {
         PipelineKind::Filter => println!(
@@ -968,28 +976,42 @@ fn report(
         pipeline.batches.batch_ms.value_at_quantile(0.5),
         pipeline.batches.batch_ms.max()
     );
+}
 
-    if let Some(path) = &args.json {
-        let rates = Rates {
-            raw: raw_rate,
-            raw_steady: raw_steady_rate,
-            tidemark: tm_rate,
-            peer: peer_rate,
-            raw_pipe: raw_pipe.map(|pipe| {
-                let pipe_rate = rate(pipe.records_in, pipe.elapsed);
-                serde_json::json!({
-                    "records_in": pipe.records_in,
-                    "records_out": pipe.records_out,
-                    "seconds": pipe.elapsed.as_secs_f64(),
-                    "records_per_second": pipe_rate,
-                    "ratio_to_raw_consume": pipe_rate / raw_rate,
-                    "ratio_tidemark_to_raw_pipe": tm_rate / pipe_rate,
-                })
-            }),
-        };
-        write_json(path, args, produce_time, raw_runs, pipeline, peer, &rates)?;
+impl RawPipeResult {
+    /// Its lines of the results table: its rate and its ratios.
+    fn print_rows(&self, raw_rate: f64, tm_rate: f64, payload_bytes: u64) {
+        let pipe_rate = rate(self.records_in, self.elapsed);
+        println!(
+            "| raw rdkafka consume → produce the kept {} (no decode), the ceiling | {} | {:.2} | {:.0} | {:.1} |",
+            self.records_out,
+            self.records_in,
+            self.elapsed.as_secs_f64(),
+            pipe_rate,
+            payload_bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+        );
+        println!(
+            "| raw pipe / raw consume | | | {:.3} | |",
+            pipe_rate / raw_rate
+        );
+        println!(
+            "| **ratio tidemark / raw pipe** | | | **{:.3}** | |",
+            tm_rate / pipe_rate
+        );
     }
-    Ok(())
+
+    /// Its counts, time and ratios for the JSON results.
+    fn to_json(&self, raw_rate: f64, tm_rate: f64) -> serde_json::Value {
+        let pipe_rate = rate(self.records_in, self.elapsed);
+        serde_json::json!({
+            "records_in": self.records_in,
+            "records_out": self.records_out,
+            "seconds": self.elapsed.as_secs_f64(),
+            "records_per_second": pipe_rate,
+            "ratio_to_raw_consume": pipe_rate / raw_rate,
+            "ratio_tidemark_to_raw_pipe": tm_rate / pipe_rate,
+        })
+    }
 }
 
 /// The rates `report` computed, for the JSON results.
