@@ -16,18 +16,113 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value as Json;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 /// Decodes one JSON object from `bytes` into a row of `schema` (every field,
 /// types inferred, when the schema is empty).
 pub(crate) fn decode_row(schema: &Schema, bytes: &[u8], position: &SourcePosition) -> Result<Row> {
-    let bad = |field: &str, reason: String| Error::BadRecord {
+    let slots = match parse(schema, bytes, position)? {
+        Parsed::Inferred(row) => return Ok(row),
+        Parsed::Typed(slots) => checked(schema, slots, position)?,
+    };
+    let mut row = Row::with_capacity(slots.len());
+    for ((name, _), slot) in schema.columns().iter().zip(slots) {
+        row.push_new_column(name.clone(), slot.into_value());
+    }
+    Ok(row)
+}
+
+/// One field of a record, parsed into its column's type; text is borrowed
+/// from the record's bytes where JSON has no escapes in it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Slot<'a> {
+    /// Absent, or JSON null.
+    Null,
+    /// A `long` column's value.
+    Long(i64),
+    /// A `double` column's value.
+    Double(f64),
+    /// A `boolean` column's value.
+    Bool(bool),
+    /// A `timestamp` column's value, in microseconds.
+    Timestamp(i64),
+    /// A `string` column's value.
+    Str(Cow<'a, str>),
+}
+
+impl Slot<'_> {
+    fn into_value(self) -> Value {
+        match self {
+            Slot::Null => Value::Null,
+            Slot::Long(v) => Value::Long(v),
+            Slot::Double(v) => Value::Double(v),
+            Slot::Bool(v) => Value::Bool(v),
+            Slot::Timestamp(v) => Value::Timestamp(v),
+            Slot::Str(s) => Value::Str(Arc::from(s.as_ref())),
+        }
+    }
+
+    fn of_value(value: Value) -> Slot<'static> {
+        match value {
+            Value::Long(v) => Slot::Long(v),
+            Value::Double(v) => Slot::Double(v),
+            Value::Bool(v) => Slot::Bool(v),
+            Value::Timestamp(v) => Slot::Timestamp(v),
+            Value::Str(s) => Slot::Str(Cow::Owned(s.to_string())),
+            _ => Slot::Null,
+        }
+    }
+}
+
+/// Parses one JSON object of a typed (non-empty) `schema` into one slot
+/// per column, in schema order: malformed JSON is an error first, then the
+/// first bad field in schema order.
+pub(crate) fn parse_typed<'a>(
+    schema: &Schema,
+    bytes: &'a [u8],
+    position: &SourcePosition,
+) -> Result<Vec<Slot<'a>>> {
+    match parse(schema, bytes, position)? {
+        Parsed::Typed(slots) => checked(schema, slots, position),
+        Parsed::Inferred(_) => Err(bad(
+            position,
+            "<value>",
+            "the schema lists no column to parse into".into(),
+        )),
+    }
+}
+
+/// The slots of a typed record, or the first field in schema order that
+/// did not convert.
+fn checked<'a>(
+    schema: &Schema,
+    slots: Vec<Option<Converted<'a>>>,
+    position: &SourcePosition,
+) -> Result<Vec<Slot<'a>>> {
+    schema
+        .columns()
+        .iter()
+        .zip(slots)
+        .map(|((name, _), slot)| {
+            slot.unwrap_or(Ok(Slot::Null))
+                .map_err(|reason| bad(position, name, reason))
+        })
+        .collect()
+}
+
+fn bad(position: &SourcePosition, field: &str, reason: String) -> Error {
+    Error::BadRecord {
         position: position.clone(),
         field: field.to_string(),
         reason,
-    };
-    let malformed = |e: serde_json::Error| bad("<value>", format!("malformed JSON: {e}"));
+    }
+}
+
+/// The top level of a record: an object (anything else is a bad record).
+fn parse<'a>(schema: &Schema, bytes: &'a [u8], position: &SourcePosition) -> Result<Parsed<'a>> {
+    let malformed = |e: serde_json::Error| bad(position, "<value>", format!("malformed JSON: {e}"));
     let mut parser = serde_json::Deserializer::from_slice(bytes);
     let top = (&mut parser)
         .deserialize_any(TopLevel { schema })
@@ -35,30 +130,31 @@ pub(crate) fn decode_row(schema: &Schema, bytes: &[u8], position: &SourcePositio
     parser.end().map_err(malformed)?;
     match top {
         Decoded::NotAnObject(kind) => Err(bad(
+            position,
             "<value>",
             format!("expected a JSON object, got {kind}"),
         )),
-        Decoded::Inferred(row) => Ok(row),
-        Decoded::Typed(slots) => {
-            let columns = schema.columns();
-            let mut row = Row::with_capacity(columns.len());
-            for ((name, _), slot) in columns.iter().zip(slots) {
-                let value = slot.unwrap_or(Ok(Value::Null)).map_err(|r| bad(name, r))?;
-                row.push_new_column(name.clone(), value);
-            }
-            Ok(row)
-        }
+        Decoded::Inferred(row) => Ok(Parsed::Inferred(row)),
+        Decoded::Typed(slots) => Ok(Parsed::Typed(slots)),
     }
 }
 
+/// A record that is an object.
+enum Parsed<'a> {
+    /// Every field, types inferred (empty schema).
+    Inferred(Row),
+    /// Per schema column: absent, or its value or why it is not one.
+    Typed(Vec<Option<Converted<'a>>>),
+}
+
 /// What the top level of a record held.
-enum Decoded {
+enum Decoded<'a> {
     /// Not an object: the kind it was, for the error.
     NotAnObject(&'static str),
     /// Every field, types inferred (empty schema).
     Inferred(Row),
     /// Per schema column: absent, or its value or why it is not one.
-    Typed(Vec<Option<std::result::Result<Value, String>>>),
+    Typed(Vec<Option<Converted<'a>>>),
 }
 
 struct TopLevel<'s> {
@@ -66,34 +162,40 @@ struct TopLevel<'s> {
 }
 
 impl<'de> Visitor<'de> for TopLevel<'_> {
-    type Value = Decoded;
+    type Value = Decoded<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
-    fn visit_unit<E>(self) -> std::result::Result<Decoded, E> {
+    fn visit_unit<E>(self) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("null"))
     }
-    fn visit_bool<E>(self, _: bool) -> std::result::Result<Decoded, E> {
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("a boolean"))
     }
-    fn visit_i64<E>(self, _: i64) -> std::result::Result<Decoded, E> {
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("a number"))
     }
-    fn visit_u64<E>(self, _: u64) -> std::result::Result<Decoded, E> {
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("a number"))
     }
-    fn visit_f64<E>(self, _: f64) -> std::result::Result<Decoded, E> {
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("a number"))
     }
-    fn visit_str<E>(self, _: &str) -> std::result::Result<Decoded, E> {
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Decoded<'de>, E> {
         Ok(Decoded::NotAnObject("a string"))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Decoded, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Decoded<'de>, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(Decoded::NotAnObject("an array"))
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Decoded, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Decoded<'de>, A::Error> {
         let columns = self.schema.columns();
         if columns.is_empty() {
             let mut row = Row::new();
@@ -210,61 +312,79 @@ impl<'de> Visitor<'de> for Inferred {
 /// convert is kept as the reason, for the error in schema order.
 struct Typed(FieldType);
 
+type Converted<'a> = std::result::Result<Slot<'a>, String>;
+
 impl<'de> DeserializeSeed<'de> for Typed {
-    type Value = std::result::Result<Value, String>;
+    type Value = Converted<'de>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-type Converted = std::result::Result<Value, String>;
+impl Typed {
+    /// The rare conversions, through a JSON value as [`convert`] takes it.
+    fn convert(&self, json: &Json) -> Converted<'static> {
+        convert(json, self.0).map(Slot::of_value)
+    }
+
+    fn text<'a>(&self, s: Cow<'a, str>) -> Converted<'a> {
+        // The common cases without a copy of the text.
+        match self.0 {
+            FieldType::String => Ok(Slot::Str(s)),
+            FieldType::Timestamp => match crate::time::parse_rfc3339(&s) {
+                Some(t) => Ok(Slot::Timestamp(t)),
+                None => self.convert(&Json::String(s.into_owned())),
+            },
+            _ => self.convert(&Json::String(s.into_owned())),
+        }
+    }
+}
 
 impl<'de> Visitor<'de> for Typed {
-    type Value = Converted;
+    type Value = Converted<'de>;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "a {} value", self.0)
     }
-    fn visit_unit<E>(self) -> std::result::Result<Converted, E> {
-        Ok(Ok(Value::Null))
+    fn visit_unit<E>(self) -> std::result::Result<Converted<'de>, E> {
+        Ok(Ok(Slot::Null))
     }
-    fn visit_bool<E>(self, b: bool) -> std::result::Result<Converted, E> {
-        Ok(convert(&Json::Bool(b), self.0))
+    fn visit_bool<E>(self, b: bool) -> std::result::Result<Converted<'de>, E> {
+        Ok(self.convert(&Json::Bool(b)))
     }
-    fn visit_i64<E>(self, v: i64) -> std::result::Result<Converted, E> {
-        Ok(convert(&Json::Number(v.into()), self.0))
-    }
-    fn visit_u64<E>(self, v: u64) -> std::result::Result<Converted, E> {
-        Ok(convert(&Json::Number(v.into()), self.0))
-    }
-    fn visit_f64<E>(self, v: f64) -> std::result::Result<Converted, E> {
-        Ok(match serde_json::Number::from_f64(v) {
-            Some(n) => convert(&Json::Number(n), self.0),
-            None => Ok(Value::Null),
-        })
-    }
-    fn visit_str<E>(self, s: &str) -> std::result::Result<Converted, E> {
-        // The common cases without a copy of the text.
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Converted<'de>, E> {
         Ok(match self.0 {
-            FieldType::String => Ok(Value::Str(Arc::from(s))),
-            FieldType::Timestamp => match crate::time::parse_rfc3339(s) {
-                Some(t) => Ok(Value::Timestamp(t)),
-                None => convert(&Json::String(s.to_owned()), self.0),
-            },
-            _ => convert(&Json::String(s.to_owned()), self.0),
+            FieldType::Long => Ok(Slot::Long(v)),
+            _ => self.convert(&Json::Number(v.into())),
         })
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Converted, A::Error> {
-        let json = Json::deserialize(SeqAccessDeserializer::new(seq))?;
-        Ok(convert(&json, self.0))
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Converted<'de>, E> {
+        Ok(self.convert(&Json::Number(v.into())))
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Converted, A::Error> {
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Converted<'de>, E> {
+        Ok(match serde_json::Number::from_f64(v) {
+            Some(_) if self.0 == FieldType::Double => Ok(Slot::Double(v)),
+            Some(n) => self.convert(&Json::Number(n)),
+            None => Ok(Slot::Null),
+        })
+    }
+    fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Converted<'de>, E> {
+        Ok(self.text(Cow::Borrowed(s)))
+    }
+    fn visit_str<E>(self, s: &str) -> std::result::Result<Converted<'de>, E> {
+        Ok(self.text(Cow::Owned(s.to_owned())))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Converted<'de>, A::Error> {
+        let json = Json::deserialize(SeqAccessDeserializer::new(seq))?;
+        Ok(self.convert(&json))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Converted<'de>, A::Error> {
         let json = Json::deserialize(MapAccessDeserializer::new(map))?;
-        Ok(convert(&json, self.0))
+        Ok(self.convert(&json))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -286,7 +406,8 @@ mod tests {
         })
     }
 
-    fn typed() -> Schema {
+    /// A schema with a column of every type.
+    pub(crate) fn typed() -> Schema {
         Schema::new([
             ("event_time", FieldType::Timestamp),
             ("id", FieldType::String),

@@ -29,6 +29,7 @@
 
 pub mod decode;
 mod env_vars;
+mod json_columns;
 mod json_row;
 pub mod pipeline;
 pub mod runtime;

@@ -12,7 +12,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::decode::JsonDecoder;
+use tidemark::decode::{JsonColumnsDecoder, JsonDecoder};
 use tidemark::expr::Expr;
 use tidemark::operators::{
     AggregateInput, AggregateSpec, BatchContext, Operator, OutputMode, TimeColumn, WindowAggregate,
@@ -64,6 +64,17 @@ fn decode(c: &mut Criterion) {
             for r in black_box(&records) {
                 black_box(decoder.decode(r).expect("valid payload"));
             }
+        })
+    });
+    // Straight into Arrow columns, as the engine routes records for a
+    // window aggregation.
+    let mut columns = JsonColumnsDecoder::new(tidemark_bench::schema()).expect("typed schema");
+    group.bench_function("json_columns_10k", |b| {
+        b.iter(|| {
+            for r in black_box(&records) {
+                columns.append(r).expect("valid payload");
+            }
+            black_box(columns.finish().expect("columns"))
         })
     });
     group.finish();

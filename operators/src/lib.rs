@@ -125,6 +125,15 @@ pub trait Operator: Send {
         each_row(self, batch, ctx, out)
     }
 
+    /// Whether [`Operator::on_columns`] is this operator's fast path (it
+    /// reads the columns rather than making rows of them): the router then
+    /// decodes its input into columns. Such an operator returns no per-row
+    /// error (`BadRow`) from `on_columns`, since no single record could be
+    /// named for it: its errors fail the batch.
+    fn reads_columns(&self) -> bool {
+        false
+    }
+
     /// Processes one row of input `input`: 0 is the chain's own rows, 1
     /// the second stream of a join. Only joins take a second input.
     fn on_input_row(

@@ -515,6 +515,11 @@ impl Operator for WindowAggregate {
         Ok(())
     }
 
+    fn reads_columns(&self) -> bool {
+        // A dynamic session gap is an expression over the whole row.
+        !matches!(self.window, WindowSpec::DynamicSession { .. })
+    }
+
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
         if self.max_cached_keys.is_some() && self.mode != OutputMode::Complete {
             self.schedule_stored_expiry(ctx.watermark)?;

@@ -2,6 +2,7 @@
 //! trigger loop that runs a [`Query`].
 
 mod builder;
+mod columnar;
 mod commit;
 mod exchange_alignment;
 pub mod fault_injection;
@@ -198,6 +199,15 @@ pub trait TableFeed: Send {
 pub trait Decoder: Send {
     /// Decodes one record; the error names the record, field and reason.
     fn decode(&mut self, record: &Record) -> Result<Row>;
+
+    /// The typed schema `record` is decoded with when it is a JSON object:
+    /// the router then decodes it straight into Arrow columns for a first
+    /// step that reads columns, with the same values and the same errors
+    /// as [`Decoder::decode`]. `None`, the default, keeps the row path
+    /// (as for a record this decoder refuses before parsing it).
+    fn typed_json_schema(&self, _record: &Record) -> Option<&crate::schema::Schema> {
+        None
+    }
 }
 
 /// Where rows go. Output is written during the batch and acknowledged at
@@ -295,6 +305,9 @@ pub trait DeadLetter: Send {
 impl<T: Decoder + ?Sized> Decoder for Box<T> {
     fn decode(&mut self, record: &Record) -> Result<Row> {
         (**self).decode(record)
+    }
+    fn typed_json_schema(&self, record: &Record) -> Option<&crate::schema::Schema> {
+        (**self).typed_json_schema(record)
     }
 }
 

@@ -6,6 +6,7 @@
 //! letter output and the batch goes on.
 
 use super::builder::EventTimeExtractor;
+use super::columnar::PendingColumns;
 use super::inputs::Inputs;
 use super::task::Task;
 use super::{DeadLetter, Decoder, WatermarkMarker};
@@ -110,6 +111,19 @@ pub(super) struct RoutedBatch {
     pub(super) contexts: BTreeMap<i32, Vec<BatchContext>>,
 }
 
+impl RoutedBatch {
+    /// Counts event time `t` of `record` for the batch's progress and its
+    /// partition's watermark.
+    pub(super) fn observe_event_time(&mut self, record: &Record, t: TimestampMicros) {
+        self.event_times.observe(t);
+        let slot = self
+            .max_event_time
+            .entry((record.position.topic.clone(), record.position.partition))
+            .or_insert(t);
+        *slot = (*slot).max(t);
+    }
+}
+
 /// Routes records into tasks; one per run.
 pub(super) struct RecordRouter {
     pub(super) inputs: Inputs,
@@ -130,21 +144,32 @@ impl RecordRouter {
         scope: &BatchScope,
     ) -> Result<RoutedBatch> {
         let mut routed = RoutedBatch::default();
+        let mut pending = PendingColumns::default();
         for record in self.tables_first(records) {
-            let Some(task) = tasks.get_mut(&record.position.partition) else {
+            let partition = record.position.partition;
+            let Some(task) = tasks.get_mut(&partition) else {
                 continue;
             };
             if self.watermark_from_markers {
                 if let Some(marker) = WatermarkMarker::of_record(record) {
+                    pending.flush(partition, task, scope, &mut routed)?;
                     let moved = self.observe_marker(record, marker, task, scope);
                     self.dead_letter_on_error(record, moved, &mut routed)?;
                     continue;
                 }
             }
             routed.num_input += 1;
-            let taken = self.take_record(record, task, scope, &mut routed);
+            let taken = match self.columns_for(record, task, &mut pending) {
+                Some(columns) => self.take_into_columns(record, columns, task, scope, &mut routed),
+                None => {
+                    // Rows after columns: the columns run first, in order.
+                    pending.flush(partition, task, scope, &mut routed)?;
+                    self.take_record(record, task, scope, &mut routed)
+                }
+            };
             self.dead_letter_on_error(record, taken, &mut routed)?;
         }
+        pending.flush_all(tasks, scope, &mut routed)?;
         Ok(routed)
     }
 
@@ -231,7 +256,8 @@ impl RecordRouter {
         routed: &mut RoutedBatch,
     ) -> Result<()> {
         let partition = record.position.partition;
-        let contexts = routed
+        // Made at the task's first record, good or bad: its batch end runs.
+        routed
             .contexts
             .entry(partition)
             .or_insert_with(|| scope.contexts(task));
@@ -253,14 +279,13 @@ impl RecordRouter {
         if let Some(column) = &input.event_time {
             let t = self.event_time(record, &mut row, column)?;
             if input.watermarked {
-                routed.event_times.observe(t);
-                let slot = routed
-                    .max_event_time
-                    .entry((record.position.topic.clone(), partition))
-                    .or_insert(t);
-                *slot = (*slot).max(t);
+                routed.observe_event_time(record, t);
             }
         }
+        let contexts = routed
+            .contexts
+            .get_mut(&partition)
+            .ok_or_else(|| Error::Source(format!("no operator contexts for task {partition}")))?;
         let pushed = if input_index == 0 {
             task.push_row(row, contexts, &mut routed.outputs)
         } else {
@@ -313,8 +338,15 @@ fn with_position(error: Error, record: &Record) -> Error {
 }
 
 fn event_time_of(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
+    in_spark_range(event_time_value(row, column)?)
+}
+
+/// Why an event time is refused when its column is NULL or absent.
+pub(super) const MISSING_EVENT_TIME: &str = "the event-time column is missing or null";
+
+/// `t`, if Spark's timestamps can hold it.
+pub(super) fn in_spark_range(t: TimestampMicros) -> std::result::Result<TimestampMicros, String> {
     use crate::time::{MAX_TIMESTAMP_MICROS, MIN_TIMESTAMP_MICROS};
-    let t = event_time_value(row, column)?;
     if !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&t) {
         return Err(format!(
             "event time {t} µs is outside the timestamps Spark supports (0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z)"
@@ -332,7 +364,7 @@ fn event_time_value(row: &Row, column: &str) -> std::result::Result<TimestampMic
         Some(Value::Str(s)) => crate::time::parse_rfc3339(s).ok_or_else(|| {
             format!("expected an RFC 3339 timestamp or epoch milliseconds, got `{s}`")
         }),
-        Some(Value::Null) | None => Err("the event-time column is missing or null".into()),
+        Some(Value::Null) | None => Err(MISSING_EVENT_TIME.into()),
         Some(other) => Err(format!("expected a timestamp, got {}", other.type_name())),
     }
 }

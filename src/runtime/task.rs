@@ -8,6 +8,7 @@ use crate::operators::{BatchContext, Operator};
 use crate::row::Row;
 use crate::time::TimestampMicros;
 use crate::watermark::WatermarkTracker;
+use arrow_array::RecordBatch;
 use std::time::Duration;
 
 /// The operators of a task for `partition`; with a state backend, each
@@ -156,6 +157,32 @@ impl Task {
         out.append(&mut current);
         self.scratch = (current, next);
         Ok(())
+    }
+
+    /// Pushes a columnar batch of the main input into the chain: the first
+    /// operator reads its columns, the rows it emits go on as rows.
+    pub(super) fn push_columns(
+        &mut self,
+        batch: &RecordBatch,
+        contexts: &[BatchContext],
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        let (Some(first), Some(ctx)) = (self.operators.first_mut(), contexts.first()) else {
+            return Err(Error::Source(
+                "columns routed to a task without steps".into(),
+            ));
+        };
+        let mut emitted = Vec::new();
+        first.on_columns(batch, ctx, &mut emitted)?;
+        if !emitted.is_empty() {
+            self.push(1, emitted, contexts, out)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the first step reads columns (see [`Operator::reads_columns`]).
+    pub(super) fn reads_columns(&self) -> bool {
+        self.operators.first().is_some_and(|op| op.reads_columns())
     }
 
     /// Pushes one row of input `input` (a join's second stream) through

@@ -27,18 +27,33 @@ pub struct FileReadErrors<D>(pub D);
 
 impl<D: tidemark::runtime::Decoder> tidemark::runtime::Decoder for FileReadErrors<D> {
     fn decode(&mut self, record: &Record) -> Result<Row> {
-        let unread = record
-            .headers
-            .iter()
-            .find(|(name, _)| name == formats::READ_ERROR_HEADER);
-        match unread {
-            Some((_, reason)) => Err(Error::BadRecord {
+        match Self::read_error(record) {
+            Some(reason) => Err(Error::BadRecord {
                 position: record.position.clone(),
                 field: "<line>".into(),
                 reason: String::from_utf8_lossy(reason).into_owned(),
             }),
             None => self.0.decode(record),
         }
+    }
+
+    fn typed_json_schema(&self, record: &Record) -> Option<&tidemark::schema::Schema> {
+        // A line that could not be read takes the row path to its error.
+        match Self::read_error(record) {
+            Some(_) => None,
+            None => self.0.typed_json_schema(record),
+        }
+    }
+}
+
+impl<D> FileReadErrors<D> {
+    /// The reason a line could not be read, when the source marked it so.
+    fn read_error(record: &Record) -> Option<&[u8]> {
+        record
+            .headers
+            .iter()
+            .find(|(name, _)| name == formats::READ_ERROR_HEADER)
+            .map(|(_, reason)| reason.as_slice())
     }
 }
 
