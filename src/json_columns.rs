@@ -5,7 +5,7 @@
 //! goes on without it.
 
 use crate::error::{Error, Result};
-use crate::json_row::Slot;
+use crate::json_row::{Slot, TypedSlots};
 use crate::schema::{FieldType, Schema};
 use arrow_array::builder::{
     BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
@@ -102,8 +102,8 @@ impl JsonColumns {
     }
 
     /// Appends one parsed record: its slots in schema order.
-    pub(crate) fn append(&mut self, slots: Vec<Slot<'_>>) {
-        for (builder, slot) in self.builders.iter_mut().zip(slots) {
+    pub(crate) fn append(&mut self, slots: TypedSlots<'_>) {
+        for (builder, slot) in self.builders.iter_mut().zip(slots.into_slots()) {
             builder.append(slot);
         }
         self.rows += 1;

@@ -27,8 +27,8 @@ pub(crate) fn decode_row(schema: &Schema, bytes: &[u8], position: &SourcePositio
         Parsed::Inferred(row) => return Ok(row),
         Parsed::Typed(slots) => checked(schema, slots, position)?,
     };
-    let mut row = Row::with_capacity(slots.len());
-    for ((name, _), slot) in schema.columns().iter().zip(slots) {
+    let mut row = Row::with_capacity(schema.columns().len());
+    for ((name, _), slot) in schema.columns().iter().zip(slots.into_slots()) {
         row.push_new_column(name.clone(), slot.into_value());
     }
     Ok(row)
@@ -83,7 +83,7 @@ pub(crate) fn parse_typed<'a>(
     schema: &Schema,
     bytes: &'a [u8],
     position: &SourcePosition,
-) -> Result<Vec<Slot<'a>>> {
+) -> Result<TypedSlots<'a>> {
     match parse(schema, bytes, position)? {
         Parsed::Typed(slots) => checked(schema, slots, position),
         Parsed::Inferred(_) => Err(bad(
@@ -94,22 +94,50 @@ pub(crate) fn parse_typed<'a>(
     }
 }
 
+/// A typed record's slot per schema column, every one converted (absent
+/// fields are NULL).
+pub(crate) struct TypedSlots<'a>(SlotBuffer<'a>);
+
+type SlotBuffer<'a> = Vec<Option<Converted<'a>>>;
+
+impl<'a> TypedSlots<'a> {
+    /// Column `i`'s value.
+    pub(crate) fn get(&self, i: usize) -> &Slot<'a> {
+        const NULL: Slot<'static> = Slot::Null;
+        match self.0.get(i) {
+            Some(Some(Ok(slot))) => slot,
+            _ => &NULL,
+        }
+    }
+
+    /// The values in schema order.
+    pub(crate) fn into_slots(self) -> impl Iterator<Item = Slot<'a>> {
+        self.0.into_iter().map(|slot| match slot {
+            Some(Ok(slot)) => slot,
+            _ => Slot::Null,
+        })
+    }
+}
+
 /// The slots of a typed record, or the first field in schema order that
 /// did not convert.
 fn checked<'a>(
     schema: &Schema,
-    slots: Vec<Option<Converted<'a>>>,
+    mut slots: SlotBuffer<'a>,
     position: &SourcePosition,
-) -> Result<Vec<Slot<'a>>> {
-    schema
-        .columns()
-        .iter()
-        .zip(slots)
-        .map(|((name, _), slot)| {
-            slot.unwrap_or(Ok(Slot::Null))
-                .map_err(|reason| bad(position, name, reason))
-        })
-        .collect()
+) -> Result<TypedSlots<'a>> {
+    let first_bad =
+        slots
+            .iter_mut()
+            .zip(schema.columns())
+            .find_map(|(slot, (name, _))| match slot {
+                Some(Err(reason)) => Some((name, std::mem::take(reason))),
+                _ => None,
+            });
+    match first_bad {
+        Some((name, reason)) => Err(bad(position, name, reason)),
+        None => Ok(TypedSlots(slots)),
+    }
 }
 
 fn bad(position: &SourcePosition, field: &str, reason: String) -> Error {
@@ -144,7 +172,7 @@ enum Parsed<'a> {
     /// Every field, types inferred (empty schema).
     Inferred(Row),
     /// Per schema column: absent, or its value or why it is not one.
-    Typed(Vec<Option<Converted<'a>>>),
+    Typed(SlotBuffer<'a>),
 }
 
 /// What the top level of a record held.
@@ -154,7 +182,7 @@ enum Decoded<'a> {
     /// Every field, types inferred (empty schema).
     Inferred(Row),
     /// Per schema column: absent, or its value or why it is not one.
-    Typed(Vec<Option<Converted<'a>>>),
+    Typed(SlotBuffer<'a>),
 }
 
 struct TopLevel<'s> {
@@ -205,7 +233,7 @@ impl<'de> Visitor<'de> for TopLevel<'_> {
             }
             return Ok(Decoded::Inferred(row));
         }
-        let mut slots = Vec::with_capacity(columns.len());
+        let mut slots = SlotBuffer::with_capacity(columns.len());
         slots.resize_with(columns.len(), || None);
         while let Some(index) = map.next_key_seed(ColumnIndex { columns })? {
             match index {

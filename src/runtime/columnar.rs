@@ -150,7 +150,7 @@ impl RecordRouter {
         let input = self.inputs.get(0);
         if let (Some(slot), Some(column)) = (columns.event_time_slot, &input.event_time) {
             let t = match slots.get(slot) {
-                Some(Slot::Timestamp(t)) => in_spark_range(*t),
+                Slot::Timestamp(t) => in_spark_range(*t),
                 _ => Err(MISSING_EVENT_TIME.to_string()),
             }
             .map_err(|reason| bad(column, reason))?;
