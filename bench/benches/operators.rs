@@ -3,7 +3,12 @@
 //! - `filter/expr_10k`: `amount >= 0` evaluated over 10k decoded rows;
 //! - `decode/json_10k`: `JsonDecoder` with the e2e schema over 10k records;
 //! - `window_aggregate/tumbling_100k`: a 1-minute tumbling count + sum by id
-//!   over 100k rows (`on_row` each, then `on_batch_end`), update mode.
+//!   over 100k rows (`on_row` each, then `on_batch_end`), update mode;
+//! - `engine_route/{rows,columns}_100k`: the engine itself (`Query::run`,
+//!   in-memory source and sink) over 100k JSON records in batches of 10k,
+//!   a 5-minute tumbling count + sum by id: the row route (records decoded
+//!   into rows, `on_row` each) against the columnar route (decoded into
+//!   Arrow columns, `on_columns` per batch).
 //!
 //! ```text
 //! cargo bench -p tidemark-bench --bench operators
@@ -19,7 +24,8 @@ use tidemark::operators::{
 };
 use tidemark::prelude::{AggregateFn, Row, WindowSpec};
 use tidemark::record::{Record, SourcePosition};
-use tidemark::runtime::Decoder;
+use tidemark::runtime::testing::{CollectSink, VecSource};
+use tidemark::runtime::{Decoder, Query, Trigger};
 
 const VALUE_BYTES: usize = 100;
 
@@ -134,9 +140,65 @@ fn config() -> Criterion {
         .measurement_time(Duration::from_secs(3))
 }
 
+/// The same decoder with the columnar route closed: the row route.
+struct RowsOnly(JsonDecoder);
+
+impl Decoder for RowsOnly {
+    fn decode(&mut self, record: &Record) -> tidemark::Result<Row> {
+        self.0.decode(record)
+    }
+}
+
+/// Runs the e2e window pipeline over `batches` through the engine.
+fn run_engine(batches: Vec<Vec<Record>>, columns: bool) -> usize {
+    let query = Query::builder("engine-route")
+        .event_time("event_time")
+        .watermark("10 minutes")
+        .expect("valid watermark")
+        .window_aggregate(
+            ["id"],
+            WindowSpec::tumbling("5 minutes").expect("valid window"),
+            vec![
+                AggregateSpec::count(),
+                AggregateSpec::of("sum", "amount").expect("sum"),
+            ],
+        )
+        .output_mode(OutputMode::Update)
+        .trigger(Trigger::AvailableNow);
+    let query = match columns {
+        true => query.decoder(JsonDecoder::new(tidemark_bench::schema())),
+        false => query.decoder(RowsOnly(JsonDecoder::new(tidemark_bench::schema()))),
+    };
+    let mut source = VecSource::record_batches(batches);
+    let mut sink = CollectSink::default();
+    query
+        .build()
+        .expect("valid query")
+        .run(&mut source, &mut sink)
+        .expect("run");
+    sink.rows.len()
+}
+
+fn engine_route(c: &mut Criterion) {
+    let records = records(100_000);
+    let batches: Vec<Vec<Record>> = records.chunks(10_000).map(|c| c.to_vec()).collect();
+    let mut group = c.benchmark_group("engine_route");
+    group.throughput(Throughput::Elements(records.len() as u64));
+    for (name, columns) in [("rows_100k", false), ("columns_100k", true)] {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || batches.clone(),
+                |batches| black_box(run_engine(batches, columns)),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = operators;
     config = config();
-    targets = filter, decode, window_aggregate
+    targets = filter, decode, window_aggregate, engine_route
 }
 criterion_main!(operators);

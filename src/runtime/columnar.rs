@@ -14,6 +14,7 @@ use crate::json_columns::JsonColumns;
 use crate::json_row::{parse_typed, Slot};
 use crate::record::Record;
 use crate::schema::{FieldType, Schema};
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -79,46 +80,39 @@ impl RecordRouter {
     /// route: a record of the main input (not a table), decoded as JSON of
     /// a typed schema with its event time (if any) a timestamp column, no
     /// custom event-time extractor, and a task whose first step reads
-    /// columns. Pending columns of another topic are handed on first.
+    /// columns. A record of another topic than the task's pending columns
+    /// takes the row route (after them: the caller hands them on first).
     pub(super) fn columns_for<'p>(
         &self,
         record: &Record,
         task: &Task,
         pending: &'p mut PendingColumns,
     ) -> Option<&'p mut TaskColumns> {
-        let topic = &record.position.topic;
-        if self.extractor.is_some() || self.inputs.input_of(topic) != 0 || !task.reads_columns() {
+        if self.extractor.is_some() || !task.reads_columns() {
             return None;
         }
-        let input = self.inputs.get(0);
+        // Asked per record: a decoder may refuse one before parsing it.
         let schema = self.decoder.typed_json_schema(record)?;
-        let event_time_slot = match &input.event_time {
-            Some(column) => Some(timestamp_slot(schema, column)?),
-            None => None,
-        };
-        if input.table {
-            return None;
-        }
-        let partition = record.position.partition;
-        let stale = pending
-            .by_partition
-            .get(&partition)
-            .is_some_and(|p| p.topic != *topic);
-        if stale {
-            // Not expected (one topic per partition of a task's main input
-            // is the usual shape); the stale columns run by row instead.
-            return None;
-        }
-        Some(
-            pending
-                .by_partition
-                .entry(partition)
-                .or_insert_with(|| TaskColumns {
+        let topic = &record.position.topic;
+        match pending.by_partition.entry(record.position.partition) {
+            Entry::Occupied(columns) => (columns.get().topic == *topic).then(|| columns.into_mut()),
+            Entry::Vacant(slot) => {
+                // What the topic is, looked up once per task and poll.
+                let input = self.inputs.get(0);
+                if self.inputs.input_of(topic) != 0 || input.table {
+                    return None;
+                }
+                let event_time_slot = match &input.event_time {
+                    Some(column) => Some(timestamp_slot(schema, column)?),
+                    None => None,
+                };
+                Some(slot.insert(TaskColumns {
                     topic: topic.clone(),
                     event_time_slot,
                     columns: JsonColumns::new(schema),
-                }),
-        )
+                }))
+            }
+        }
     }
 
     /// Parses `record` and appends it to `columns`, or says why it is bad.
