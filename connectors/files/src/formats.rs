@@ -790,6 +790,79 @@ mod tests {
         assert_eq!(rows[1].get("s"), Some(&str("d")));
     }
 
+    /// Collects what the engine dead-letters.
+    struct Collected(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl tidemark::runtime::DeadLetter for Collected {
+        fn send(&mut self, record: &Record, error: &tidemark::Error) -> Result<()> {
+            let mut sent = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            sent.push(format!("{} {error}", record.position.offset));
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_window_over_csv_counts_the_good_lines_and_dead_letters_the_bad_ones() {
+        use tidemark::operators::AggregateSpec;
+        use tidemark::runtime::testing::{CollectSink, VecSource};
+        use tidemark::runtime::{Query, Trigger};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.csv");
+        let lines = "t,s\n2026-01-01T10:00:01Z,a\nsoon,b\n2026-01-01T10:00:02Z,a,extra\n\
+                     2026-01-01T10:00:03Z,a\n2026-01-01T10:00:04Z,b\n";
+        std::fs::write(&path, lines).unwrap();
+        let schema = Schema::new([("t", FieldType::Timestamp), ("s", FieldType::String)]);
+        let records = read(&path, FileFormat::Csv, &schema).unwrap();
+        let dead = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // The window reads columns: lines read take the columnar route,
+        // lines the reader refused the row route to their error.
+        let query = Query::builder("csv-window")
+            .event_time("t")
+            .window_aggregate(
+                ["s"],
+                tidemark::window::WindowSpec::tumbling("1 minute").unwrap(),
+                vec![AggregateSpec::count()],
+            )
+            .output_mode(tidemark::operators::OutputMode::Update)
+            .decoder(crate::FileReadErrors(JsonDecoder::new(schema)))
+            .dead_letter(Collected(dead.clone()))
+            .trigger(Trigger::AvailableNow)
+            .build()
+            .unwrap();
+        let mut sink = CollectSink::default();
+        query
+            .run(&mut VecSource::record_batches(vec![records]), &mut sink)
+            .unwrap();
+        let counts: Vec<(String, Option<&Value>)> = sink
+            .rows
+            .iter()
+            .map(|r| (r.get("s").unwrap().to_string(), r.get("count")))
+            .collect();
+        let (one, two) = (Value::Long(1), Value::Long(2));
+        assert_eq!(
+            counts,
+            vec![("a".into(), Some(&two)), ("b".into(), Some(&one))]
+        );
+        let dead = dead.lock().unwrap();
+        assert_eq!(dead.len(), 2, "{dead:?}");
+        // A bad field found decoding into columns; a line the reader refused.
+        assert!(
+            dead[0].starts_with("3 ")
+                && dead[0].contains("field `t`")
+                && dead[0].contains("`soon`"),
+            "{dead:?}"
+        );
+        assert!(
+            dead[1].starts_with("4 ")
+                && dead[1].contains("field `<line>`")
+                && dead[1].contains("number of fields"),
+            "{dead:?}"
+        );
+    }
+
     #[test]
     fn compressed_csv_reads_like_plain() {
         let dir = tempfile::tempdir().unwrap();
