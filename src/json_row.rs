@@ -1,7 +1,10 @@
-//! Schema-directed JSON decoding: a record's bytes go straight into a
-//! [`Row`], each field parsed into its column's type as the parser meets it,
-//! fields the schema does not name skipped without being built. No JSON
-//! tree is made on the way (it cost more than half of the decode).
+//! Schema-directed JSON decoding: a record's bytes are parsed into one
+//! typed slot per schema column ([`TypedSlots`], strings borrowed from the
+//! bytes), each field converted to its column's type as the parser meets
+//! it, fields the schema does not name skipped without being built; the
+//! slots become a [`Row`] here or are appended to Arrow columns
+//! (`json_columns.rs`). No JSON tree is made on the way (it cost more than
+//! half of the decode).
 //!
 //! The outcome is the same as parsing into a `serde_json::Value` and
 //! converting it with [`crate::schema::convert`]: the same values, the same
