@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::json_row::{Slot, TypedSlots};
 use crate::schema::{FieldType, Schema};
 use arrow_array::builder::{
-    BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+    BooleanBuilder, Float64Builder, Int64Builder, LargeStringBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema as ArrowSchema, TimeUnit};
@@ -17,7 +17,9 @@ use std::sync::Arc;
 /// The Arrow type a schema column is decoded into.
 fn arrow_type(ty: FieldType) -> DataType {
     match ty {
-        FieldType::String => DataType::Utf8,
+        // 64-bit offsets: a poll of one task may hold more than 2 GiB of
+        // text (a large file), which 32-bit offsets cannot address.
+        FieldType::String => DataType::LargeUtf8,
         FieldType::Long => DataType::Int64,
         FieldType::Double => DataType::Float64,
         FieldType::Boolean => DataType::Boolean,
@@ -27,7 +29,7 @@ fn arrow_type(ty: FieldType) -> DataType {
 
 /// One column being built.
 enum ColumnBuilder {
-    Str(StringBuilder),
+    Str(LargeStringBuilder),
     Long(Int64Builder),
     Double(Float64Builder),
     Bool(BooleanBuilder),
@@ -37,7 +39,7 @@ enum ColumnBuilder {
 impl ColumnBuilder {
     fn new(ty: FieldType) -> Self {
         match ty {
-            FieldType::String => ColumnBuilder::Str(StringBuilder::new()),
+            FieldType::String => ColumnBuilder::Str(LargeStringBuilder::new()),
             FieldType::Long => ColumnBuilder::Long(Int64Builder::new()),
             FieldType::Double => ColumnBuilder::Double(Float64Builder::new()),
             FieldType::Boolean => ColumnBuilder::Bool(BooleanBuilder::new()),

@@ -22,6 +22,9 @@ use std::sync::Arc;
 pub(super) struct TaskColumns {
     /// The topic whose schema the columns have.
     topic: Arc<str>,
+    /// Where that schema lives in the decoder: a decoder may give records
+    /// of one topic different schemas, and each needs its own columns.
+    schema_at: usize,
     /// The schema slot of the event-time column, when the input has one.
     event_time_slot: Option<usize>,
     columns: JsonColumns,
@@ -80,8 +83,9 @@ impl RecordRouter {
     /// route: a record of the main input (not a table), decoded as JSON of
     /// a typed schema with its event time (if any) a timestamp column, no
     /// custom event-time extractor, and a task whose first step reads
-    /// columns. A record of another topic than the task's pending columns
-    /// takes the row route (after them: the caller hands them on first).
+    /// columns. A record of another topic or schema than the task's
+    /// pending columns takes the row route (after them: the caller hands
+    /// them on first).
     pub(super) fn columns_for<'p>(
         &self,
         record: &Record,
@@ -93,9 +97,17 @@ impl RecordRouter {
         }
         // Asked per record: a decoder may refuse one before parsing it.
         let schema = self.decoder.typed_json_schema(record)?;
+        if schema.is_empty() {
+            // Types inferred per record: rows only.
+            return None;
+        }
         let topic = &record.position.topic;
+        let schema_at = std::ptr::from_ref(schema) as usize;
         match pending.by_partition.entry(record.position.partition) {
-            Entry::Occupied(columns) => (columns.get().topic == *topic).then(|| columns.into_mut()),
+            Entry::Occupied(columns) => {
+                let same = columns.get().topic == *topic && columns.get().schema_at == schema_at;
+                same.then(|| columns.into_mut())
+            }
             Entry::Vacant(slot) => {
                 // What the topic is, looked up once per task and poll.
                 let input = self.inputs.get(0);
@@ -108,6 +120,7 @@ impl RecordRouter {
                 };
                 Some(slot.insert(TaskColumns {
                     topic: topic.clone(),
+                    schema_at,
                     event_time_slot,
                     columns: JsonColumns::new(schema),
                 }))
@@ -180,9 +193,9 @@ mod tests {
     use proptest::prelude::*;
 
     /// The same decoder with the columnar route closed: the row path.
-    struct RowsOnly(JsonDecoder);
+    struct RowsOnly<D>(D);
 
-    impl Decoder for RowsOnly {
+    impl<D: Decoder> Decoder for RowsOnly<D> {
         fn decode(&mut self, record: &Record) -> Result<Row> {
             self.0.decode(record)
         }
@@ -274,6 +287,94 @@ mod tests {
             }
         }
         driver.run().unwrap()
+    }
+
+    /// Two schemas for one topic, chosen by a record header.
+    struct TwoSchemas {
+        v1: JsonDecoder,
+        v2: JsonDecoder,
+    }
+
+    impl TwoSchemas {
+        fn of(&self, record: &Record) -> &JsonDecoder {
+            match record.headers.is_empty() {
+                true => &self.v1,
+                false => &self.v2,
+            }
+        }
+    }
+
+    impl Decoder for TwoSchemas {
+        fn decode(&mut self, record: &Record) -> Result<Row> {
+            match record.headers.is_empty() {
+                true => self.v1.decode(record),
+                false => self.v2.decode(record),
+            }
+        }
+        fn typed_json_schema(&self, record: &Record) -> Option<&Schema> {
+            self.of(record).typed_json_schema(record)
+        }
+    }
+
+    fn run_two_schemas(records: Vec<Record>, columnar: bool) -> Vec<Row> {
+        use crate::runtime::testing::{CollectSink, VecSource};
+        use crate::runtime::Trigger;
+        let decoder = TwoSchemas {
+            v1: JsonDecoder::new(schema()),
+            v2: JsonDecoder::new(Schema::new([
+                ("user", FieldType::String),
+                ("event_time", FieldType::Timestamp),
+            ])),
+        };
+        let query = Query::builder("two-schemas")
+            .event_time("event_time")
+            .window_aggregate(
+                ["user"],
+                WindowSpec::tumbling("10 minutes").unwrap(),
+                vec![
+                    AggregateSpec::count(),
+                    AggregateSpec::of("sum", "amount").unwrap(),
+                ],
+            )
+            .output_mode(OutputMode::Update)
+            .trigger(Trigger::AvailableNow);
+        let query = match columnar {
+            true => query.decoder(decoder),
+            false => query.decoder(RowsOnly(decoder)),
+        };
+        let mut sink = CollectSink::default();
+        query
+            .build()
+            .unwrap()
+            .run(&mut VecSource::record_batches(vec![records]), &mut sink)
+            .unwrap();
+        sink.rows
+    }
+
+    #[test]
+    fn records_of_one_topic_with_two_schemas_get_columns_of_their_own() {
+        let records: Vec<Record> = (0..6)
+            .map(|i| {
+                let t = crate::time::format_rfc3339(1_767_261_600_000_000 + i * 1_000_000);
+                let v2 = i % 3 == 1;
+                let value = match v2 {
+                    true => format!(r#"{{"user":"u{}","event_time":"{t}"}}"#, i % 2),
+                    false => format!(r#"{{"event_time":"{t}","user":"u{}","amount":{i}}}"#, i % 2),
+                };
+                Record {
+                    value: Some(value.into_bytes()),
+                    headers: match v2 {
+                        true => vec![("v".into(), b"2".to_vec())],
+                        false => Vec::new(),
+                    },
+                    position: crate::record::SourcePosition::new("input", 0, i),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let columns = run_two_schemas(records.clone(), true);
+        assert_eq!(columns, run_two_schemas(records, false));
+        assert_eq!(columns.len(), 2, "{columns:?}");
     }
 
     proptest! {
