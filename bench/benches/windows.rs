@@ -21,7 +21,6 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use deltalake::arrow::array::{
     ArrayRef, Float64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
-use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::sync::Arc;
@@ -90,15 +89,7 @@ fn events_batch(
     step_micros: i64,
     key_names: &[Arc<str>],
 ) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new(
-            "event_time",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("id", DataType::Utf8, true),
-        Field::new("amount", DataType::Float64, true),
-    ]));
+    let schema = tidemark_bench::arrow_schema();
     let times: TimestampMicrosecondArray = TimestampMicrosecondArray::from_iter_values(
         range.clone().map(|i| event_time(i, step_micros)),
     );

@@ -38,6 +38,21 @@ pub fn schema() -> Schema {
     ])
 }
 
+/// [`schema`] as Apache Arrow types: event time as UTC microseconds, `id`
+/// as UTF-8, `amount` as a 64-bit float, all nullable.
+pub fn arrow_schema() -> std::sync::Arc<deltalake::arrow::datatypes::Schema> {
+    use deltalake::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, TimeUnit};
+    std::sync::Arc::new(ArrowSchema::new(vec![
+        Field::new(
+            "event_time",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("id", DataType::Utf8, true),
+        Field::new("amount", DataType::Float64, true),
+    ]))
+}
+
 /// Whether record `i` has a negative amount: one record in ten.
 pub fn is_negative(i: u64) -> bool {
     i % 10 == 9

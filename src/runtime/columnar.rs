@@ -86,12 +86,12 @@ impl RecordRouter {
     /// columns. A record of another topic or schema than the task's
     /// pending columns takes the row route (after them: the caller hands
     /// them on first).
-    pub(super) fn columns_for<'p>(
-        &self,
+    pub(super) fn columns_for<'s, 'p>(
+        &'s self,
         record: &Record,
         task: &Task,
         pending: &'p mut PendingColumns,
-    ) -> Option<&'p mut TaskColumns> {
+    ) -> Option<(&'s Schema, &'p mut TaskColumns)> {
         if self.extractor.is_some() || !task.reads_columns() {
             return None;
         }
@@ -106,7 +106,7 @@ impl RecordRouter {
         match pending.by_partition.entry(record.position.partition) {
             Entry::Occupied(columns) => {
                 let same = columns.get().topic == *topic && columns.get().schema_at == schema_at;
-                same.then(|| columns.into_mut())
+                same.then(|| (schema, columns.into_mut()))
             }
             Entry::Vacant(slot) => {
                 // What the topic is, looked up once per task and poll.
@@ -118,20 +118,23 @@ impl RecordRouter {
                     Some(column) => Some(timestamp_slot(schema, column)?),
                     None => None,
                 };
-                Some(slot.insert(TaskColumns {
+                let columns = slot.insert(TaskColumns {
                     topic: topic.clone(),
                     schema_at,
                     event_time_slot,
                     columns: JsonColumns::new(schema),
-                }))
+                });
+                Some((schema, columns))
             }
         }
     }
 
-    /// Parses `record` and appends it to `columns`, or says why it is bad.
+    /// Parses `record` by `schema` and appends it to `columns`, or says
+    /// why it is bad.
     pub(super) fn take_into_columns(
         &self,
         record: &Record,
+        schema: &Schema,
         columns: &mut TaskColumns,
         task: &Task,
         scope: &BatchScope,
@@ -150,9 +153,6 @@ impl RecordRouter {
             .value
             .as_deref()
             .ok_or_else(|| crate::decode::tombstone(record))?;
-        let Some(schema) = self.decoder.typed_json_schema(record) else {
-            return Err(Error::Source("columnar route without a schema".into()));
-        };
         let slots = parse_typed(schema, bytes, &record.position)?;
         let input = self.inputs.get(0);
         if let (Some(slot), Some(column)) = (columns.event_time_slot, &input.event_time) {

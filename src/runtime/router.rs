@@ -160,7 +160,9 @@ impl RecordRouter {
             }
             routed.num_input += 1;
             let taken = match self.columns_for(record, task, &mut pending) {
-                Some(columns) => self.take_into_columns(record, columns, task, scope, &mut routed),
+                Some((schema, columns)) => {
+                    self.take_into_columns(record, schema, columns, task, scope, &mut routed)
+                }
                 None => {
                     // Rows after columns: the columns run first, in order.
                     pending.flush(partition, task, scope, &mut routed)?;

@@ -13,9 +13,7 @@ use clap::Parser;
 use deltalake::arrow::array::{Array, Float64Array, RecordBatch};
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::compute::kernels::cmp::gt_eq;
-use deltalake::arrow::datatypes::{DataType, Field, Schema as ArrowSchema, TimeUnit};
 use deltalake::arrow::json::{LineDelimitedWriter, ReaderBuilder};
-use std::sync::Arc;
 use std::time::Instant;
 use tidemark::decode::JsonDecoder;
 use tidemark::expr::Expr;
@@ -95,15 +93,7 @@ fn row_path(payloads: &[Vec<u8>], batch: usize) -> Result<(f64, usize)> {
 }
 
 fn arrow_path(payloads: &[Vec<u8>], batch: usize) -> Result<(f64, usize)> {
-    let schema = Arc::new(ArrowSchema::new(vec![
-        Field::new(
-            "event_time",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("id", DataType::Utf8, true),
-        Field::new("amount", DataType::Float64, true),
-    ]));
+    let schema = tidemark_bench::arrow_schema();
     let mut decoder = ReaderBuilder::new(schema.clone())
         .with_batch_size(batch)
         .build_decoder()?;
