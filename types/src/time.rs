@@ -39,13 +39,12 @@ fn parse_utc_fast(b: &[u8]) -> Option<TimestampMicros> {
     if b[13] != b':' || b[16] != b':' || *b.last()? != b'Z' {
         return None;
     }
-    let digits = |from: usize, to: usize| -> Option<i64> {
-        b[from..to].iter().try_fold(0i64, |n, c| {
-            c.is_ascii_digit().then(|| n * 10 + i64::from(c - b'0'))
-        })
-    };
-    let (year, month, day) = (digits(0, 4)?, digits(5, 7)?, digits(8, 10)?);
-    let (hour, minute, second) = (digits(11, 13)?, digits(14, 16)?, digits(17, 19)?);
+    let (year, month, day) = (
+        two_digits(b, 0)? * 100 + two_digits(b, 2)?,
+        two_digits(b, 5)?,
+        two_digits(b, 8)?,
+    );
+    let (hour, minute, second) = (two_digits(b, 11)?, two_digits(b, 14)?, two_digits(b, 17)?);
     let valid_day = (1..=12).contains(&month) && day >= 1 && day <= days_in_month(year, month);
     if !valid_day || hour > 23 || minute > 59 || second > 59 {
         return None;
@@ -54,15 +53,30 @@ fn parse_utc_fast(b: &[u8]) -> Option<TimestampMicros> {
     let micros = match fraction {
         [] => 0,
         [b'.', rest @ ..] if (1..=9).contains(&rest.len()) => {
-            let six = digits(20, 20 + rest.len().min(6))?;
-            digits(20, 20 + rest.len())?;
-            six * 10i64.pow(6 - rest.len().min(6) as u32)
+            let mut micros = 0;
+            for (i, &c) in rest.iter().enumerate() {
+                let digit = c.wrapping_sub(b'0');
+                if digit > 9 {
+                    return None;
+                }
+                if i < 6 {
+                    micros = micros * 10 + i64::from(digit);
+                }
+            }
+            micros * 10i64.pow(6 - rest.len().min(6) as u32)
         }
         _ => return None,
     };
     let days = days_from_civil(year, month, day);
     let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
     Some(seconds * 1_000_000 + micros)
+}
+
+/// The number the two ASCII digits at `at` write, if both are digits (the
+/// caller has checked the length).
+fn two_digits(b: &[u8], at: usize) -> Option<i64> {
+    let (tens, ones) = (b[at].wrapping_sub(b'0'), b[at + 1].wrapping_sub(b'0'));
+    (tens < 10 && ones < 10).then(|| i64::from(tens * 10 + ones))
 }
 
 fn is_leap(year: i64) -> bool {
