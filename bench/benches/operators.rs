@@ -8,7 +8,9 @@
 //!   in-memory source and sink) over 100k JSON records in batches of 10k,
 //!   a 5-minute tumbling count + sum by id: the row route (records decoded
 //!   into rows, `on_row` each) against the columnar route (decoded into
-//!   Arrow columns, `on_columns` per batch).
+//!   Arrow columns, `on_columns` per batch);
+//! - `engine_route/filter_{rows,columns}_100k`: the same after the e2e
+//!   filter (`amount >= 0`, keeps 90%), on rows or on the columns.
 //!
 //! ```text
 //! cargo bench -p tidemark-bench --bench operators
@@ -149,12 +151,17 @@ impl Decoder for RowsOnly {
     }
 }
 
-/// Runs the e2e window pipeline over `batches` through the engine.
-fn run_engine(batches: Vec<Vec<Record>>, columns: bool) -> usize {
-    let query = Query::builder("engine-route")
+/// Runs the e2e window pipeline over `batches` through the engine, after
+/// the e2e filter when `filtered`.
+fn run_engine(batches: Vec<Vec<Record>>, columns: bool, filtered: bool) -> usize {
+    let mut query = Query::builder("engine-route")
         .event_time("event_time")
         .watermark("10 minutes")
-        .expect("valid watermark")
+        .expect("valid watermark");
+    if filtered {
+        query = query.filter(tidemark_bench::FILTER).expect("valid filter");
+    }
+    let query = query
         .window_aggregate(
             ["id"],
             WindowSpec::tumbling("5 minutes").expect("valid window"),
@@ -184,11 +191,17 @@ fn engine_route(c: &mut Criterion) {
     let batches: Vec<Vec<Record>> = records.chunks(10_000).map(|c| c.to_vec()).collect();
     let mut group = c.benchmark_group("engine_route");
     group.throughput(Throughput::Elements(records.len() as u64));
-    for (name, columns) in [("rows_100k", false), ("columns_100k", true)] {
+    let cases = [
+        ("rows_100k", false, false),
+        ("columns_100k", true, false),
+        ("filter_rows_100k", false, true),
+        ("filter_columns_100k", true, true),
+    ];
+    for (name, columns, filtered) in cases {
         group.bench_function(name, |b| {
             b.iter_batched(
                 || batches.clone(),
-                |batches| black_box(run_engine(batches, columns)),
+                |batches| black_box(run_engine(batches, columns, filtered)),
                 BatchSize::LargeInput,
             )
         });

@@ -134,6 +134,25 @@ pub trait Operator: Send {
         false
     }
 
+    /// Whether this step takes a columnar batch and gives one
+    /// ([`Operator::map_columns`]), as a filter does: the columnar route
+    /// then runs it on the columns, on the way to a step that reads them.
+    fn maps_columns(&self) -> bool {
+        false
+    }
+
+    /// The rows of `batch` this step gives, as columns: what
+    /// [`Operator::on_row`] would give for each row, in order. Called only
+    /// when [`Operator::maps_columns`]; like `on_columns`, it returns no
+    /// per-row error.
+    fn map_columns(&mut self, batch: &RecordBatch, _ctx: &BatchContext) -> Result<RecordBatch> {
+        Err(crate::error::Error::Source(format!(
+            "{} does not map columns ({} rows given)",
+            self.describe(),
+            batch.num_rows()
+        )))
+    }
+
     /// Processes one row of input `input`: 0 is the chain's own rows, 1
     /// the second stream of a join. Only joins take a second input.
     fn on_input_row(

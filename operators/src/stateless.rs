@@ -2,9 +2,11 @@
 //! flat_map.
 
 use super::{BatchContext, Operator};
+use crate::columns::{Column, ColumnsRow};
 use crate::error::{Error, Result};
 use crate::expr::Expr;
 use crate::row::Row;
+use arrow_array::{BooleanArray, RecordBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Arc;
@@ -12,14 +14,18 @@ use std::sync::Arc;
 /// Keeps rows whose condition is true.
 pub struct Filter {
     condition: Expr,
+    /// The columns the condition reads, resolved once per columnar batch.
+    reads: Vec<Arc<str>>,
     text: String,
 }
 
 impl Filter {
     /// A filter from an expression such as `amount >= 0 and id != 'x'`.
     pub fn new(condition: &str) -> Result<Self> {
+        let parsed = Expr::parse(condition)?;
         Ok(Filter {
-            condition: Expr::parse(condition)?,
+            reads: parsed.columns(),
+            condition: parsed,
             text: condition.to_string(),
         })
     }
@@ -34,6 +40,31 @@ impl Operator for Filter {
             out.push(row);
         }
         Ok(())
+    }
+
+    fn maps_columns(&self) -> bool {
+        true
+    }
+
+    /// The condition read from the columns row by row (the same evaluation
+    /// as for rows, so the same NULL and coercion rules), then Arrow's
+    /// filter kernel keeps the rows it passes.
+    fn map_columns(&mut self, batch: &RecordBatch, _: &BatchContext) -> Result<RecordBatch> {
+        let columns = self
+            .reads
+            .iter()
+            .map(|name| Ok((name.clone(), Column::resolve(batch, name)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let keep: BooleanArray = (0..batch.num_rows())
+            .map(|i| {
+                Some(self.condition.matches_in(&ColumnsRow {
+                    columns: &columns,
+                    i,
+                }))
+            })
+            .collect();
+        arrow_select::filter::filter_record_batch(batch, &keep)
+            .map_err(|e| Error::Source(format!("{}: filtering a batch: {e}", self.describe())))
     }
 }
 

@@ -159,30 +159,49 @@ impl Task {
         Ok(())
     }
 
-    /// Pushes a columnar batch of the main input into the chain: the first
-    /// operator reads its columns, the rows it emits go on as rows.
+    /// Pushes a columnar batch of the main input into the chain: the
+    /// leading steps that map columns (filters) run on the columns, the
+    /// next step reads them, and the rows it emits go on as rows.
     pub(super) fn push_columns(
         &mut self,
         batch: &RecordBatch,
         contexts: &[BatchContext],
         out: &mut Vec<Row>,
     ) -> Result<()> {
-        let (Some(first), Some(ctx)) = (self.operators.first_mut(), contexts.first()) else {
+        let reader = self.column_reader();
+        let mut mapped: Option<RecordBatch> = None;
+        for (op, ctx) in self.operators[..reader].iter_mut().zip(contexts) {
+            let input = mapped.as_ref().unwrap_or(batch);
+            mapped = Some(op.map_columns(input, ctx)?);
+        }
+        let (Some(op), Some(ctx)) = (self.operators.get_mut(reader), contexts.get(reader)) else {
             return Err(Error::Source(
-                "columns routed to a task without steps".into(),
+                "columns routed to a task without a step that reads them".into(),
             ));
         };
         let mut emitted = Vec::new();
-        first.on_columns(batch, ctx, &mut emitted)?;
+        op.on_columns(mapped.as_ref().unwrap_or(batch), ctx, &mut emitted)?;
         if !emitted.is_empty() {
-            self.push(1, emitted, contexts, out)?;
+            self.push(reader + 1, emitted, contexts, out)?;
         }
         Ok(())
     }
 
-    /// Whether the first step reads columns (see [`Operator::reads_columns`]).
+    /// Whether the chain takes the columnar route: its leading steps map
+    /// columns (none, or filters) and the step after them reads columns
+    /// (see [`Operator::reads_columns`]).
     pub(super) fn reads_columns(&self) -> bool {
-        self.operators.first().is_some_and(|op| op.reads_columns())
+        self.operators
+            .get(self.column_reader())
+            .is_some_and(|op| op.reads_columns())
+    }
+
+    /// The index of the first step that does not map columns.
+    fn column_reader(&self) -> usize {
+        self.operators
+            .iter()
+            .take_while(|op| op.maps_columns())
+            .count()
     }
 
     /// Pushes one row of input `input` (a join's second stream) through

@@ -215,6 +215,24 @@ pub fn row_at(columns: &[(Arc<str>, Column<'_>)], i: usize) -> Row {
     row
 }
 
+/// Row `i` of some resolved columns, read by name: how an expression
+/// ([`crate::expr::Expr::eval_in`]) reads a batch without making a [`Row`].
+pub struct ColumnsRow<'c, 'a> {
+    /// The columns, by name (a name not among them reads as NULL).
+    pub columns: &'c [(Arc<str>, Column<'a>)],
+    /// The row.
+    pub i: usize,
+}
+
+impl crate::expr::Fields for ColumnsRow<'_, '_> {
+    fn field(&self, name: &str) -> Value {
+        self.columns
+            .iter()
+            .find(|(n, _)| n.as_ref() == name)
+            .map_or(Value::Null, |(_, column)| column.value(self.i))
+    }
+}
+
 /// Every row of `batch`, in order.
 pub fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
     let columns = resolve_all(batch)?;

@@ -398,48 +398,72 @@ impl Expr {
     /// Evaluates against `row`. Missing columns and type mismatches give
     /// NULL, as in SQL; division by zero gives NULL, as in Spark.
     pub fn eval(&self, row: &Row) -> Value {
-        match self {
-            Expr::Literal(v) => v.clone(),
-            Expr::Column(c) => row.get(c).cloned().unwrap_or(Value::Null),
-            Expr::Not(e) => match e.eval(row) {
-                Value::Bool(b) => Value::Bool(!b),
-                _ => Value::Null,
-            },
-            Expr::Negate(e) => match e.eval(row) {
-                Value::Long(v) => Value::Long(v.wrapping_neg()),
-                Value::Double(v) => Value::Double(-v),
-                _ => Value::Null,
-            },
-            Expr::IsNull { expr, negated } => Value::Bool(expr.eval(row).is_null() != *negated),
-            Expr::Binary { op, left, right } => eval_binary(*op, left, right, row),
-        }
+        self.eval_in(row)
     }
 
     /// Whether `row` passes this condition (true, not false nor NULL).
     pub fn matches(&self, row: &Row) -> bool {
-        matches!(self.eval(row), Value::Bool(true))
+        self.matches_in(row)
+    }
+
+    /// [`Expr::eval`] over any [`Fields`]: a row, or one row of a
+    /// columnar batch, with the same answer for the same values.
+    pub fn eval_in<F: Fields + ?Sized>(&self, row: &F) -> Value {
+        match self {
+            Expr::Literal(v) => v.clone(),
+            Expr::Column(c) => row.field(c),
+            Expr::Not(e) => match e.eval_in(row) {
+                Value::Bool(b) => Value::Bool(!b),
+                _ => Value::Null,
+            },
+            Expr::Negate(e) => match e.eval_in(row) {
+                Value::Long(v) => Value::Long(v.wrapping_neg()),
+                Value::Double(v) => Value::Double(-v),
+                _ => Value::Null,
+            },
+            Expr::IsNull { expr, negated } => Value::Bool(expr.eval_in(row).is_null() != *negated),
+            Expr::Binary { op, left, right } => eval_binary(*op, left, right, row),
+        }
+    }
+
+    /// [`Expr::matches`] over any [`Fields`].
+    pub fn matches_in<F: Fields + ?Sized>(&self, row: &F) -> bool {
+        matches!(self.eval_in(row), Value::Bool(true))
     }
 }
 
-fn eval_binary(op: BinaryOp, left: &Expr, right: &Expr, row: &Row) -> Value {
+/// Where an expression reads column values: a [`Row`], or one row of a
+/// columnar batch (`columns::ColumnsRow`).
+pub trait Fields {
+    /// The value of column `name`; NULL when there is no such column.
+    fn field(&self, name: &str) -> Value;
+}
+
+impl Fields for Row {
+    fn field(&self, name: &str) -> Value {
+        self.get(name).cloned().unwrap_or(Value::Null)
+    }
+}
+
+fn eval_binary<F: Fields + ?Sized>(op: BinaryOp, left: &Expr, right: &Expr, row: &F) -> Value {
     match op {
         BinaryOp::And => {
-            let l = left.eval(row);
+            let l = left.eval_in(row);
             if l == Value::Bool(false) {
                 return l;
             }
-            match (l, right.eval(row)) {
+            match (l, right.eval_in(row)) {
                 (_, Value::Bool(false)) => Value::Bool(false),
                 (Value::Bool(true), Value::Bool(true)) => Value::Bool(true),
                 _ => Value::Null,
             }
         }
         BinaryOp::Or => {
-            let l = left.eval(row);
+            let l = left.eval_in(row);
             if l == Value::Bool(true) {
                 return l;
             }
-            match (l, right.eval(row)) {
+            match (l, right.eval_in(row)) {
                 (_, Value::Bool(true)) => Value::Bool(true),
                 (Value::Bool(false), Value::Bool(false)) => Value::Bool(false),
                 _ => Value::Null,
@@ -451,7 +475,7 @@ fn eval_binary(op: BinaryOp, left: &Expr, right: &Expr, row: &Row) -> Value {
         | BinaryOp::LtEq
         | BinaryOp::Gt
         | BinaryOp::GtEq => {
-            let (l, r) = (left.eval(row), right.eval(row));
+            let (l, r) = (left.eval_in(row), right.eval_in(row));
             let ordering = match compare_with_coercion(&l, &r) {
                 Some(o) => o,
                 None => return Value::Null,
@@ -465,7 +489,7 @@ fn eval_binary(op: BinaryOp, left: &Expr, right: &Expr, row: &Row) -> Value {
                 _ => ordering != Ordering::Less,
             })
         }
-        _ => arithmetic(op, left.eval(row), right.eval(row)),
+        _ => arithmetic(op, left.eval_in(row), right.eval_in(row)),
     }
 }
 
