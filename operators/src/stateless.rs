@@ -6,7 +6,8 @@ use crate::columns::{Column, ColumnsRow};
 use crate::error::{Error, Result};
 use crate::expr::Expr;
 use crate::row::Row;
-use arrow_array::{BooleanArray, RecordBatch};
+use arrow_array::{new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow_schema::{DataType, Field, Schema};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Arc;
@@ -112,6 +113,42 @@ impl Operator for Select {
         }
         out.push(projected);
         Ok(())
+    }
+
+    fn maps_columns(&self) -> bool {
+        true
+    }
+
+    /// The source columns' arrays under their new names, as
+    /// [`Operator::on_row`] makes each row: a missing source is a NULL
+    /// column, and a name given twice keeps its first place and the last
+    /// value.
+    fn map_columns(&mut self, batch: &RecordBatch, _: &BatchContext) -> Result<RecordBatch> {
+        let schema = batch.schema_ref();
+        let mut fields: Vec<Field> = Vec::with_capacity(self.columns.len());
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        for (source, target) in &self.columns {
+            let (field, array) = match schema.index_of(source) {
+                Ok(i) => (
+                    schema.field(i).clone().with_name(target.as_ref()),
+                    batch.column(i).clone(),
+                ),
+                Err(_) => (
+                    Field::new(target.as_ref(), DataType::Null, true),
+                    new_null_array(&DataType::Null, batch.num_rows()),
+                ),
+            };
+            match fields.iter().position(|f| f.name() == target.as_ref()) {
+                Some(at) => (fields[at], arrays[at]) = (field, array),
+                None => {
+                    fields.push(field);
+                    arrays.push(array);
+                }
+            }
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options)
+            .map_err(|e| Error::Source(format!("{}: projecting a batch: {e}", self.describe())))
     }
 }
 

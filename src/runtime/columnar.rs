@@ -255,30 +255,59 @@ mod tests {
         ]
     }
 
-    /// Filters run before the window: on the columns on the columnar
-    /// route. Numbers, strings, NULLs, a timestamp against a text literal,
-    /// arithmetic, a column the schema lacks.
-    const FILTERS: &[&str] = &[
-        "amount >= 10",
-        "user != 'u\u{1}' and n is not null",
-        "event_time >= '2026-01-01T10:30:00Z' or amount < 0",
-        "amount % 3 = 0",
-        "nope = 1 or n > 40",
+    /// A step before the window, run on the columns on the columnar route.
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        Filter(&'static str),
+        Select(&'static [(&'static str, &'static str)]),
+    }
+
+    /// Filters on numbers, strings, NULLs, a timestamp against a text
+    /// literal, arithmetic, a column the schema lacks; projections that
+    /// reorder, rename, swap, repeat a name or read a missing column.
+    const STEPS: &[Step] = &[
+        Step::Filter("amount >= 10"),
+        Step::Filter("user != 'u\u{1}' and n is not null"),
+        Step::Filter("event_time >= '2026-01-01T10:30:00Z' or amount < 0"),
+        Step::Filter("amount % 3 = 0"),
+        Step::Filter("nope = 1 or n > 40"),
+        Step::Select(&[
+            ("n", "n"),
+            ("user", "user"),
+            ("event_time", "event_time"),
+            ("amount", "amount"),
+        ]),
+        Step::Select(&[
+            ("event_time", "event_time"),
+            ("user", "user"),
+            ("n", "amount"),
+            ("amount", "n"),
+        ]),
+        Step::Select(&[
+            ("event_time", "event_time"),
+            ("user", "user"),
+            ("nope", "amount"),
+            ("n", "n"),
+            ("amount", "n"),
+        ]),
     ];
 
     fn run(
         batches: &[Vec<(i32, Input)>],
         mode: OutputMode,
         window: WindowSpec,
-        filters: &[&str],
+        steps: &[Step],
         columnar: bool,
     ) -> TestRun {
         let mut query = Query::builder("columnar-equivalence")
             .event_time("event_time")
             .watermark("5 minutes")
             .unwrap();
-        for condition in filters {
-            query = query.filter(condition).unwrap();
+        for step in steps {
+            query = match step {
+                Step::Filter(condition) => query.filter(condition).unwrap(),
+                Step::Select(columns) => query.select(columns),
+            };
         }
         let mut query = query
             .window_aggregate(
@@ -396,7 +425,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Records decoded into columns for the window aggregation (and
-        /// filtered as columns before it) give the rows, late rows, dead
+        /// filtered and projected as columns before it) give the rows, late rows, dead
         /// letters and progress of the row path.
         #[test]
         fn the_columnar_route_gives_what_the_row_route_gives(
@@ -404,15 +433,15 @@ mod tests {
                 prop::collection::vec((0i32..3, input()), 0..25), 1..5),
             mode in prop_oneof![Just(OutputMode::Update), Just(OutputMode::Append)],
             session in any::<bool>(),
-            filters in prop::collection::vec(prop::sample::select(FILTERS), 0..3),
+            steps in prop::collection::vec(prop::sample::select(STEPS), 0..3),
         ) {
             // Spark allows no update mode for session windows.
             let (window, mode) = match session {
                 true => (WindowSpec::session("7 minutes").unwrap(), OutputMode::Append),
                 false => (WindowSpec::tumbling("10 minutes").unwrap(), mode),
             };
-            let columns = run(&batches, mode, window.clone(), &filters, true);
-            let rows = run(&batches, mode, window, &filters, false);
+            let columns = run(&batches, mode, window.clone(), &steps, true);
+            let rows = run(&batches, mode, window, &steps, false);
             prop_assert_eq!(&columns.output, &rows.output);
             prop_assert_eq!(&columns.late_rows, &rows.late_rows);
             let dead = |r: &TestRun| -> Vec<(String, String)> {
