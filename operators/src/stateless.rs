@@ -2,10 +2,10 @@
 //! flat_map.
 
 use super::{BatchContext, Operator};
-use crate::columns::{Column, ColumnsRow};
+use crate::columns::{array_of, Column, ColumnsRow};
 use crate::error::{Error, Result};
 use crate::expr::Expr;
-use crate::row::Row;
+use crate::row::{Row, Value};
 use arrow_array::{new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema};
 use serde::de::DeserializeOwned;
@@ -51,11 +51,7 @@ impl Operator for Filter {
     /// as for rows, so the same NULL and coercion rules), then Arrow's
     /// filter kernel keeps the rows it passes.
     fn map_columns(&mut self, batch: &RecordBatch, _: &BatchContext) -> Result<RecordBatch> {
-        let columns = self
-            .reads
-            .iter()
-            .map(|name| Ok((name.clone(), Column::resolve(batch, name)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let columns = resolve_columns(batch, &self.reads)?;
         let keep: BooleanArray = (0..batch.num_rows())
             .map(|i| {
                 Some(self.condition.matches_in(&ColumnsRow {
@@ -156,15 +152,19 @@ impl Operator for Select {
 pub struct WithColumn {
     name: Arc<str>,
     expr: Expr,
+    /// The columns the expression reads, resolved once per columnar batch.
+    reads: Vec<Arc<str>>,
     text: String,
 }
 
 impl WithColumn {
     /// `name = expression`, e.g. `("amount_cents", "amount * 100")`.
     pub fn new(name: &str, expression: &str) -> Result<Self> {
+        let expr = Expr::parse(expression)?;
         Ok(WithColumn {
             name: Arc::from(name),
-            expr: Expr::parse(expression)?,
+            reads: expr.columns(),
+            expr,
             text: expression.to_string(),
         })
     }
@@ -180,6 +180,58 @@ impl Operator for WithColumn {
         out.push(row);
         Ok(())
     }
+
+    fn maps_columns(&self) -> bool {
+        true
+    }
+
+    /// The expression evaluated row by row over the columns (the same
+    /// evaluation as for rows), its values made one array that replaces
+    /// the column of that name in place or comes last, as `Row::set` does.
+    fn map_columns(&mut self, batch: &RecordBatch, _: &BatchContext) -> Result<RecordBatch> {
+        let columns = resolve_columns(batch, &self.reads)?;
+        let values: Vec<Value> = (0..batch.num_rows())
+            .map(|i| {
+                self.expr.eval_in(&ColumnsRow {
+                    columns: &columns,
+                    i,
+                })
+            })
+            .collect();
+        // An expression's type follows from its columns' types, which a
+        // batch fixes: its values never mix types.
+        let Some(array) = array_of(&values) else {
+            return Err(Error::Source(format!(
+                "{}: values of more than one type in one batch",
+                self.describe()
+            )));
+        };
+        let field = Field::new(self.name.as_ref(), array.data_type().clone(), true);
+        let schema = batch.schema_ref();
+        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut arrays: Vec<ArrayRef> = batch.columns().to_vec();
+        match schema.index_of(&self.name) {
+            Ok(at) => (fields[at], arrays[at]) = (field, array),
+            Err(_) => {
+                fields.push(field);
+                arrays.push(array);
+            }
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options)
+            .map_err(|e| Error::Source(format!("{}: adding a column: {e}", self.describe())))
+    }
+}
+
+/// The columns of `batch` an expression reads (`names`), resolved once.
+fn resolve_columns<'a>(
+    batch: &'a RecordBatch,
+    names: &[Arc<str>],
+) -> Result<Vec<(Arc<str>, Column<'a>)>> {
+    names
+        .iter()
+        .map(|name| Ok((name.clone(), Column::resolve(batch, name)?)))
+        .collect()
 }
 
 /// A closure over rows: the typed API's map and flat_map land here.

@@ -260,11 +260,13 @@ mod tests {
     enum Step {
         Filter(&'static str),
         Select(&'static [(&'static str, &'static str)]),
+        WithColumn(&'static str, &'static str),
     }
 
     /// Filters on numbers, strings, NULLs, a timestamp against a text
     /// literal, arithmetic, a column the schema lacks; projections that
-    /// reorder, rename, swap, repeat a name or read a missing column.
+    /// reorder, rename, swap, repeat a name or read a missing column;
+    /// computed columns that replace one (with another type too) or add one.
     const STEPS: &[Step] = &[
         Step::Filter("amount >= 10"),
         Step::Filter("user != 'u\u{1}' and n is not null"),
@@ -290,6 +292,11 @@ mod tests {
             ("n", "n"),
             ("amount", "n"),
         ]),
+        Step::WithColumn("amount", "amount * 2 - n"),
+        Step::WithColumn("n", "n % 7"),
+        Step::WithColumn("ratio", "amount / n"),
+        Step::WithColumn("user", "user = 'u\u{2}'"),
+        Step::WithColumn("event_time", "nope"),
     ];
 
     fn run(
@@ -307,6 +314,7 @@ mod tests {
             query = match step {
                 Step::Filter(condition) => query.filter(condition).unwrap(),
                 Step::Select(columns) => query.select(columns),
+                Step::WithColumn(name, expression) => query.with_column(name, expression).unwrap(),
             };
         }
         let mut query = query
@@ -425,7 +433,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Records decoded into columns for the window aggregation (and
-        /// filtered and projected as columns before it) give the rows, late rows, dead
+        /// filtered, projected and computed as columns before it) give the rows, late rows, dead
         /// letters and progress of the row path.
         #[test]
         fn the_columnar_route_gives_what_the_row_route_gives(

@@ -233,6 +233,53 @@ impl crate::expr::Fields for ColumnsRow<'_, '_> {
     }
 }
 
+/// `values` as one Arrow array, if their types agree (NULLs fit any): an
+/// array whose [`Column::value`] gives back the same values. `None` when
+/// two values differ in type.
+pub fn array_of(values: &[Value]) -> Option<arrow_array::ArrayRef> {
+    fn all<'v, T>(
+        values: &'v [Value],
+        get: impl Fn(&'v Value) -> Option<T>,
+    ) -> Option<Vec<Option<T>>> {
+        values
+            .iter()
+            .map(|v| match v {
+                Value::Null => Some(None),
+                v => get(v).map(Some),
+            })
+            .collect()
+    }
+    let Some(first) = values.iter().find(|v| !v.is_null()) else {
+        return Some(arrow_array::new_null_array(&DataType::Null, values.len()));
+    };
+    Some(match first {
+        Value::Null => return None,
+        Value::Bool(_) => Arc::new(BooleanArray::from(all(values, |v| match v {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })?)),
+        Value::Long(_) => Arc::new(Int64Array::from(all(values, |v| match v {
+            Value::Long(n) => Some(*n),
+            _ => None,
+        })?)),
+        Value::Double(_) => Arc::new(Float64Array::from(all(values, |v| match v {
+            Value::Double(d) => Some(*d),
+            _ => None,
+        })?)),
+        Value::Str(_) => Arc::new(LargeStringArray::from(all(values, |v| match v {
+            Value::Str(s) => Some(s.as_ref()),
+            _ => None,
+        })?)),
+        Value::Timestamp(_) => Arc::new(
+            TimestampMicrosecondArray::from(all(values, |v| match v {
+                Value::Timestamp(t) => Some(*t),
+                _ => None,
+            })?)
+            .with_timezone("UTC"),
+        ),
+    })
+}
+
 /// Every row of `batch`, in order.
 pub fn rows_of(batch: &RecordBatch) -> Result<Vec<Row>> {
     let columns = resolve_all(batch)?;
@@ -298,6 +345,26 @@ mod tests {
             }
             assert_eq!(from_columns, crate::row::encode_key(&values));
         }
+    }
+
+    #[test]
+    fn values_made_an_array_read_back_as_the_same_values() {
+        let cases: Vec<Vec<Value>> = vec![
+            vec![Value::Long(1), Value::Null, Value::Long(i64::MIN)],
+            vec![Value::Null, Value::Double(-0.5), Value::Double(f64::MAX)],
+            vec![Value::Str("é".into()), Value::Null, Value::Str("".into())],
+            vec![Value::Bool(false), Value::Bool(true)],
+            vec![Value::Timestamp(-1), Value::Null],
+            vec![Value::Null, Value::Null],
+            vec![],
+        ];
+        for values in cases {
+            let array = array_of(&values).unwrap();
+            let column = Column::of("c", array.as_ref()).unwrap();
+            let back: Vec<Value> = (0..values.len()).map(|i| column.value(i)).collect();
+            assert_eq!(back, values);
+        }
+        assert!(array_of(&[Value::Long(1), Value::Double(1.0)]).is_none());
     }
 
     #[test]
