@@ -967,8 +967,13 @@ impl Source for KafkaSource {
         // the runtime never closes (the revocation is applied first), whose
         // state goes stale while another member moves on, and is reused as
         // it stands if the partition comes back.
-        let owned = self.assigned();
-        assigned.retain(|partition| owned.contains(partition));
+        if !assigned.is_empty() {
+            // Asking librdkafka for the assignment waits on its main
+            // thread: once per rebalance, not once per poll (a real-time
+            // query polls thousands of times a second).
+            let owned = self.assigned();
+            assigned.retain(|partition| owned.contains(partition));
+        }
         Ok(SourceBatch {
             records,
             exhausted: request.available_now && self.caught_up(true),
