@@ -400,6 +400,15 @@ struct Stored {
     events: usize,
 }
 
+/// The keys whose stored state is behind their state in memory. Tracked
+/// only with a store: without one a checkpoint writes nothing, and listing
+/// every changed key would cost it a pass over them all.
+#[derive(Default)]
+struct ChangedKeys {
+    tracking: bool,
+    keys: Vec<Vec<u8>>,
+}
+
 /// The rolling-window operator. Output mode update only; one row per key
 /// whose measure values changed (micro-batch: at most one per batch, at the
 /// batch's frontier; real-time: whenever they change).
@@ -412,7 +421,7 @@ pub struct RollingWindow {
     /// Keys touched in this batch (micro-batch mode).
     touched: Vec<Vec<u8>>,
     /// Keys changed (or forgotten) since the last checkpoint.
-    dirty: Vec<Vec<u8>>,
+    dirty: ChangedKeys,
     /// The key of the row at hand, reused.
     key_buffer: Vec<u8>,
     store: Option<Box<dyn StateStore>>,
@@ -537,7 +546,7 @@ impl RollingWindow {
             keys: HashMap::default(),
             timers: BTreeSet::new(),
             touched: Vec::new(),
-            dirty: Vec::new(),
+            dirty: ChangedKeys::default(),
             key_buffer: Vec::new(),
             store: None,
             max_cached_keys: None,
@@ -561,11 +570,12 @@ impl RollingWindow {
         out
     }
 
-    /// Marks `key` to be written at the next checkpoint.
-    fn mark_dirty(dirty: &mut Vec<Vec<u8>>, state: &mut KeyState, key: &[u8]) {
-        if !state.dirty {
+    /// Marks `key` to be written at the next checkpoint (when there is a
+    /// store to write it to).
+    fn mark_dirty(dirty: &mut ChangedKeys, state: &mut KeyState, key: &[u8]) {
+        if dirty.tracking && !state.dirty {
             state.dirty = true;
-            dirty.push(key.to_vec());
+            dirty.keys.push(key.to_vec());
         }
     }
 
@@ -721,7 +731,7 @@ impl RollingWindow {
     /// Keys and events held: the store's counts, with the changes not
     /// yet written (progress is reported before the checkpoint).
     fn live_counts(&self) -> (u64, u64) {
-        let mut dirty: Vec<&Vec<u8>> = self.dirty.iter().collect();
+        let mut dirty: Vec<&Vec<u8>> = self.dirty.keys.iter().collect();
         dirty.sort();
         dirty.dedup();
         let (mut keys, mut events) = (self.stored_keys as i64, self.stored_events as i64);
@@ -1272,7 +1282,10 @@ impl Operator for RollingWindow {
         self.keys.clear();
         self.timers.clear();
         self.touched.clear();
-        self.dirty.clear();
+        self.dirty = ChangedKeys {
+            tracking: true,
+            keys: Vec::new(),
+        };
         self.forgotten.clear();
         let key_bytes = cached_key_bytes(self.spec.measures.len());
         self.max_cached_keys = cache_bytes.map(|bytes| (bytes / key_bytes).max(16));
@@ -1282,13 +1295,9 @@ impl Operator for RollingWindow {
     }
 
     fn checkpoint(&mut self) -> Result<()> {
-        let dirty = std::mem::take(&mut self.dirty);
+        // Without a store no change is tracked: nothing to write.
+        let dirty = std::mem::take(&mut self.dirty.keys);
         if self.store.is_none() {
-            for key in dirty {
-                if let Some(state) = self.keys.get_mut(&key) {
-                    state.dirty = false;
-                }
-            }
             return Ok(());
         }
         let mut entries = Vec::with_capacity(dirty.len() * 3 + 1);
