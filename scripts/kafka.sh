@@ -34,7 +34,9 @@
 #   TIDEMARK_KAFKA_PORT             client port (default 9092)
 #   TIDEMARK_KAFKA_CONTROLLER_PORT  controller port (default 9093)
 #   TIDEMARK_KAFKA_SECURE_PORT      SASL_SSL port (default 9094)
-#   TIDEMARK_KAFKA_HEAP_OPTS        default "-Xmx768m -Xms256m"
+#   TIDEMARK_KAFKA_HEAP_OPTS        default "-Xmx2g -Xms1g" (with 768 MB the broker
+#                                   collected every few seconds once benchmark
+#                                   topics piled up: 10 ms pauses in latency runs)
 #   TIDEMARK_KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
 #   JAVA_HOME                       java to use (default: java on PATH; needs 17+)
 #
@@ -54,7 +56,7 @@ SPORT="${TIDEMARK_KAFKA_SECURE_PORT:-9094}"
 SECURE_HOST=localhost
 SCRAM_USER=tidemark
 SECURE_PREFIX=secure-
-HEAP_OPTS="${TIDEMARK_KAFKA_HEAP_OPTS:--Xmx768m -Xms256m}"
+HEAP_OPTS="${TIDEMARK_KAFKA_HEAP_OPTS:--Xmx2g -Xms1g}"
 START_TIMEOUT="${TIDEMARK_KAFKA_START_TIMEOUT:-90}"
 STOP_TIMEOUT=30
 BOOTSTRAP="$HOST:$PORT"
