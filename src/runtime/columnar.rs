@@ -1,7 +1,8 @@
-//! The columnar route: a task whose first step reads columns (a window
-//! aggregation) gets its JSON records decoded straight into Apache Arrow
-//! columns, and the columns of a poll are handed to that step at once
-//! instead of one row per record. Each record is parsed and checked (its
+//! The columnar route: a task whose chain reads columns (a window
+//! aggregation, after any filters, projections and computed columns,
+//! which run on the columns) gets its JSON records decoded straight into
+//! Apache Arrow columns, and the columns of a poll are handed to the chain
+//! at once instead of one row per record. Each record is parsed and checked (its
 //! fields, its event time) before it is appended: a bad one goes to the
 //! dead-letter output, named, and the others go on. The columns of a task
 //! run before any later row, marker or batch end of that task, so the
@@ -30,14 +31,14 @@ pub(super) struct TaskColumns {
     columns: JsonColumns,
 }
 
-/// The columns of each task in a poll, not yet handed to its first step.
+/// The columns of each task in a poll, not yet handed to its chain.
 #[derive(Default)]
 pub(super) struct PendingColumns {
     by_partition: BTreeMap<i32, TaskColumns>,
 }
 
 impl PendingColumns {
-    /// Hands the columns pending for `partition` to its task's first step.
+    /// Hands the columns pending for `partition` to its task's chain.
     pub(super) fn flush(
         &mut self,
         partition: i32,
@@ -82,8 +83,8 @@ impl RecordRouter {
     /// The columns `record` is decoded into, when it takes the columnar
     /// route: a record of the main input (not a table), decoded as JSON of
     /// a typed schema with its event time (if any) a timestamp column, no
-    /// custom event-time extractor, and a task whose first step reads
-    /// columns. A record of another topic or schema than the task's
+    /// custom event-time extractor, and a task whose chain reads columns
+    /// (`Task::reads_columns`). A record of another topic or schema than the task's
     /// pending columns takes the row route (after them: the caller hands
     /// them on first).
     pub(super) fn columns_for<'s, 'p>(

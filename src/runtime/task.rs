@@ -104,6 +104,18 @@ pub(super) struct Task {
     pub(super) scratch: (Vec<Row>, Vec<Row>),
 }
 
+/// The step that reads a columnar batch, if the chain takes the columnar
+/// route: the first step that does not map columns to columns
+/// ([`Operator::maps_columns`]: filter, select, with_column), provided it
+/// reads columns ([`Operator::reads_columns`]: a window aggregation).
+fn column_reader(operators: &[Box<dyn Operator>]) -> Option<usize> {
+    let at = operators.iter().take_while(|op| op.maps_columns()).count();
+    operators
+        .get(at)
+        .is_some_and(|op| op.reads_columns())
+        .then_some(at)
+}
+
 /// The second stream of a join, in a task: its own steps, then the join.
 pub(super) struct SideChain {
     /// The input index its records are routed by (1, 2, ...).
@@ -160,15 +172,20 @@ impl Task {
     }
 
     /// Pushes a columnar batch of the main input into the chain: the
-    /// leading steps that map columns (filters) run on the columns, the
-    /// next step reads them, and the rows it emits go on as rows.
+    /// leading steps that map columns (filter, select, with_column) run on
+    /// the columns, the next step reads them, and the rows it emits go on
+    /// as rows.
     pub(super) fn push_columns(
         &mut self,
         batch: &RecordBatch,
         contexts: &[BatchContext],
         out: &mut Vec<Row>,
     ) -> Result<()> {
-        let reader = self.column_reader();
+        let Some(reader) = column_reader(&self.operators) else {
+            return Err(Error::Source(
+                "columns routed to a task without a step that reads them".into(),
+            ));
+        };
         let mut mapped: Option<RecordBatch> = None;
         for (op, ctx) in self.operators[..reader].iter_mut().zip(contexts) {
             let input = mapped.as_ref().unwrap_or(batch);
@@ -187,21 +204,9 @@ impl Task {
         Ok(())
     }
 
-    /// Whether the chain takes the columnar route: its leading steps map
-    /// columns (none, or filters) and the step after them reads columns
-    /// (see [`Operator::reads_columns`]).
+    /// Whether the chain takes the columnar route (see [`column_reader`]).
     pub(super) fn reads_columns(&self) -> bool {
-        self.operators
-            .get(self.column_reader())
-            .is_some_and(|op| op.reads_columns())
-    }
-
-    /// The index of the first step that does not map columns.
-    fn column_reader(&self) -> usize {
-        self.operators
-            .iter()
-            .take_while(|op| op.maps_columns())
-            .count()
+        column_reader(&self.operators).is_some()
     }
 
     /// Pushes one row of input `input` (a join's second stream) through
@@ -401,5 +406,47 @@ pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &s
         if task.sink_commit.as_ref().is_none_or(|c| c.seq < saved.seq) {
             task.sink_commit = Some(saved);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_reader;
+    use crate::operators::{
+        AggregateSpec, Filter, MapRows, Operator, OutputMode, Select, TimeColumn, WindowAggregate,
+        WithColumn,
+    };
+    use crate::window::WindowSpec;
+    use std::sync::Arc;
+
+    fn window() -> Box<dyn Operator> {
+        Box::new(WindowAggregate::new(
+            vec![Arc::from("id")],
+            TimeColumn::EventTime(Arc::from("t")),
+            WindowSpec::tumbling("1 minute").unwrap(),
+            vec![AggregateSpec::count()],
+            OutputMode::Update,
+        ))
+    }
+
+    fn filter() -> Box<dyn Operator> {
+        Box::new(Filter::new("n > 1").unwrap())
+    }
+
+    #[test]
+    fn the_columnar_route_reaches_past_steps_that_map_columns_only() {
+        let select: Box<dyn Operator> = Box::new(Select::new([("n", "m"), ("t", "t")]));
+        let computed: Box<dyn Operator> = Box::new(WithColumn::new("k", "m * 2").unwrap());
+        let map: Box<dyn Operator> = Box::new(MapRows::new("map", |row| Ok(vec![row])));
+        assert_eq!(column_reader(&[window()]), Some(0));
+        assert_eq!(
+            column_reader(&[filter(), select, computed, window()]),
+            Some(3)
+        );
+        // A step that takes rows only closes the route, as does a chain
+        // with no step that reads columns.
+        assert_eq!(column_reader(&[filter(), map, window()]), None);
+        assert_eq!(column_reader(&[filter()]), None);
+        assert_eq!(column_reader(&[]), None);
     }
 }

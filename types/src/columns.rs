@@ -253,6 +253,7 @@ pub fn array_of(values: &[Value]) -> Option<arrow_array::ArrayRef> {
         return Some(arrow_array::new_null_array(&DataType::Null, values.len()));
     };
     Some(match first {
+        // `first` is not NULL: this arm only completes the match.
         Value::Null => return None,
         Value::Bool(_) => Arc::new(BooleanArray::from(all(values, |v| match v {
             Value::Bool(b) => Some(*b),

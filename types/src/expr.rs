@@ -626,6 +626,81 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+        /// Over rows whose columns keep their types (as a columnar batch's
+        /// do), an expression's values share one type, NULLs aside: what
+        /// lets a computed column run on columns (`columns::array_of`).
+        #[test]
+        fn over_typed_columns_an_expression_gives_values_of_one_type(
+            text in expression_text(),
+            rows in proptest::collection::vec(
+                (
+                    proptest::option::of(-1e6f64..1e6),
+                    proptest::option::of(proptest::prelude::any::<i64>()),
+                    proptest::option::of("[a-z']{0,3}"),
+                ),
+                1..12,
+            ),
+        ) {
+            if let Ok(expr) = Expr::parse(&text) {
+                let kinds: std::collections::HashSet<std::mem::Discriminant<Value>> = rows
+                    .iter()
+                    .map(|(amount, n, id)| {
+                        let row: Row = [
+                            ("amount", amount.map_or(Value::Null, Value::from)),
+                            ("n", n.map_or(Value::Null, Value::from)),
+                            ("id", id.as_deref().map_or(Value::Null, Value::from)),
+                            ("missing_value", Value::Null),
+                        ]
+                        .into_iter()
+                        .collect();
+                        expr.eval(&row)
+                    })
+                    .filter(|v| !v.is_null())
+                    .map(|v| std::mem::discriminant(&v))
+                    .collect();
+                proptest::prop_assert!(kinds.len() <= 1, "{}", text);
+            }
+        }
+    }
+
+    /// Expressions built by the grammar: columns of every type, literals,
+    /// every operator, nested.
+    fn expression_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let leaf = proptest::sample::select(vec![
+            "amount",
+            "n",
+            "id",
+            "missing_value",
+            "1",
+            "0",
+            "-1",
+            "2.5",
+            "'x'",
+            "null",
+            "true",
+        ])
+        .prop_map(String::from);
+        let ops = vec![
+            "+", "-", "*", "/", "%", "=", "!=", "<", "<=", ">", ">=", "and", "or",
+        ];
+        leaf.prop_recursive(3, 16, 2, move |inner| {
+            prop_oneof![
+                (
+                    inner.clone(),
+                    proptest::sample::select(ops.clone()),
+                    inner.clone()
+                )
+                    .prop_map(|(l, op, r)| format!("({l} {op} {r})")),
+                inner.clone().prop_map(|e| format!("not ({e})")),
+                inner.clone().prop_map(|e| format!("-({e})")),
+                inner.prop_map(|e| format!("({e}) is null")),
+            ]
+        })
+    }
+
     fn row() -> Row {
         [
             ("amount", Value::from(12.5)),
