@@ -39,14 +39,9 @@ fn parse_utc_fast(b: &[u8]) -> Option<TimestampMicros> {
     if b[13] != b':' || b[16] != b':' || *b.last()? != b'Z' {
         return None;
     }
-    let (year, month, day) = (
-        two_digits(b, 0)? * 100 + two_digits(b, 2)?,
-        two_digits(b, 5)?,
-        two_digits(b, 8)?,
-    );
+    let days = days_of_date(b)?;
     let (hour, minute, second) = (two_digits(b, 11)?, two_digits(b, 14)?, two_digits(b, 17)?);
-    let valid_day = (1..=12).contains(&month) && day >= 1 && day <= days_in_month(year, month);
-    if !valid_day || hour > 23 || minute > 59 || second > 59 {
+    if hour > 23 || minute > 59 || second > 59 {
         return None;
     }
     let fraction = &b[19..b.len() - 1];
@@ -67,9 +62,34 @@ fn parse_utc_fast(b: &[u8]) -> Option<TimestampMicros> {
         }
         _ => return None,
     };
-    let days = days_from_civil(year, month, day);
     let seconds = days * 86_400 + hour * 3_600 + minute * 60 + second;
     Some(seconds * 1_000_000 + micros)
+}
+
+/// Days since 1970-01-01 of the valid date `YYYY-MM-DD` that `b` starts
+/// with. The last date read is kept per thread: a stream's timestamps
+/// mostly share their day, and this is a good part of a JSON decode.
+fn days_of_date(b: &[u8]) -> Option<i64> {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<([u8; 10], i64)>> = const { std::cell::Cell::new(None) };
+    }
+    let date: [u8; 10] = b.get(..10)?.try_into().ok()?;
+    if let Some((last, days)) = LAST.get() {
+        if last == date {
+            return Some(days);
+        }
+    }
+    let (year, month, day) = (
+        two_digits(b, 0)? * 100 + two_digits(b, 2)?,
+        two_digits(b, 5)?,
+        two_digits(b, 8)?,
+    );
+    if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    LAST.set(Some((date, days)));
+    Some(days)
 }
 
 /// The number the two ASCII digits at `at` write, if both are digits (the
