@@ -2,6 +2,7 @@
 //!
 //! - `filter/expr_10k`: `amount >= 0` evaluated over 10k decoded rows;
 //! - `decode/json_10k`: `JsonDecoder` with the e2e schema over 10k records;
+//!   `decode/avro_10k`: `AvroDecoder` over the same rows as Confluent Avro;
 //! - `window_aggregate/tumbling_100k`: a 1-minute tumbling count + sum by id
 //!   over 100k rows (`on_row` each, then `on_batch_end`), update mode;
 //! - `engine_route/{rows,columns}_100k`: the engine itself (`Query::run`,
@@ -28,6 +29,7 @@ use tidemark::prelude::{AggregateFn, Row, WindowSpec};
 use tidemark::record::{Record, SourcePosition};
 use tidemark::runtime::testing::{CollectSink, VecSource};
 use tidemark::runtime::{Decoder, Query, Trigger};
+use tidemark_connectors::avro::{AvroDecoder, AvroEncoder};
 
 const VALUE_BYTES: usize = 100;
 
@@ -85,7 +87,40 @@ fn decode(c: &mut Criterion) {
             black_box(columns.finish().expect("columns"))
         })
     });
+    // Confluent-framed Avro of the same rows, by `AvroDecoder`.
+    let (mut avro, avro_records) = avro_records(10_000);
+    group.bench_function("avro_10k", |b| {
+        b.iter(|| {
+            for r in black_box(&avro_records) {
+                black_box(avro.decode(r).expect("valid datum"));
+            }
+        })
+    });
     group.finish();
+}
+
+/// `n` of the e2e rows as Confluent-framed Avro (schema id 7), and a
+/// decoder that knows the schema.
+fn avro_records(n: u64) -> (AvroDecoder, Vec<Record>) {
+    let schema = apache_avro::Schema::parse_str(
+        r#"{"type": "record", "name": "event", "fields": [
+            {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "id", "type": "string"},
+            {"name": "amount", "type": "double"}]}"#,
+    )
+    .expect("valid schema");
+    let encoder = AvroEncoder::new(schema.clone(), 7).expect("record schema");
+    let records = rows(n)
+        .iter()
+        .enumerate()
+        .map(|(i, row)| Record {
+            value: Some(encoder.encode(row).expect("encodes")),
+            position: SourcePosition::new("bench", 0, i as i64),
+            ..Default::default()
+        })
+        .collect();
+    let decoder = AvroDecoder::new([(7, schema)].into_iter().collect(), None);
+    (decoder, records)
 }
 
 fn window_aggregate(c: &mut Criterion) {
