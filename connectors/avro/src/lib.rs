@@ -34,7 +34,20 @@ pub fn read_schema_file(path: &Path) -> Result<AvroSchema> {
 /// that refuses the client is a configuration error.
 pub struct AvroDecoder {
     schemas: HashMap<u32, Arc<AvroSchema>>,
+    /// A datum reader per schema id, built at the id's first record.
+    readers: HashMap<u32, SchemaReader>,
     registry: Option<RegistryClient>,
+}
+
+/// A writer schema and the datum reader built for it once: building one
+/// resolves every name of the schema into a map, a fifth of a record's
+/// decode when it was done per record. The reader borrows the schema.
+#[ouroboros::self_referencing]
+struct SchemaReader {
+    schema: Arc<AvroSchema>,
+    #[borrows(schema)]
+    #[covariant]
+    reader: GenericDatumReader<'this>,
 }
 
 impl AvroDecoder {
@@ -43,6 +56,7 @@ impl AvroDecoder {
     pub fn new(schemas: HashMap<u32, AvroSchema>, registry: Option<RegistryClient>) -> Self {
         AvroDecoder {
             schemas: schemas.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
+            readers: HashMap::new(),
             registry,
         }
     }
@@ -102,16 +116,24 @@ impl Decoder for AvroDecoder {
             ));
         }
         let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-        let schema = self.schema(id).map_err(|lookup| match lookup {
-            SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
-            SchemaLookup::Unavailable(reason) => Error::Source(reason),
-            SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
-        })?;
-        let reader = GenericDatumReader::builder(&schema)
-            .build()
-            .map_err(|e| bad(position, "<value>", format!("schema id {id}: {e}")))?;
+        if !self.readers.contains_key(&id) {
+            let schema = self.schema(id).map_err(|lookup| match lookup {
+                SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
+                SchemaLookup::Unavailable(reason) => Error::Source(reason),
+                SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
+            })?;
+            let reader =
+                SchemaReader::try_new(schema, |schema| GenericDatumReader::builder(schema).build())
+                    .map_err(|e| bad(position, "<value>", format!("schema id {id}: {e}")))?;
+            self.readers.insert(id, reader);
+        }
+        let Some(reader) = self.readers.get(&id) else {
+            return Err(Error::Source(format!(
+                "the reader of schema id {id} went missing"
+            )));
+        };
         let mut body = &bytes[5..];
-        let value = reader.read_value(&mut body).map_err(|e| {
+        let value = reader.borrow_reader().read_value(&mut body).map_err(|e| {
             bad(
                 position,
                 "<value>",
@@ -325,6 +347,53 @@ mod tests {
             err.contains("t/1@9") && err.contains("unknown schema id 8"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn records_of_two_schema_ids_interleaved_each_read_by_their_own_schema() {
+        let v1 = AvroSchema::parse_str(SCHEMA).unwrap();
+        let v2 = AvroSchema::parse_str(
+            r#"{"type":"record","name":"Order","fields":[
+            {"name":"amount","type":"double"},
+            {"name":"id","type":"string"},
+            {"name":"qty","type":"long"}]}"#,
+        )
+        .unwrap();
+        let first: Row = [
+            ("id", Value::from("a")),
+            ("amount", Value::from(2.5)),
+            ("event_time", Value::Timestamp(1_000_000)),
+            ("note", Value::from("n")),
+        ]
+        .into_iter()
+        .collect();
+        let second: Row = [
+            ("amount", Value::from(-1.0)),
+            ("id", Value::from("b")),
+            ("qty", Value::from(3i64)),
+        ]
+        .into_iter()
+        .collect();
+        let encoded = [
+            AvroEncoder::new(v1.clone(), 7)
+                .unwrap()
+                .encode(&first)
+                .unwrap(),
+            AvroEncoder::new(v2.clone(), 9)
+                .unwrap()
+                .encode(&second)
+                .unwrap(),
+        ];
+        let mut decoder = AvroDecoder::new([(7, v1), (9, v2)].into_iter().collect(), None);
+        for i in 0..6 {
+            let record = Record {
+                value: Some(encoded[i % 2].clone()),
+                position: SourcePosition::new("t", 0, i as i64),
+                ..Default::default()
+            };
+            let expected = if i % 2 == 0 { &first } else { &second };
+            assert_eq!(&decoder.decode(&record).unwrap(), expected, "record {i}");
+        }
     }
 
     /// A registry that does not answer is not the record's fault: the
