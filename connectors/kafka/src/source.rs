@@ -755,6 +755,31 @@ impl KafkaSource {
         self.first_uncommitted.entry(key).or_insert(offset);
     }
 
+    /// The partitions revoked and assigned by rebalances since the last
+    /// batch, the assigned ones still owned.
+    fn take_rebalanced(&mut self) -> (Vec<i32>, Vec<(String, i32)>) {
+        let (revoked, mut assigned) = {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                std::mem::take(&mut log.revoked),
+                std::mem::take(&mut log.assigned),
+            )
+        };
+        // Assigned (or rewound) and then revoked within this batch: not this
+        // member's any more. Handing back its checkpoint would start a task
+        // the runtime never closes (the revocation is applied first), whose
+        // state goes stale while another member moves on, and is reused as
+        // it stands if the partition comes back.
+        if !assigned.is_empty() {
+            // Asking librdkafka for the assignment waits on its main
+            // thread: once per rebalance, not once per poll (a real-time
+            // query polls thousands of times a second).
+            let owned = self.assigned();
+            assigned.retain(|partition| owned.contains(partition));
+        }
+        (revoked, assigned)
+    }
+
     /// Hands out, first in the batch, the carried records the plan admits
     /// (every one when the batch is not planned).
     fn hand_out_carried(&mut self, records: &mut Vec<Record>) {
@@ -955,25 +980,7 @@ impl Source for KafkaSource {
         if self.replaying {
             self.end_replay()?;
         }
-        let (revoked, mut assigned) = {
-            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-            (
-                std::mem::take(&mut log.revoked),
-                std::mem::take(&mut log.assigned),
-            )
-        };
-        // Assigned (or rewound) and then revoked within this batch: not this
-        // member's any more. Handing back its checkpoint would start a task
-        // the runtime never closes (the revocation is applied first), whose
-        // state goes stale while another member moves on, and is reused as
-        // it stands if the partition comes back.
-        if !assigned.is_empty() {
-            // Asking librdkafka for the assignment waits on its main
-            // thread: once per rebalance, not once per poll (a real-time
-            // query polls thousands of times a second).
-            let owned = self.assigned();
-            assigned.retain(|partition| owned.contains(partition));
-        }
+        let (revoked, assigned) = self.take_rebalanced();
         Ok(SourceBatch {
             records,
             exhausted: request.available_now && self.caught_up(true),
