@@ -14,6 +14,8 @@ step() { echo "==> $*"; }
 
 # ---- what building and the tests need (idempotent; see scripts/setup.sh)
 bash scripts/setup.sh
+# ---- what old builds and test topics left on the disk (see scripts/prune.sh)
+bash scripts/prune.sh
 
 # ---- a real broker
 started_kafka=0
