@@ -8,6 +8,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -48,6 +49,9 @@ struct RebalanceLog {
 
 struct SourceContext {
     log: Arc<Mutex<RebalanceLog>>,
+    /// Set when `revoked_unhandled` gains partitions: the poll loop looks
+    /// at the log only then, not under its lock after every record.
+    revoked_pending: Arc<AtomicBool>,
 }
 
 impl ClientContext for SourceContext {}
@@ -66,6 +70,7 @@ impl ConsumerContext for SourceContext {
                 log.revoked_unhandled
                     .push((e.topic().to_string(), e.partition()));
             }
+            self.revoked_pending.store(true, Ordering::Release);
         }
     }
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -86,6 +91,35 @@ impl ConsumerContext for SourceContext {
                 log.assigned.push((e.topic().to_string(), e.partition()));
             }
         }
+    }
+}
+
+/// Records polled between two readings of the clock while draining.
+const CLOCK_EVERY: u32 = 256;
+
+/// The poll loop's clock: read before every waiting poll, and once every
+/// [`CLOCK_EVERY`] records while polls return records without waiting.
+struct Clock {
+    last: Instant,
+    reads_since: u32,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Clock {
+            last: Instant::now(),
+            reads_since: 0,
+        }
+    }
+
+    /// The time now, or at most [`CLOCK_EVERY`] records ago when `draining`.
+    fn now(&mut self, draining: bool) -> Instant {
+        self.reads_since += 1;
+        if !draining || self.reads_since >= CLOCK_EVERY {
+            self.last = Instant::now();
+            self.reads_since = 0;
+        }
+        self.last
     }
 }
 
@@ -139,6 +173,8 @@ pub struct KafkaSource {
     config: KafkaSourceConfig,
     consumer: BaseConsumer<SourceContext>,
     log: Arc<Mutex<RebalanceLog>>,
+    /// Shared with the consumer's context: see `SourceContext`.
+    revoked_pending: Arc<AtomicBool>,
     /// Next offset to commit per (topic, partition): last handed out + 1.
     next_offsets: HashMap<TopicPartition, i64>,
     committed: HashMap<TopicPartition, i64>,
@@ -242,9 +278,13 @@ impl KafkaSource {
                 },
             );
         let log = Arc::new(Mutex::new(RebalanceLog::default()));
+        let revoked_pending = Arc::new(AtomicBool::new(false));
         let consumer: BaseConsumer<SourceContext> = connection.create(
             &client,
-            SourceContext { log: log.clone() },
+            SourceContext {
+                log: log.clone(),
+                revoked_pending: revoked_pending.clone(),
+            },
             "source consumer",
         )?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
@@ -255,6 +295,7 @@ impl KafkaSource {
             config,
             consumer,
             log,
+            revoked_pending,
             next_offsets: HashMap::default(),
             committed: HashMap::default(),
             first_uncommitted: HashMap::default(),
@@ -442,6 +483,9 @@ impl KafkaSource {
     /// their new owner (maybe this member again) reads them from the last
     /// committed offset, so processing them here would duplicate them.
     fn forget_revoked(&mut self, records: &mut Vec<Record>) {
+        if !self.revoked_pending.swap(false, Ordering::Acquire) {
+            return;
+        }
         let revoked = {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
             std::mem::take(&mut log.revoked_unhandled)
@@ -548,8 +592,8 @@ impl KafkaSource {
         request: &BatchRequest,
         replay_deadline: Instant,
         plan_deadline: Instant,
+        now: Instant,
     ) -> Result<bool> {
-        let now = Instant::now();
         if self.replaying {
             if now >= replay_deadline {
                 return Err(Error::Source(
@@ -893,25 +937,44 @@ impl Source for KafkaSource {
         let bounded = request.available_now || self.replaying;
         let replay_deadline = Instant::now() + Duration::from_secs(300);
         let plan_deadline = Instant::now() + PLANNED_BATCH_TIMEOUT;
+        // While polls return records, the next poll waits for nothing and
+        // the clock is read once every CLOCK_EVERY records: reading it per
+        // record (here and inside a poll with a timeout) was a tenth of the
+        // stateless pipeline's time.
+        let mut draining = false;
+        let mut clock = Clock::new();
+        // While draining, whether the last record reached its partition's
+        // end (only then may the handed-out offsets have reached the ends).
+        let mut reached_an_end = false;
         loop {
-            if unplannable || (bounded && self.caught_up(false)) {
+            let look = !draining || std::mem::take(&mut reached_an_end);
+            if unplannable || (bounded && look && self.caught_up(false)) {
                 break;
             }
-            if self.batch_ends(records.len(), request, replay_deadline, plan_deadline)? {
+            let now = clock.now(draining);
+            if self.batch_ends(records.len(), request, replay_deadline, plan_deadline, now)? {
                 break;
             }
-            let wait = if self.replaying || self.plan.is_some() {
+            let wait = if draining {
+                Duration::ZERO
+            } else if self.replaying || self.plan.is_some() {
                 Duration::from_millis(100)
             } else if request.return_early && !records.is_empty() {
                 // Real-time: take what is already fetched, wait for nothing.
                 Duration::ZERO
             } else {
-                (request.deadline - Instant::now()).min(Duration::from_millis(100))
+                (request.deadline - now).min(Duration::from_millis(100))
             };
             // Revocations happen inside poll: purge what the last poll made
             // stale before fetching more.
             self.forget_revoked(&mut records);
-            let Some(polled) = self.consumer.poll(wait) else {
+            let polled = self.consumer.poll(wait);
+            let drained = std::mem::replace(&mut draining, polled.is_some());
+            let Some(polled) = polled else {
+                if drained && !(request.return_early && !records.is_empty()) {
+                    // The fetched records ran out: wait for more as usual.
+                    continue;
+                }
                 if (bounded && self.caught_up(true))
                     || self.plan_complete_when_idle()
                     || (request.return_early && !records.is_empty())
@@ -940,12 +1003,12 @@ impl Source for KafkaSource {
                     }
                     let key = (topic_name(&mut self.topic_names, m.topic()), m.partition());
                     let offset = m.offset();
-                    if let Some(ends) = &self.end_offsets {
-                        // Available-now reads only what was there at start.
-                        if ends.get(&key).is_some_and(|end| offset >= *end) {
-                            continue;
-                        }
+                    let end = self.end_offsets.as_ref().and_then(|ends| ends.get(&key));
+                    // Available-now reads only what was there at start.
+                    if end.is_some_and(|end| offset >= *end) {
+                        continue;
                     }
+                    reached_an_end = end.is_some_and(|end| offset + 1 >= *end);
                     let past_plan = self.plan.as_ref().is_some_and(|p| !p.admits(&key, offset));
                     if past_plan || self.carried.holds(&key) {
                         let record = record_of(&m, key.0.clone());
