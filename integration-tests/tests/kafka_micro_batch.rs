@@ -504,3 +504,50 @@ fn a_zombie_batch_that_moved_no_offset_is_fenced_by_the_group_generation() {
         "the zombie's output is not visible"
     );
 }
+
+/// The sink enqueues a batch's records in chunks through librdkafka's batch
+/// call; a producer queue far smaller than the batch fills at every chunk.
+/// Every record still arrives once, each key's in the order written, keyed
+/// and partitioned as one by one.
+#[test]
+fn a_batch_larger_than_the_producer_queue_arrives_whole_and_in_order() {
+    use tidemark::row::{Row, Value};
+    use tidemark::runtime::Sink;
+    let output = unique("chunked-out");
+    create_topic(&output, 3);
+    let small_queue = [("queue.buffering.max.messages".to_string(), "50".to_string())];
+    let cluster = tidemark_connectors::kafka::KafkaConnection::new(bootstrap())
+        .with_overrides(&small_queue.into_iter().collect());
+    let mut sink = KafkaSink::new(
+        &cluster,
+        &output,
+        KeyColumns(vec!["sensor".into()]),
+        ValueFormat::Json,
+    )
+    .unwrap();
+    let rows: Vec<Row> = (0..5000i64)
+        .map(|n| {
+            let mut row = Row::new();
+            row.set("sensor", Value::from(format!("s{}", n % 7).as_str()));
+            row.set("n", Value::from(n));
+            row
+        })
+        .collect();
+    sink.write(0, &rows).unwrap();
+    sink.commit(0).unwrap();
+    let out = consume_all(&output, rows.len(), Duration::from_secs(60));
+    assert_eq!(out.len(), rows.len());
+    let mut last_per_key = std::collections::BTreeMap::<String, (i32, i64)>::new();
+    for record in &out {
+        let key = String::from_utf8(record.key.clone().unwrap()).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+        assert_eq!(value["sensor"], serde_json::json!(key));
+        let n = value["n"].as_i64().unwrap();
+        if let Some((partition, last)) = last_per_key.insert(key.clone(), (record.partition, n)) {
+            assert_eq!(partition, record.partition, "key {key} in two partitions");
+            assert!(n > last, "key {key}: {n} after {last}");
+        }
+    }
+    assert_eq!(last_per_key.len(), 7);
+}

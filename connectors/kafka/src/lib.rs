@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 mod batch_plan;
+mod batch_produce;
 mod carried;
 mod changelog;
 mod connection;

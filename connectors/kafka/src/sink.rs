@@ -12,6 +12,7 @@ use tidemark::runtime::{Sink, WatermarkMarker, WATERMARK_MARKER_HEADER};
 use tidemark::time::TimestampMicros;
 use tidemark_avro::AvroEncoder;
 
+use crate::batch_produce::{BatchTopic, EncodedRecords};
 use crate::producer::{flush_producer, producer, send_with_backpressure, DeliveryTracker};
 use crate::sink_progress::SinkProgress;
 
@@ -22,6 +23,25 @@ pub enum ValueFormat {
     /// Avro in the Confluent wire format.
     Avro(AvroEncoder),
 }
+
+impl ValueFormat {
+    /// Appends `row`'s encoded value to `out`.
+    fn encode_into(&self, row: &Row, out: &mut Vec<u8>) -> Result<()> {
+        match self {
+            ValueFormat::Json => {
+                serde_json::to_writer(out, row).map_err(|e| Error::Sink(e.to_string()))
+            }
+            ValueFormat::Avro(encoder) => {
+                out.extend_from_slice(&encoder.encode(row)?);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Rows encoded and enqueued per call to librdkafka outside a transaction:
+/// enough to share its per-call costs, few enough to stay in cache.
+const PRODUCE_CHUNK: usize = 1024;
 
 /// Columns whose values form the record key (empty: no key).
 #[derive(Debug, Clone, Default)]
@@ -47,6 +67,9 @@ impl KeyColumns {
 /// Writes rows to a Kafka topic.
 pub struct KafkaSink {
     topic: String,
+    /// Enqueues outside a transaction. Declared before the producer, so it
+    /// is dropped first, as librdkafka requires.
+    batch_topic: BatchTopic,
     producer: ThreadedProducer<DeliveryTracker>,
     tracker: DeliveryTracker,
     key: KeyColumns,
@@ -70,6 +93,22 @@ struct MarkerState {
 }
 
 impl KafkaSink {
+    /// Sends `rows` one by one, inside the transaction.
+    fn send_each(&self, rows: &[Row]) -> Result<()> {
+        let mut value = Vec::with_capacity(256);
+        for row in rows {
+            value.clear();
+            self.format.encode_into(row, &mut value)?;
+            let key = self.key.key(row);
+            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(&value);
+            if let Some(k) = key.as_ref() {
+                record = record.key(k);
+            }
+            self.send(record)?;
+        }
+        Ok(())
+    }
+
     /// Sends inside `transactions` (exactly-once): records become visible
     /// when the source commits the batch's transaction with its offsets.
     pub fn with_transactions(mut self, transactions: super::SharedTransactions) -> Self {
@@ -156,6 +195,7 @@ impl KafkaSink {
         let (producer, tracker) = producer(cluster, "sink producer")?;
         Ok(KafkaSink {
             topic: topic.to_string(),
+            batch_topic: BatchTopic::new(&producer, topic)?,
             producer,
             tracker,
             key,
@@ -177,28 +217,19 @@ impl Sink for KafkaSink {
         if self.already_out(batch_id) {
             return Ok(());
         }
-        // One buffer for every JSON value: librdkafka copies the payload.
-        let mut json = Vec::with_capacity(256);
-        for row in rows {
-            let avro;
-            let payload = match &self.format {
-                ValueFormat::Json => {
-                    json.clear();
-                    serde_json::to_writer(&mut json, row)
-                        .map_err(|e| Error::Sink(e.to_string()))?;
-                    &json
-                }
-                ValueFormat::Avro(encoder) => {
-                    avro = encoder.encode(row)?;
-                    &avro
-                }
-            };
-            let key = self.key.key(row);
-            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(payload);
-            if let Some(k) = key.as_ref() {
-                record = record.key(k);
+        if self.transactions.is_some() {
+            return self.send_each(rows);
+        }
+        let mut encoded = EncodedRecords::default();
+        for chunk in rows.chunks(PRODUCE_CHUNK) {
+            encoded.clear();
+            for row in chunk {
+                let key = self.key.key(row);
+                encoded.push(key.as_deref().map(str::as_bytes), |out| {
+                    self.format.encode_into(row, out)
+                })?;
             }
-            self.send(record)?;
+            self.batch_topic.produce(&encoded.records())?;
         }
         Ok(())
     }

@@ -971,7 +971,7 @@ impl Source for KafkaSource {
             let polled = self.consumer.poll(wait);
             let drained = std::mem::replace(&mut draining, polled.is_some());
             let Some(polled) = polled else {
-                if drained && !(request.return_early && !records.is_empty()) {
+                if drained && (!request.return_early || records.is_empty()) {
                     // The fetched records ran out: wait for more as usual.
                     continue;
                 }
