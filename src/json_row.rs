@@ -371,6 +371,18 @@ impl Typed {
         convert(json, self.0).map(Slot::of_value)
     }
 
+    /// An integer in the column types that take one as it is, as
+    /// [`convert`] gives it (a double of its value, a timestamp of its
+    /// epoch milliseconds); `None` for the others, which take `convert`.
+    fn integer(&self, v: i64) -> Option<Slot<'static>> {
+        match self.0 {
+            FieldType::Long => Some(Slot::Long(v)),
+            FieldType::Double => Some(Slot::Double(v as f64)),
+            FieldType::Timestamp => v.checked_mul(1000).map(Slot::Timestamp),
+            _ => None,
+        }
+    }
+
     fn text<'a>(&self, s: Cow<'a, str>) -> Converted<'a> {
         // The common cases without a copy of the text.
         match self.0 {
@@ -396,13 +408,16 @@ impl<'de> Visitor<'de> for Typed {
         Ok(self.convert(&Json::Bool(b)))
     }
     fn visit_i64<E>(self, v: i64) -> std::result::Result<Converted<'de>, E> {
-        Ok(match self.0 {
-            FieldType::Long => Ok(Slot::Long(v)),
-            _ => self.convert(&Json::Number(v.into())),
-        })
+        Ok(self
+            .integer(v)
+            .map_or_else(|| self.convert(&Json::Number(v.into())), Ok))
     }
+    // serde_json hands every non-negative integer here, not to visit_i64.
     fn visit_u64<E>(self, v: u64) -> std::result::Result<Converted<'de>, E> {
-        Ok(self.convert(&Json::Number(v.into())))
+        Ok(i64::try_from(v)
+            .ok()
+            .and_then(|v| self.integer(v))
+            .map_or_else(|| self.convert(&Json::Number(v.into())), Ok))
     }
     fn visit_f64<E>(self, v: f64) -> std::result::Result<Converted<'de>, E> {
         Ok(match serde_json::Number::from_f64(v) {
@@ -471,6 +486,13 @@ pub(crate) mod tests {
             r#"{"event_time":"soon","n":"x"}"#,
             r#"{"ok":"yes"}"#,
             r#"{"n":18446744073709551615}"#,
+            // Integers into every column type, either sign, at the edges.
+            r#"{"event_time":0,"amount":3,"n":5,"id":12}"#,
+            r#"{"event_time":-1000,"amount":-3,"n":-5,"id":-12}"#,
+            r#"{"event_time":9223372036854775807}"#,
+            r#"{"amount":18446744073709551615,"n":9223372036854775807}"#,
+            r#"{"n":-9223372036854775808,"amount":-9223372036854775808}"#,
+            r#"{"ok":1}"#,
             r#"{"id":{"nested":true}}"#,
             r#"{"id":null,"event_time":null}"#,
             r#"[1,2]"#,
@@ -516,6 +538,8 @@ pub(crate) mod tests {
             any::<bool>().prop_map(Json::Bool),
             any::<i64>().prop_map(|v| Json::Number(v.into())),
             any::<u64>().prop_map(|v| Json::Number(v.into())),
+            // Integers a timestamp column takes as epoch milliseconds.
+            (-4_000_000_000_000i64..4_000_000_000_000).prop_map(|v| Json::Number(v.into())),
             (-1e12f64..1e12)
                 .prop_map(|v| serde_json::Number::from_f64(v).map_or(Json::Null, Json::Number)),
             "[a-z0-9 :.TZ-]{0,24}".prop_map(Json::String),
