@@ -111,6 +111,9 @@ impl BatchTopic {
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
+                // Any other error (a record over the size limit) fails the
+                // batch, though librdkafka enqueued the records after it:
+                // its replay writes them again, as at-least-once allows.
                 err => {
                     return Err(Error::Sink(format!(
                         "producing to `{}`: {}",
