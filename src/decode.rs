@@ -6,6 +6,8 @@ use crate::row::Row;
 use crate::runtime::Decoder;
 use crate::schema::Schema;
 
+pub use crate::json_row::{Slot, TypedSlots};
+
 /// Decodes a record's value as one JSON object, typed by a [`Schema`] (or
 /// with types inferred when the schema is empty).
 ///
@@ -36,8 +38,13 @@ impl Decoder for JsonDecoder {
         crate::json_row::decode_row(&self.schema, bytes, &record.position)
     }
 
-    fn typed_json_schema(&self, _record: &Record) -> Option<&Schema> {
+    fn typed_schema(&self, _record: &Record) -> Option<&Schema> {
         (!self.schema.is_empty()).then_some(&self.schema)
+    }
+
+    fn decode_typed<'r>(&self, record: &'r Record, schema: &Schema) -> Result<TypedSlots<'r>> {
+        let bytes = record.value.as_deref().ok_or_else(|| tombstone(record))?;
+        crate::json_row::parse_typed(schema, bytes, &record.position)
     }
 }
 
@@ -132,10 +139,17 @@ impl Decoder for ByTopicDecoder {
         }
     }
 
-    fn typed_json_schema(&self, record: &Record) -> Option<&Schema> {
+    fn typed_schema(&self, record: &Record) -> Option<&Schema> {
         match self.by_topic.get(record.position.topic.as_ref()) {
-            Some(d) => d.typed_json_schema(record),
-            None => self.default.typed_json_schema(record),
+            Some(d) => d.typed_schema(record),
+            None => self.default.typed_schema(record),
+        }
+    }
+
+    fn decode_typed<'r>(&self, record: &'r Record, schema: &Schema) -> Result<TypedSlots<'r>> {
+        match self.by_topic.get(record.position.topic.as_ref()) {
+            Some(d) => d.decode_typed(record, schema),
+            None => self.default.decode_typed(record, schema),
         }
     }
 }

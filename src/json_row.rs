@@ -40,7 +40,7 @@ pub(crate) fn decode_row(schema: &Schema, bytes: &[u8], position: &SourcePositio
 /// One field of a record, parsed into its column's type; text is borrowed
 /// from the record's bytes where JSON has no escapes in it.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Slot<'a> {
+pub enum Slot<'a> {
     /// Absent, or JSON null.
     Null,
     /// A `long` column's value.
@@ -97,15 +97,20 @@ pub(crate) fn parse_typed<'a>(
     }
 }
 
-/// A typed record's slot per schema column, every one converted (absent
-/// fields are NULL).
-pub(crate) struct TypedSlots<'a>(SlotBuffer<'a>);
+/// A typed record's value per schema column, every one converted (absent
+/// fields are NULL): what [`crate::runtime::Decoder::decode_typed`] gives.
+pub struct TypedSlots<'a>(SlotBuffer<'a>);
 
 type SlotBuffer<'a> = Vec<Option<Converted<'a>>>;
 
 impl<'a> TypedSlots<'a> {
-    /// Column `i`'s value.
-    pub(crate) fn get(&self, i: usize) -> &Slot<'a> {
+    /// The values of a record, one per schema column in schema order.
+    pub fn from_slots(slots: Vec<Slot<'a>>) -> Self {
+        TypedSlots(slots.into_iter().map(|slot| Some(Ok(slot))).collect())
+    }
+
+    /// Column `i`'s value (NULL past the last column).
+    pub fn get(&self, i: usize) -> &Slot<'a> {
         const NULL: Slot<'static> = Slot::Null;
         match self.0.get(i) {
             Some(Some(Ok(slot))) => slot,

@@ -11,7 +11,10 @@
 //!   into rows, `on_row` each) against the columnar route (decoded into
 //!   Arrow columns, `on_columns` per batch);
 //! - `engine_route/filter_{rows,columns}_100k`: the same after the e2e
-//!   filter (`amount >= 0`, keeps 90%), on rows or on the columns.
+//!   filter (`amount >= 0`, keeps 90%), on rows or on the columns;
+//! - `engine_route/avro_{rows,columns}_100k`: the unfiltered pipeline over
+//!   the same rows as Confluent Avro (`decode/avro_typed_10k`: the values
+//!   of those records read straight for the columns, no Arrow).
 //!
 //! ```text
 //! cargo bench -p tidemark-bench --bench operators
@@ -96,6 +99,19 @@ fn decode(c: &mut Criterion) {
             }
         })
     });
+    // The same records read straight into one value per column, as the
+    // engine's columnar route reads them.
+    let columns = avro
+        .typed_schema(&avro_records[0])
+        .expect("a flat record")
+        .clone();
+    group.bench_function("avro_typed_10k", |b| {
+        b.iter(|| {
+            for r in black_box(&avro_records) {
+                black_box(avro.decode_typed(r, &columns).expect("valid datum"));
+            }
+        })
+    });
     group.finish();
 }
 
@@ -177,18 +193,23 @@ fn config() -> Criterion {
         .measurement_time(Duration::from_secs(3))
 }
 
-/// The same decoder with the columnar route closed: the row route.
-struct RowsOnly(JsonDecoder);
+/// The e2e schema's JSON decoder.
+fn json() -> JsonDecoder {
+    JsonDecoder::new(tidemark_bench::schema())
+}
 
-impl Decoder for RowsOnly {
+/// The same decoder with the columnar route closed: the row route.
+struct RowsOnly<D>(D);
+
+impl<D: Decoder> Decoder for RowsOnly<D> {
     fn decode(&mut self, record: &Record) -> tidemark::Result<Row> {
         self.0.decode(record)
     }
 }
 
-/// Runs the e2e window pipeline over `batches` through the engine, after
-/// the e2e filter when `filtered`.
-fn run_engine(batches: Vec<Vec<Record>>, columns: bool, filtered: bool) -> usize {
+/// Runs the e2e window pipeline over `batches` through the engine with
+/// `decoder`, after the e2e filter when `filtered`.
+fn run_engine(batches: Vec<Vec<Record>>, decoder: Box<dyn Decoder>, filtered: bool) -> usize {
     let mut query = Query::builder("engine-route")
         .event_time("event_time")
         .watermark("10 minutes")
@@ -207,10 +228,7 @@ fn run_engine(batches: Vec<Vec<Record>>, columns: bool, filtered: bool) -> usize
         )
         .output_mode(OutputMode::Update)
         .trigger(Trigger::AvailableNow);
-    let query = match columns {
-        true => query.decoder(JsonDecoder::new(tidemark_bench::schema())),
-        false => query.decoder(RowsOnly(JsonDecoder::new(tidemark_bench::schema()))),
-    };
+    let query = query.decoder(decoder);
     let mut source = VecSource::record_batches(batches);
     let mut sink = CollectSink::default();
     query
@@ -226,17 +244,34 @@ fn engine_route(c: &mut Criterion) {
     let batches: Vec<Vec<Record>> = records.chunks(10_000).map(|c| c.to_vec()).collect();
     let mut group = c.benchmark_group("engine_route");
     group.throughput(Throughput::Elements(records.len() as u64));
-    let cases = [
-        ("rows_100k", false, false),
-        ("columns_100k", true, false),
-        ("filter_rows_100k", false, true),
-        ("filter_columns_100k", true, true),
+    type Case = (&'static str, fn() -> Box<dyn Decoder>, bool);
+    let cases: [Case; 4] = [
+        ("rows_100k", || Box::new(RowsOnly(json())), false),
+        ("columns_100k", || Box::new(json()), false),
+        ("filter_rows_100k", || Box::new(RowsOnly(json())), true),
+        ("filter_columns_100k", || Box::new(json()), true),
     ];
-    for (name, columns, filtered) in cases {
+    for (name, decoder, filtered) in cases {
         group.bench_function(name, |b| {
             b.iter_batched(
                 || batches.clone(),
-                |batches| black_box(run_engine(batches, columns, filtered)),
+                |batches| black_box(run_engine(batches, decoder(), filtered)),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    let (_, avro) = avro_records(100_000);
+    let avro_batches: Vec<Vec<Record>> = avro.chunks(10_000).map(|c| c.to_vec()).collect();
+    type AvroCase = (&'static str, fn() -> Box<dyn Decoder>);
+    let avro_cases: [AvroCase; 2] = [
+        ("avro_rows_100k", || Box::new(RowsOnly(avro_records(0).0))),
+        ("avro_columns_100k", || Box::new(avro_records(0).0)),
+    ];
+    for (name, decoder) in avro_cases {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || avro_batches.clone(),
+                |batches| black_box(run_engine(batches, decoder(), false)),
                 BatchSize::LargeInput,
             )
         });

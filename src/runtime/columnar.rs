@@ -1,6 +1,7 @@
 //! The columnar route: a task whose chain reads columns (a window
 //! aggregation, after any filters, projections and computed columns,
-//! which run on the columns) gets its JSON records decoded straight into
+//! which run on the columns) gets its records (JSON of a typed schema,
+//! Avro of a flat record schema) decoded straight into
 //! Apache Arrow columns, and the columns of a poll are handed to the chain
 //! at once instead of one row per record. Each record is parsed and checked (its
 //! fields, its event time) before it is appended: a bad one goes to the
@@ -12,7 +13,7 @@ use super::router::{in_spark_range, BatchScope, RecordRouter, RoutedBatch, MISSI
 use super::task::Task;
 use crate::error::{Error, Result};
 use crate::json_columns::JsonColumns;
-use crate::json_row::{parse_typed, Slot};
+use crate::json_row::Slot;
 use crate::record::Record;
 use crate::schema::{FieldType, Schema};
 use std::collections::btree_map::Entry;
@@ -97,7 +98,7 @@ impl RecordRouter {
             return None;
         }
         // Asked per record: a decoder may refuse one before parsing it.
-        let schema = self.decoder.typed_json_schema(record)?;
+        let schema = self.decoder.typed_schema(record)?;
         if schema.is_empty() {
             // Types inferred per record: rows only.
             return None;
@@ -150,11 +151,7 @@ impl RecordRouter {
             field: field.to_string(),
             reason,
         };
-        let bytes = record
-            .value
-            .as_deref()
-            .ok_or_else(|| crate::decode::tombstone(record))?;
-        let slots = parse_typed(schema, bytes, &record.position)?;
+        let slots = self.decoder.decode_typed(record, schema)?;
         let input = self.inputs.get(0);
         if let (Some(slot), Some(column)) = (columns.event_time_slot, &input.event_time) {
             let t = match slots.get(slot) {
@@ -365,8 +362,15 @@ mod tests {
                 false => self.v2.decode(record),
             }
         }
-        fn typed_json_schema(&self, record: &Record) -> Option<&Schema> {
-            self.of(record).typed_json_schema(record)
+        fn typed_schema(&self, record: &Record) -> Option<&Schema> {
+            self.of(record).typed_schema(record)
+        }
+        fn decode_typed<'r>(
+            &self,
+            record: &'r Record,
+            schema: &Schema,
+        ) -> Result<crate::decode::TypedSlots<'r>> {
+            self.of(record).decode_typed(record, schema)
         }
     }
 

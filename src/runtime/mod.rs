@@ -200,13 +200,30 @@ pub trait Decoder: Send {
     /// Decodes one record; the error names the record, field and reason.
     fn decode(&mut self, record: &Record) -> Result<Row>;
 
-    /// The typed schema `record` is decoded with when it is a JSON object:
-    /// the router then decodes it straight into Arrow columns for a first
-    /// step that reads columns, with the same values and the same errors
-    /// as [`Decoder::decode`]. `None`, the default, keeps the row path
-    /// (as for a record this decoder refuses before parsing it).
-    fn typed_json_schema(&self, _record: &Record) -> Option<&crate::schema::Schema> {
+    /// The typed schema `record` is decoded with when this decoder can
+    /// decode it straight into that schema's columns
+    /// ([`Decoder::decode_typed`]): the router then takes the columnar
+    /// route for a first step that reads columns. `None`, the default,
+    /// keeps the row path (as for a record this decoder refuses before
+    /// parsing it).
+    fn typed_schema(&self, _record: &Record) -> Option<&crate::schema::Schema> {
         None
+    }
+
+    /// `record` as one value per column of `schema` (what
+    /// [`Decoder::typed_schema`] gave for it): the values
+    /// [`Decoder::decode`] gives, or the error it gives. The default
+    /// refuses: a decoder that gives a typed schema implements it (and one
+    /// that wraps another passes both on).
+    fn decode_typed<'r>(
+        &self,
+        record: &'r Record,
+        _schema: &crate::schema::Schema,
+    ) -> Result<crate::decode::TypedSlots<'r>> {
+        Err(Error::Source(format!(
+            "the decoder of {} decodes no record into columns",
+            record.position
+        )))
     }
 }
 
@@ -306,8 +323,15 @@ impl<T: Decoder + ?Sized> Decoder for Box<T> {
     fn decode(&mut self, record: &Record) -> Result<Row> {
         (**self).decode(record)
     }
-    fn typed_json_schema(&self, record: &Record) -> Option<&crate::schema::Schema> {
-        (**self).typed_json_schema(record)
+    fn typed_schema(&self, record: &Record) -> Option<&crate::schema::Schema> {
+        (**self).typed_schema(record)
+    }
+    fn decode_typed<'r>(
+        &self,
+        record: &'r Record,
+        schema: &crate::schema::Schema,
+    ) -> Result<crate::decode::TypedSlots<'r>> {
+        (**self).decode_typed(record, schema)
     }
 }
 

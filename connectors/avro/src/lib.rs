@@ -10,12 +10,17 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use tidemark::decode::{Slot, TypedSlots};
 use tidemark::error::{Error, Result};
 use tidemark::record::{Record, SourcePosition};
 use tidemark::row::{Row, Value};
 use tidemark::runtime::Decoder;
+use tidemark::schema::Schema;
 
+mod columns;
 mod registry;
+use columns::FlatRecord;
+
 pub use registry::{RegistryClient, RegistryConfig, SchemaLookup, SubjectNameStrategy};
 
 /// Parses an `.avsc` file.
@@ -36,6 +41,9 @@ pub struct AvroDecoder {
     schemas: HashMap<u32, Arc<AvroSchema>>,
     /// A datum reader per schema id, built at the id's first record.
     readers: HashMap<u32, SchemaReader>,
+    /// The ids among them whose schema is a flat record, read straight
+    /// into columns for the columnar route.
+    flat_records: HashMap<u32, FlatRecord>,
     registry: Option<RegistryClient>,
 }
 
@@ -57,6 +65,7 @@ impl AvroDecoder {
         AvroDecoder {
             schemas: schemas.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
             readers: HashMap::new(),
+            flat_records: HashMap::new(),
             registry,
         }
     }
@@ -85,8 +94,10 @@ fn bad(position: &SourcePosition, field: &str, reason: String) -> Error {
     }
 }
 
-impl Decoder for AvroDecoder {
-    fn decode(&mut self, record: &Record) -> Result<Row> {
+impl AvroDecoder {
+    /// The schema id and the datum of a Confluent-framed `record`, or why
+    /// it is not one.
+    fn framed<'r>(&self, record: &'r Record) -> Result<(u32, &'r [u8])> {
         let position = &record.position;
         let bytes = record.value.as_deref().ok_or_else(|| {
             bad(
@@ -116,23 +127,38 @@ impl Decoder for AvroDecoder {
             ));
         }
         let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-        if !self.readers.contains_key(&id) {
-            let schema = self.schema(id).map_err(|lookup| match lookup {
-                SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
-                SchemaLookup::Unavailable(reason) => Error::Source(reason),
-                SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
-            })?;
-            let reader =
-                SchemaReader::try_new(schema, |schema| GenericDatumReader::builder(schema).build())
-                    .map_err(|e| bad(position, "<value>", format!("schema id {id}: {e}")))?;
-            self.readers.insert(id, reader);
+        Ok((id, &bytes[5..]))
+    }
+
+    /// Builds the datum reader of schema `id` (and its flat record, if it
+    /// is one) at the id's first record.
+    fn ensure_reader(&mut self, id: u32, position: &SourcePosition) -> Result<()> {
+        if self.readers.contains_key(&id) {
+            return Ok(());
         }
+        let schema = self.schema(id).map_err(|lookup| match lookup {
+            SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
+            SchemaLookup::Unavailable(reason) => Error::Source(reason),
+            SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
+        })?;
+        let reader = SchemaReader::try_new(schema.clone(), |schema| {
+            GenericDatumReader::builder(schema).build()
+        })
+        .map_err(|e| bad(position, "<value>", format!("schema id {id}: {e}")))?;
+        self.readers.insert(id, reader);
+        if let Some(flat) = FlatRecord::of(&schema) {
+            self.flat_records.insert(id, flat);
+        }
+        Ok(())
+    }
+
+    /// The datum `body` of schema `id` (whose reader is built) as a row.
+    fn read_row(&self, id: u32, mut body: &[u8], position: &SourcePosition) -> Result<Row> {
         let Some(reader) = self.readers.get(&id) else {
             return Err(Error::Source(format!(
                 "the reader of schema id {id} went missing"
             )));
         };
-        let mut body = &bytes[5..];
         let value = reader.borrow_reader().read_value(&mut body).map_err(|e| {
             bad(
                 position,
@@ -155,6 +181,50 @@ impl Decoder for AvroDecoder {
                 format!("expected an Avro record, got {other:?}"),
             )),
         }
+    }
+}
+
+impl Decoder for AvroDecoder {
+    fn decode(&mut self, record: &Record) -> Result<Row> {
+        let (id, body) = self.framed(record)?;
+        self.ensure_reader(id, &record.position)?;
+        self.read_row(id, body, &record.position)
+    }
+
+    /// The columns of a flat record schema (see [`columns`]) whose reader
+    /// an earlier record built; the first record of an id takes the row
+    /// path, which builds it.
+    fn typed_schema(&self, record: &Record) -> Option<&Schema> {
+        let (id, _) = self.framed(record).ok()?;
+        self.flat_records.get(&id).map(|flat| &flat.schema)
+    }
+
+    fn decode_typed<'r>(&self, record: &'r Record, schema: &Schema) -> Result<TypedSlots<'r>> {
+        let (id, body) = self.framed(record)?;
+        if let Some(slots) = self.flat_records.get(&id).and_then(|flat| flat.read(body)) {
+            return Ok(slots);
+        }
+        // What the direct read left alone: apache-avro's row, or its error.
+        let row = self.read_row(id, body, &record.position)?;
+        Ok(TypedSlots::from_slots(
+            schema
+                .columns()
+                .iter()
+                .map(|(name, _)| slot_of(row.get(name)))
+                .collect(),
+        ))
+    }
+}
+
+/// A row's value as a column's.
+fn slot_of(value: Option<&Value>) -> Slot<'static> {
+    match value {
+        Some(Value::Long(v)) => Slot::Long(*v),
+        Some(Value::Double(v)) => Slot::Double(*v),
+        Some(Value::Bool(v)) => Slot::Bool(*v),
+        Some(Value::Timestamp(v)) => Slot::Timestamp(*v),
+        Some(Value::Str(s)) => Slot::Str(std::borrow::Cow::Owned(s.to_string())),
+        _ => Slot::Null,
     }
 }
 
@@ -311,6 +381,311 @@ mod tests {
             valid.truncate(cut % (valid.len() + 1));
             decode(&mut decoder, valid);
         }
+    }
+
+    /// A flat record of every field kind the columnar read takes.
+    const EVERY_KIND: &str = r#"{"type":"record","name":"All","fields":[
+        {"name":"b","type":"boolean"},
+        {"name":"i","type":"int"},
+        {"name":"l","type":"long"},
+        {"name":"f","type":"float"},
+        {"name":"d","type":"double"},
+        {"name":"s","type":"string"},
+        {"name":"e","type":{"type":"enum","name":"Color","symbols":["RED","GREEN","BLUE"]}},
+        {"name":"day","type":{"type":"int","logicalType":"date"}},
+        {"name":"tm","type":{"type":"long","logicalType":"timestamp-millis"}},
+        {"name":"tu","type":{"type":"long","logicalType":"timestamp-micros"}},
+        {"name":"tn","type":{"type":"long","logicalType":"timestamp-nanos"}},
+        {"name":"lt","type":{"type":"long","logicalType":"local-timestamp-millis"}},
+        {"name":"ns","type":["null","string"]},
+        {"name":"nl","type":["long","null"]}]}"#;
+
+    /// What `decode_typed` gives for `bytes`, and what `decode` gives as
+    /// one value per column: values, or the error's text.
+    fn both_routes(
+        decoder: &mut AvroDecoder,
+        bytes: Vec<u8>,
+    ) -> (
+        std::result::Result<Vec<Slot<'static>>, String>,
+        std::result::Result<Vec<Slot<'static>>, String>,
+    ) {
+        let record = Record {
+            value: Some(bytes),
+            position: SourcePosition::new("t", 0, 1),
+            ..Default::default()
+        };
+        let by_row = decoder.decode(&record);
+        let schema = decoder
+            .typed_schema(&record)
+            .expect("a flat record's id, its reader built")
+            .clone();
+        let owned = |slot: &Slot<'_>| match slot {
+            Slot::Str(s) => Slot::Str(std::borrow::Cow::Owned(s.to_string())),
+            Slot::Null => Slot::Null,
+            Slot::Long(v) => Slot::Long(*v),
+            Slot::Double(v) => Slot::Double(*v),
+            Slot::Bool(v) => Slot::Bool(*v),
+            Slot::Timestamp(v) => Slot::Timestamp(*v),
+        };
+        let typed = decoder
+            .decode_typed(&record, &schema)
+            .map(|slots| {
+                (0..schema.columns().len())
+                    .map(|i| owned(slots.get(i)))
+                    .collect()
+            })
+            .map_err(|e| e.to_string());
+        let by_row = by_row
+            .map(|row| {
+                schema
+                    .columns()
+                    .iter()
+                    .map(|(name, _)| slot_of(row.get(name)))
+                    .collect()
+            })
+            .map_err(|e| e.to_string());
+        (typed, by_row)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// A flat record read straight into columns gives the row path's
+        /// values; flipped or cut short, the row path's error too.
+        #[test]
+        fn columns_read_straight_from_avro_equal_the_row_path(
+            b in proptest::bool::ANY,
+            i in proptest::num::i32::ANY,
+            l in proptest::num::i64::ANY,
+            f in -1e6f32..1e6,
+            d in -1e12f64..1e12,
+            s in "\\PC{0,8}",
+            e in 0usize..3,
+            t in proptest::num::i64::ANY,
+            null_branch in proptest::bool::ANY,
+            flip in 0usize..256,
+            mask in 1u8..=255,
+            cut in 0usize..256,
+        ) {
+            let schema = AvroSchema::parse_str(EVERY_KIND).unwrap();
+            let colors = ["RED", "GREEN", "BLUE"];
+            let value = AvroValue::Record(vec![
+                ("b".into(), AvroValue::Boolean(b)),
+                ("i".into(), AvroValue::Int(i)),
+                ("l".into(), AvroValue::Long(l)),
+                ("f".into(), AvroValue::Float(f)),
+                ("d".into(), AvroValue::Double(d)),
+                ("s".into(), AvroValue::String(s.clone())),
+                ("e".into(), AvroValue::Enum(e as u32, colors[e].into())),
+                ("day".into(), AvroValue::Date(i)),
+                ("tm".into(), AvroValue::TimestampMillis(t)),
+                ("tu".into(), AvroValue::TimestampMicros(t)),
+                ("tn".into(), AvroValue::TimestampNanos(t)),
+                ("lt".into(), AvroValue::LocalTimestampMillis(t)),
+                ("ns".into(), match null_branch {
+                    true => AvroValue::Union(0, Box::new(AvroValue::Null)),
+                    false => AvroValue::Union(1, Box::new(AvroValue::String(s))),
+                }),
+                ("nl".into(), match null_branch {
+                    true => AvroValue::Union(1, Box::new(AvroValue::Null)),
+                    false => AvroValue::Union(0, Box::new(AvroValue::Long(l))),
+                }),
+            ]);
+            let body = GenericDatumWriter::builder(&schema)
+                .build()
+                .unwrap()
+                .write_value_to_vec(value)
+                .unwrap();
+            let mut valid = vec![0, 0, 0, 0, 7];
+            valid.extend(body);
+            let mut decoder = AvroDecoder::new([(7, schema)].into_iter().collect(), None);
+            let (typed, by_row) = both_routes(&mut decoder, valid.clone());
+            proptest::prop_assert!(typed.is_ok(), "{typed:?}");
+            proptest::prop_assert_eq!(typed, by_row);
+            let mut flipped = valid.clone();
+            let at = 5 + flip % (flipped.len() - 5);
+            flipped[at] ^= mask;
+            let (typed, by_row) = both_routes(&mut decoder, flipped);
+            proptest::prop_assert_eq!(typed, by_row);
+            let mut short = valid;
+            short.truncate(5 + cut % (short.len() - 4));
+            let (typed, by_row) = both_routes(&mut decoder, short);
+            proptest::prop_assert_eq!(typed, by_row);
+        }
+    }
+
+    /// Bytes the direct read gives up on get the row path's outcome: a
+    /// boolean byte other than 0 or 1, a varint running past 64 bits, an
+    /// int out of range, an enum index past its symbols.
+    #[test]
+    fn a_datum_the_direct_read_leaves_alone_gets_the_row_paths_outcome() {
+        let schema = AvroSchema::parse_str(
+            r#"{"type":"record","name":"R","fields":[
+            {"name":"b","type":"boolean"},
+            {"name":"i","type":"int"},
+            {"name":"e","type":{"type":"enum","name":"E","symbols":["A","B"]}}]}"#,
+        )
+        .unwrap();
+        let mut decoder = AvroDecoder::new([(7, schema)].into_iter().collect(), None);
+        let framed = |body: &[u8]| [&[0, 0, 0, 0, 7][..], body].concat();
+        // The first record of an id builds its reader.
+        let (typed, by_row) = both_routes(&mut decoder, framed(&[1, 4, 2]));
+        assert_eq!(
+            typed,
+            Ok(vec![Slot::Bool(true), Slot::Long(2), Slot::Str("B".into())])
+        );
+        assert_eq!(typed, by_row);
+        let odd_bodies: [&[u8]; 4] = [
+            &[2, 4, 2],
+            &[
+                1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0,
+            ],
+            &[1, 0xfe, 0xff, 0xff, 0xff, 0x1f, 0],
+            &[1, 4, 4],
+        ];
+        for body in odd_bodies {
+            let (typed, by_row) = both_routes(&mut decoder, framed(body));
+            assert_eq!(typed, by_row, "{body:?}");
+        }
+    }
+
+    /// A decoder that counts the records it decodes into columns, and with
+    /// `rows_only` gives no typed schema (the row path).
+    struct Counted {
+        inner: AvroDecoder,
+        rows_only: bool,
+        typed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Decoder for Counted {
+        fn decode(&mut self, record: &Record) -> Result<Row> {
+            self.inner.decode(record)
+        }
+        fn typed_schema(&self, record: &Record) -> Option<&Schema> {
+            (!self.rows_only).then(|| self.inner.typed_schema(record))?
+        }
+        fn decode_typed<'r>(&self, record: &'r Record, schema: &Schema) -> Result<TypedSlots<'r>> {
+            self.typed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.decode_typed(record, schema)
+        }
+    }
+
+    /// A window aggregation over Avro records: the output rows, the bad
+    /// records, and how many records were decoded into columns.
+    fn aggregate_avro(records: Vec<Record>, rows_only: bool) -> (Vec<Row>, u64, usize) {
+        use tidemark::operators::{AggregateSpec, OutputMode};
+        use tidemark::runtime::testing::{CollectSink, VecSource};
+        use tidemark::runtime::{Query, Trigger};
+        use tidemark::window::WindowSpec;
+        let typed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let schema = AvroSchema::parse_str(SCHEMA).unwrap();
+        let decoder = Counted {
+            inner: AvroDecoder::new([(7, schema)].into_iter().collect(), None),
+            rows_only,
+            typed: typed.clone(),
+        };
+        let query = Query::builder("avro-columns")
+            .event_time("event_time")
+            .decoder(decoder)
+            .window_aggregate(
+                ["id"],
+                WindowSpec::tumbling("1 minute").unwrap(),
+                vec![
+                    AggregateSpec::count(),
+                    AggregateSpec::of("sum", "amount").unwrap(),
+                ],
+            )
+            .output_mode(OutputMode::Update)
+            .trigger(Trigger::AvailableNow)
+            .build()
+            .unwrap();
+        let mut sink = CollectSink::default();
+        let summary = query
+            .run(&mut VecSource::record_batches(vec![records]), &mut sink)
+            .unwrap();
+        let typed = typed.load(std::sync::atomic::Ordering::Relaxed);
+        (sink.rows, summary.bad_records, typed)
+    }
+
+    /// Avro records of a flat record schema take the engine's columnar
+    /// route (after the first, which builds the reader) and give the row
+    /// route's output and bad records.
+    #[test]
+    fn a_window_aggregation_over_avro_reads_columns_and_matches_the_row_route() {
+        let encoder = AvroEncoder::new(AvroSchema::parse_str(SCHEMA).unwrap(), 7).unwrap();
+        let records: Vec<Record> = (0..300i64)
+            .map(|i| {
+                let row: Row = [
+                    ("id", Value::from(format!("u{}", i % 7).as_str())),
+                    ("amount", Value::from(i as f64 / 4.0)),
+                    (
+                        "event_time",
+                        Value::Timestamp(1_767_261_600_000_000 + i * 997_000),
+                    ),
+                    (
+                        "note",
+                        if i % 3 == 0 {
+                            Value::Null
+                        } else {
+                            Value::from("n")
+                        },
+                    ),
+                ]
+                .into_iter()
+                .collect();
+                let mut value = encoder.encode(&row).unwrap();
+                if i % 50 == 49 {
+                    value.truncate(value.len() - 6);
+                }
+                Record {
+                    value: Some(value),
+                    position: SourcePosition::new("t", (i % 2) as i32, i),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let (by_columns, bad_by_columns, typed) = aggregate_avro(records.clone(), false);
+        let (by_rows, bad_by_rows, typed_by_rows) = aggregate_avro(records, true);
+        assert_eq!(typed_by_rows, 0);
+        // Every record but the first of each task's poll goes by columns.
+        assert!(typed >= 290, "{typed} records decoded into columns");
+        assert_eq!((bad_by_columns, bad_by_rows), (6, 6));
+        assert!(!by_rows.is_empty());
+        assert_eq!(by_columns, by_rows);
+    }
+
+    #[test]
+    fn a_schema_that_is_not_a_flat_record_keeps_the_row_path() {
+        let nested = AvroSchema::parse_str(
+            r#"{"type":"record","name":"N","fields":[
+            {"name":"tags","type":{"type":"array","items":"string"}}]}"#,
+        )
+        .unwrap();
+        let mixed = AvroSchema::parse_str(
+            r#"{"type":"record","name":"M","fields":[
+            {"name":"v","type":["null","long","string"]}]}"#,
+        )
+        .unwrap();
+        let flat = AvroSchema::parse_str(SCHEMA).unwrap();
+        assert!(FlatRecord::of(&nested).is_none());
+        assert!(FlatRecord::of(&mixed).is_none());
+        let columns = FlatRecord::of(&flat).unwrap().schema;
+        assert_eq!(
+            columns
+                .columns()
+                .iter()
+                .map(|(n, t)| (n.to_string(), *t))
+                .collect::<Vec<_>>(),
+            [
+                ("id".to_string(), tidemark::schema::FieldType::String),
+                ("amount".to_string(), tidemark::schema::FieldType::Double),
+                (
+                    "event_time".to_string(),
+                    tidemark::schema::FieldType::Timestamp
+                ),
+                ("note".to_string(), tidemark::schema::FieldType::String),
+            ]
+        );
     }
 
     #[test]

@@ -37,12 +37,20 @@ impl<D: tidemark::runtime::Decoder> tidemark::runtime::Decoder for FileReadError
         }
     }
 
-    fn typed_json_schema(&self, record: &Record) -> Option<&tidemark::schema::Schema> {
+    fn typed_schema(&self, record: &Record) -> Option<&tidemark::schema::Schema> {
         // A line that could not be read takes the row path to its error.
         match Self::read_error(record) {
             Some(_) => None,
-            None => self.0.typed_json_schema(record),
+            None => self.0.typed_schema(record),
         }
+    }
+
+    fn decode_typed<'r>(
+        &self,
+        record: &'r Record,
+        schema: &tidemark::schema::Schema,
+    ) -> Result<tidemark::decode::TypedSlots<'r>> {
+        self.0.decode_typed(record, schema)
     }
 }
 
