@@ -91,9 +91,9 @@ impl FieldReader {
         }
     }
 
-    /// Reads one value off the front of `body`; `None` when apache-avro
-    /// should read it instead.
-    fn read<'r>(&self, body: &mut &'r [u8]) -> Option<Slot<'r>> {
+    /// Reads one value off the front of `body`, strings up to
+    /// `max_string` bytes; `None` when apache-avro should read it instead.
+    fn read<'r>(&self, body: &mut &'r [u8], max_string: usize) -> Option<Slot<'r>> {
         Some(match self {
             FieldReader::Null => Slot::Null,
             FieldReader::Boolean => match take(body, 1)? {
@@ -112,6 +112,9 @@ impl FieldReader {
             }
             FieldReader::String => {
                 let len = usize::try_from(read_long(body)?).ok()?;
+                if len > max_string {
+                    return None;
+                }
                 Slot::Str(Cow::Borrowed(std::str::from_utf8(take(body, len)?).ok()?))
             }
             FieldReader::Enum(symbols) => {
@@ -123,7 +126,7 @@ impl FieldReader {
             FieldReader::TimestampNanos => Slot::Timestamp(read_long(body)? / 1000),
             FieldReader::Union(branches) => {
                 let index = usize::try_from(read_long(body)?).ok()?;
-                branches.get(index)?.read(body)?
+                branches.get(index)?.read(body, max_string)?
             }
         })
     }
@@ -164,6 +167,9 @@ pub(crate) struct FlatRecord {
     /// converts the field's values.
     pub(crate) schema: Schema,
     fields: Vec<FieldReader>,
+    /// The longest string apache-avro reads (its allocation limit, set
+    /// once per process): a longer one is its error to give.
+    max_string: usize,
 }
 
 impl FlatRecord {
@@ -182,6 +188,9 @@ impl FlatRecord {
         (!fields.is_empty()).then(|| FlatRecord {
             schema: Schema::new(columns),
             fields,
+            max_string: apache_avro::util::max_allocation_bytes(
+                apache_avro::util::DEFAULT_MAX_ALLOCATION_BYTES,
+            ),
         })
     }
 
@@ -191,7 +200,7 @@ impl FlatRecord {
         let slots = self
             .fields
             .iter()
-            .map(|field| field.read(&mut body))
+            .map(|field| field.read(&mut body, self.max_string))
             .collect::<Option<Vec<_>>>()?;
         Some(TypedSlots::from_slots(slots))
     }
