@@ -374,6 +374,56 @@ mod tests {
         }
     }
 
+    /// A decoder that gives a typed schema but cannot decode into it.
+    struct SchemaOnly(JsonDecoder);
+
+    impl Decoder for SchemaOnly {
+        fn decode(&mut self, record: &Record) -> Result<Row> {
+            self.0.decode(record)
+        }
+        fn typed_schema(&self, record: &Record) -> Option<&Schema> {
+            self.0.typed_schema(record)
+        }
+    }
+
+    /// Such a decoder fails the query as misconfigured, naming the record,
+    /// instead of failing every batch as if the infrastructure did.
+    #[test]
+    fn a_typed_schema_without_decode_typed_is_a_configuration_error() {
+        use crate::runtime::testing::{CollectSink, VecSource};
+        use crate::runtime::Trigger;
+        let record = Record {
+            value: Some(
+                br#"{"event_time":"2026-01-01T00:00:00Z","user":"u","amount":1,"n":2}"#.to_vec(),
+            ),
+            position: crate::record::SourcePosition::new("in", 0, 5),
+            ..Default::default()
+        };
+        let query = Query::builder("schema-only")
+            .event_time("event_time")
+            .decoder(SchemaOnly(JsonDecoder::new(schema())))
+            .window_aggregate(
+                ["user"],
+                WindowSpec::tumbling("10 minutes").unwrap(),
+                vec![AggregateSpec::count()],
+            )
+            .output_mode(OutputMode::Update)
+            .trigger(Trigger::AvailableNow)
+            .build()
+            .unwrap();
+        let error = query
+            .run(
+                &mut VecSource::record_batches(vec![vec![record]]),
+                &mut CollectSink::default(),
+            )
+            .expect_err("no way to decode into columns");
+        assert!(
+            matches!(error, crate::error::Error::Config { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("in/0@5"), "{error}");
+    }
+
     fn run_two_schemas(records: Vec<Record>, columnar: bool) -> Vec<Row> {
         use crate::runtime::testing::{CollectSink, VecSource};
         use crate::runtime::Trigger;

@@ -212,18 +212,22 @@ pub trait Decoder: Send {
 
     /// `record` as one value per column of `schema` (what
     /// [`Decoder::typed_schema`] gave for it): the values
-    /// [`Decoder::decode`] gives, or the error it gives. The default
-    /// refuses: a decoder that gives a typed schema implements it (and one
-    /// that wraps another passes both on).
+    /// [`Decoder::decode`] gives, or the error it gives. A decoder that
+    /// gives a typed schema implements it (and one that wraps another
+    /// passes both on); the default fails the query as misconfigured,
+    /// naming the record, rather than retry a batch that cannot succeed.
     fn decode_typed<'r>(
         &self,
         record: &'r Record,
         _schema: &crate::schema::Schema,
     ) -> Result<crate::decode::TypedSlots<'r>> {
-        Err(Error::Source(format!(
-            "the decoder of {} decodes no record into columns",
-            record.position
-        )))
+        Err(Error::config(
+            "decoder",
+            format!(
+                "the decoder of {} gives a typed schema (Decoder::typed_schema) but does not implement Decoder::decode_typed",
+                record.position
+            ),
+        ))
     }
 }
 
