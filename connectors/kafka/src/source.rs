@@ -618,6 +618,26 @@ impl KafkaSource {
         }
     }
 
+    /// How long the next poll may wait for a record.
+    fn poll_wait(
+        &self,
+        draining: bool,
+        request: &BatchRequest,
+        no_records_yet: bool,
+        now: Instant,
+    ) -> Duration {
+        if draining {
+            Duration::ZERO
+        } else if self.replaying || self.plan.is_some() {
+            Duration::from_millis(100)
+        } else if request.return_early && !no_records_yet {
+            // Real-time: take what is already fetched, wait for nothing.
+            Duration::ZERO
+        } else {
+            (request.deadline - now).min(Duration::from_millis(100))
+        }
+    }
+
     /// Plans the batch as Spark plans a micro-batch: the end offset of
     /// every partition this member reads (not held) is its latest one —
     /// the last stable offset, as the consumer reads committed records
@@ -955,16 +975,7 @@ impl Source for KafkaSource {
             if self.batch_ends(records.len(), request, replay_deadline, plan_deadline, now)? {
                 break;
             }
-            let wait = if draining {
-                Duration::ZERO
-            } else if self.replaying || self.plan.is_some() {
-                Duration::from_millis(100)
-            } else if request.return_early && !records.is_empty() {
-                // Real-time: take what is already fetched, wait for nothing.
-                Duration::ZERO
-            } else {
-                (request.deadline - now).min(Duration::from_millis(100))
-            };
+            let wait = self.poll_wait(draining, request, records.is_empty(), now);
             // Revocations happen inside poll: purge what the last poll made
             // stale before fetching more.
             self.forget_revoked(&mut records);
