@@ -14,7 +14,11 @@
 //!   filter (`amount >= 0`, keeps 90%), on rows or on the columns;
 //! - `engine_route/avro_{rows,columns}_100k`: the unfiltered pipeline over
 //!   the same rows as Confluent Avro (`decode/avro_typed_10k`: the values
-//!   of those records read straight for the columns, no Arrow).
+//!   of those records read straight for the columns, no Arrow);
+//! - `engine_route/stateless_{rows,columns}_100k`: the e2e stateless
+//!   pipeline (the filter, then each kept row encoded as the Kafka sink's
+//!   JSON value) on rows, or on columns all the way to the sink, which
+//!   writes the JSON straight from them.
 //!
 //! ```text
 //! cargo bench -p tidemark-bench --bench operators
@@ -23,6 +27,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::sync::Arc;
 use std::time::Duration;
+use tidemark::columns_json::JsonRowWriter;
 use tidemark::decode::{JsonColumnsDecoder, JsonDecoder};
 use tidemark::expr::Expr;
 use tidemark::operators::{
@@ -31,7 +36,7 @@ use tidemark::operators::{
 use tidemark::prelude::{AggregateFn, Row, WindowSpec};
 use tidemark::record::{Record, SourcePosition};
 use tidemark::runtime::testing::{CollectSink, VecSource};
-use tidemark::runtime::{Decoder, Query, Trigger};
+use tidemark::runtime::{BatchOutput, Decoder, OutputPart, Query, Sink, Trigger};
 use tidemark_connectors::avro::{AvroDecoder, AvroEncoder};
 
 const VALUE_BYTES: usize = 100;
@@ -100,7 +105,9 @@ fn decode(c: &mut Criterion) {
         })
     });
     // The same records read straight into one value per column, as the
-    // engine's columnar route reads them.
+    // engine's columnar route reads them (its schema known once a record
+    // of it was read).
+    avro.decode(&avro_records[0]).expect("valid datum");
     let columns = avro
         .typed_schema(&avro_records[0])
         .expect("a flat record")
@@ -239,6 +246,66 @@ fn run_engine(batches: Vec<Vec<Record>>, decoder: Box<dyn Decoder>, filtered: bo
     sink.rows.len()
 }
 
+/// Encodes every output row as the Kafka sink's JSON value (from the
+/// columns when it is given columns), keeping only the byte count: the
+/// sink's per-record work without the broker.
+#[derive(Default)]
+struct JsonBytesSink {
+    value: Vec<u8>,
+    bytes: usize,
+}
+
+impl Sink for JsonBytesSink {
+    fn describe(&self) -> String {
+        "JsonBytesSink".into()
+    }
+    fn write(&mut self, _: u64, rows: &[Row]) -> tidemark::Result<()> {
+        for row in rows {
+            self.value.clear();
+            serde_json::to_writer(&mut self.value, row).expect("a row encodes");
+            self.bytes += self.value.len();
+        }
+        Ok(())
+    }
+    fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> tidemark::Result<()> {
+        for part in output.parts() {
+            match part {
+                OutputPart::Rows { rows, .. } => self.write(batch_id, rows)?,
+                OutputPart::Columns { batch, .. } => {
+                    let writer = JsonRowWriter::new(batch)?;
+                    for i in 0..batch.num_rows() {
+                        self.value.clear();
+                        writer.write_row(i, &mut self.value);
+                        self.bytes += self.value.len();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, _: u64) -> tidemark::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs the e2e stateless pipeline (filter, then the sink's JSON) over
+/// `batches` with `decoder`; returns the bytes encoded.
+fn run_stateless(batches: Vec<Vec<Record>>, decoder: Box<dyn Decoder>) -> usize {
+    let query = Query::builder("engine-stateless")
+        .filter(tidemark_bench::FILTER)
+        .expect("valid filter")
+        .trigger(Trigger::AvailableNow)
+        .decoder(decoder);
+    let mut source = VecSource::record_batches(batches);
+    let mut sink = JsonBytesSink::default();
+    query
+        .build()
+        .expect("valid query")
+        .run(&mut source, &mut sink)
+        .expect("run");
+    sink.bytes
+}
+
 fn engine_route(c: &mut Criterion) {
     let records = records(100_000);
     let batches: Vec<Vec<Record>> = records.chunks(10_000).map(|c| c.to_vec()).collect();
@@ -256,6 +323,25 @@ fn engine_route(c: &mut Criterion) {
             b.iter_batched(
                 || batches.clone(),
                 |batches| black_box(run_engine(batches, decoder(), filtered)),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    type StatelessCase = (&'static str, fn() -> Box<dyn Decoder>);
+    let stateless_cases: [StatelessCase; 2] = [
+        ("stateless_rows_100k", || Box::new(RowsOnly(json()))),
+        ("stateless_columns_100k", || Box::new(json())),
+    ];
+    let bytes: Vec<usize> = stateless_cases
+        .iter()
+        .map(|(_, decoder)| run_stateless(batches.clone(), decoder()))
+        .collect();
+    assert_eq!(bytes[0], bytes[1], "both routes encode the same bytes");
+    for (name, decoder) in stateless_cases {
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || batches.clone(),
+                |batches| black_box(run_stateless(batches, decoder())),
                 BatchSize::LargeInput,
             )
         });

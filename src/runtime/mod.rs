@@ -8,6 +8,7 @@ mod exchange_alignment;
 pub mod fault_injection;
 mod inputs;
 mod markers;
+mod output;
 mod query;
 mod reporter;
 mod router;
@@ -20,6 +21,7 @@ mod watermark_exchange;
 
 pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
+pub use output::{BatchOutput, ColumnsOutput, OutputPart, TaskRuns};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use state_query::{
@@ -270,6 +272,17 @@ pub trait Sink: Send {
     fn write_tasks(&mut self, batch_id: u64, rows: &[Row], _tasks: &[(i32, usize)]) -> Result<()> {
         self.write(batch_id, rows)
     }
+    /// Writes what the batch's tasks emitted: rows, and the columnar
+    /// batches of chains that ran on columns to the sink. This default
+    /// makes rows of the columns and calls [`Sink::write_tasks`]; a sink
+    /// that encodes columns (Kafka, Delta) writes them as they are.
+    fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> Result<()> {
+        if output.columns.is_empty() {
+            return self.write_tasks(batch_id, output.rows, output.tasks);
+        }
+        let (rows, tasks) = output.to_rows()?;
+        self.write_tasks(batch_id, &rows, &tasks)
+    }
     /// Stages, before the source commits, the output of every task
     /// partition that has some, as commit `next_seqs[partition]` of that
     /// partition; returns what each staged partition's checkpoint records
@@ -363,6 +376,9 @@ impl<T: Sink + ?Sized> Sink for Box<T> {
     }
     fn write_tasks(&mut self, batch_id: u64, rows: &[Row], tasks: &[(i32, usize)]) -> Result<()> {
         (**self).write_tasks(batch_id, rows, tasks)
+    }
+    fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> Result<()> {
+        (**self).write_output(batch_id, output)
     }
     fn prepare(
         &mut self,

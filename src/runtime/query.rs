@@ -535,8 +535,7 @@ impl<'a> TriggerLoop<'a> {
             &mut routed.outputs,
             &mut routed.output_tasks,
         )?;
-        self.sink
-            .write_tasks(self.batch_id, &routed.outputs, &routed.output_tasks)?;
+        self.sink.write_output(self.batch_id, &routed.output())?;
         if let Some(late) = self.late_data.as_mut() {
             late.write(self.batch_id, &end.late_rows)?;
         }

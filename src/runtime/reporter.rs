@@ -69,7 +69,7 @@ impl OpenBatch {
         self.get_batch_ms += poll.get_batch_ms;
         self.add_batch_ms += poll.add_batch_ms;
         self.num_input += poll.routed.num_input;
-        self.num_output += poll.routed.outputs.len() as u64;
+        self.num_output += poll.routed.output().num_rows() as u64;
         self.bad_records += poll.routed.bad_records;
         self.event_times.merge(&poll.routed.event_times);
         for (input, t) in poll.event_time_progress {

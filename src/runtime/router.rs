@@ -8,6 +8,7 @@
 use super::builder::EventTimeExtractor;
 use super::columnar::PendingColumns;
 use super::inputs::Inputs;
+use super::output::{BatchOutput, ColumnsOutput};
 use super::task::Task;
 use super::{DeadLetter, Decoder, WatermarkMarker};
 use crate::error::{Error, Result};
@@ -100,6 +101,8 @@ pub(super) struct RoutedBatch {
     pub(super) outputs: Vec<Row>,
     /// Which task emitted which of `outputs` (see [`mark_task`]).
     pub(super) output_tasks: Vec<(i32, usize)>,
+    /// Columnar batches chains gave the sink, placed among `outputs`.
+    pub(super) output_columns: Vec<ColumnsOutput>,
     /// Records sent to the dead-letter output.
     pub(super) bad_records: u64,
     /// Data records taken (not markers, not records of restoring tasks).
@@ -112,6 +115,15 @@ pub(super) struct RoutedBatch {
 }
 
 impl RoutedBatch {
+    /// What the batch's tasks emitted, for the sink.
+    pub(super) fn output(&self) -> BatchOutput<'_> {
+        BatchOutput {
+            rows: &self.outputs,
+            tasks: &self.output_tasks,
+            columns: &self.output_columns,
+        }
+    }
+
     /// Counts event time `t` of `record` for the batch's progress and its
     /// partition's watermark.
     pub(super) fn observe_event_time(&mut self, record: &Record, t: TimestampMicros) {

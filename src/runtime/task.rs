@@ -104,16 +104,27 @@ pub(super) struct Task {
     pub(super) scratch: (Vec<Row>, Vec<Row>),
 }
 
-/// The step that reads a columnar batch, if the chain takes the columnar
-/// route: the first step that does not map columns to columns
-/// ([`Operator::maps_columns`]: filter, select, with_column), provided it
-/// reads columns ([`Operator::reads_columns`]: a window aggregation).
-fn column_reader(operators: &[Box<dyn Operator>]) -> Option<usize> {
+/// Where a chain that takes the columnar route stops running on columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ColumnRoute {
+    /// At this step, which reads the columns ([`Operator::reads_columns`]:
+    /// a window aggregation); the rows it emits go on as rows.
+    Reader(usize),
+    /// Nowhere: every step maps columns to columns, and the sink is given
+    /// the columns.
+    ToSink,
+}
+
+/// Whether and how far the chain takes the columnar route: its leading
+/// steps that map columns to columns ([`Operator::maps_columns`]: filter,
+/// select, with_column), then a step that reads columns or the end of the
+/// chain.
+fn column_route(operators: &[Box<dyn Operator>]) -> Option<ColumnRoute> {
     let at = operators.iter().take_while(|op| op.maps_columns()).count();
-    operators
-        .get(at)
-        .is_some_and(|op| op.reads_columns())
-        .then_some(at)
+    match operators.get(at) {
+        None => Some(ColumnRoute::ToSink),
+        Some(op) => op.reads_columns().then_some(ColumnRoute::Reader(at)),
+    }
 }
 
 /// The second stream of a join, in a task: its own steps, then the join.
@@ -173,40 +184,49 @@ impl Task {
 
     /// Pushes a columnar batch of the main input into the chain: the
     /// leading steps that map columns (filter, select, with_column) run on
-    /// the columns, the next step reads them, and the rows it emits go on
-    /// as rows.
+    /// the columns, then the next step reads them and the rows it emits go
+    /// on as rows into `out`, or, when the chain has no other step, the
+    /// columns are returned for the sink.
     pub(super) fn push_columns(
         &mut self,
         batch: &RecordBatch,
         contexts: &[BatchContext],
         out: &mut Vec<Row>,
-    ) -> Result<()> {
-        let Some(reader) = column_reader(&self.operators) else {
+    ) -> Result<Option<RecordBatch>> {
+        let Some(route) = column_route(&self.operators) else {
             return Err(Error::Source(
                 "columns routed to a task without a step that reads them".into(),
             ));
         };
+        let mappers = match route {
+            ColumnRoute::Reader(at) => at,
+            ColumnRoute::ToSink => self.operators.len(),
+        };
         let mut mapped: Option<RecordBatch> = None;
-        for (op, ctx) in self.operators[..reader].iter_mut().zip(contexts) {
+        for (op, ctx) in self.operators[..mappers].iter_mut().zip(contexts) {
             let input = mapped.as_ref().unwrap_or(batch);
             mapped = Some(op.map_columns(input, ctx)?);
         }
-        let (Some(op), Some(ctx)) = (self.operators.get_mut(reader), contexts.get(reader)) else {
+        let mapped = mapped.unwrap_or_else(|| batch.clone());
+        if route == ColumnRoute::ToSink {
+            return Ok(Some(mapped));
+        }
+        let (Some(op), Some(ctx)) = (self.operators.get_mut(mappers), contexts.get(mappers)) else {
             return Err(Error::Source(
                 "columns routed to a task without a step that reads them".into(),
             ));
         };
         let mut emitted = Vec::new();
-        op.on_columns(mapped.as_ref().unwrap_or(batch), ctx, &mut emitted)?;
+        op.on_columns(&mapped, ctx, &mut emitted)?;
         if !emitted.is_empty() {
-            self.push(reader + 1, emitted, contexts, out)?;
+            self.push(mappers + 1, emitted, contexts, out)?;
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// Whether the chain takes the columnar route (see [`column_reader`]).
+    /// Whether the chain takes the columnar route (see [`column_route`]).
     pub(super) fn reads_columns(&self) -> bool {
-        column_reader(&self.operators).is_some()
+        column_route(&self.operators).is_some()
     }
 
     /// Pushes one row of input `input` (a join's second stream) through
@@ -411,7 +431,7 @@ pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &s
 
 #[cfg(test)]
 mod tests {
-    use super::column_reader;
+    use super::{column_route, ColumnRoute};
     use crate::operators::{
         AggregateSpec, Filter, MapRows, Operator, OutputMode, Select, TimeColumn, WindowAggregate,
         WithColumn,
@@ -437,16 +457,18 @@ mod tests {
     fn the_columnar_route_reaches_past_steps_that_map_columns_only() {
         let select: Box<dyn Operator> = Box::new(Select::new([("n", "m"), ("t", "t")]));
         let computed: Box<dyn Operator> = Box::new(WithColumn::new("k", "m * 2").unwrap());
-        let map: Box<dyn Operator> = Box::new(MapRows::new("map", |row| Ok(vec![row])));
-        assert_eq!(column_reader(&[window()]), Some(0));
+        assert_eq!(column_route(&[window()]), Some(ColumnRoute::Reader(0)));
         assert_eq!(
-            column_reader(&[filter(), select, computed, window()]),
-            Some(3)
+            column_route(&[filter(), select, computed, window()]),
+            Some(ColumnRoute::Reader(3))
         );
-        // A step that takes rows only closes the route, as does a chain
-        // with no step that reads columns.
-        assert_eq!(column_reader(&[filter(), map, window()]), None);
-        assert_eq!(column_reader(&[filter()]), None);
-        assert_eq!(column_reader(&[]), None);
+        // A step that takes rows only closes the route.
+        let map: Box<dyn Operator> = Box::new(MapRows::new("map", |row| Ok(vec![row])));
+        assert_eq!(column_route(&[filter(), map, window()]), None);
+        let map: Box<dyn Operator> = Box::new(MapRows::new("map", |row| Ok(vec![row])));
+        assert_eq!(column_route(&[filter(), map]), None);
+        // Steps that map columns only take them all the way to the sink.
+        assert_eq!(column_route(&[filter()]), Some(ColumnRoute::ToSink));
+        assert_eq!(column_route(&[]), Some(ColumnRoute::ToSink));
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod aggregate;
 pub mod columns;
+pub mod columns_json;
 pub mod duration;
 pub mod error;
 pub mod expr;

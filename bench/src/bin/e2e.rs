@@ -114,6 +114,33 @@ struct Args {
     /// file's default; batches planned by offsets per partition).
     #[arg(long, default_value = "partition", value_parser = parse_scope)]
     watermark_scope: tidemark::watermark::WatermarkScope,
+    /// How the in-memory pipelines (`--state memory`, or the stateless
+    /// filter) carry records: `columns` (the engine's own choice: decoded
+    /// into Arrow columns, and for the filter written to Kafka from them)
+    /// or `rows` (the row route forced, to compare the two in one run).
+    #[arg(long, value_enum, default_value_t = Route::Columns)]
+    route: Route,
+}
+
+/// How the engine carries the records (`--route`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Route {
+    /// The columnar route where the chain allows it.
+    Columns,
+    /// Rows only.
+    Rows,
+}
+
+/// A decoder with the columnar route closed: `--route rows`.
+struct RowsOnly(JsonDecoder);
+
+impl tidemark::runtime::Decoder for RowsOnly {
+    fn decode(
+        &mut self,
+        record: &tidemark::record::Record,
+    ) -> tidemark::Result<tidemark::row::Row> {
+        self.0.decode(record)
+    }
 }
 
 /// A `watermark_scope` named as in a pipeline file.
@@ -793,7 +820,11 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
         phases_ms: BTreeMap::new(),
         batch_ms: Histogram::new(3).context("histogram")?,
     }));
-    let builder = Query::builder("bench-e2e").decoder(JsonDecoder::new(tidemark_bench::schema()));
+    let decoder = JsonDecoder::new(tidemark_bench::schema());
+    let builder = match args.route {
+        Route::Columns => Query::builder("bench-e2e").decoder(decoder),
+        Route::Rows => Query::builder("bench-e2e").decoder(RowsOnly(decoder)),
+    };
     let builder = match args.pipeline {
         PipelineKind::Filter => builder.filter(tidemark_bench::FILTER)?,
         // Kafka Streams' windowed aggregation: every update written.

@@ -2,13 +2,16 @@
 //! of the batch is acknowledged.
 
 use crate::connection::KafkaConnection;
+use arrow_array::RecordBatch;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
 use std::time::Duration;
+use tidemark::columns::{rows_of, Column};
+use tidemark::columns_json::JsonRowWriter;
 use tidemark::error::{Error, Result};
 use tidemark::row::{Row, Value};
-use tidemark::runtime::{Sink, WatermarkMarker, WATERMARK_MARKER_HEADER};
+use tidemark::runtime::{BatchOutput, OutputPart, Sink, WatermarkMarker, WATERMARK_MARKER_HEADER};
 use tidemark::time::TimestampMicros;
 use tidemark_avro::AvroEncoder;
 
@@ -64,6 +67,43 @@ impl KeyColumns {
     }
 }
 
+/// The key columns of one columnar batch, resolved once: the keys
+/// [`KeyColumns::key`] gives for the rows the batch makes.
+struct ColumnKeys<'a> {
+    /// Each key column; `None` when the batch has none of that name (a
+    /// row without the column, whose key part is empty or JSON null).
+    columns: Vec<Option<Column<'a>>>,
+}
+
+impl<'a> ColumnKeys<'a> {
+    fn new(key: &KeyColumns, batch: &'a RecordBatch) -> Result<Self> {
+        let columns = key
+            .0
+            .iter()
+            .map(|name| match batch.schema_ref().index_of(name) {
+                Ok(at) => Column::of(name, batch.column(at).as_ref()).map(Some),
+                Err(_) => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(ColumnKeys { columns })
+    }
+
+    fn key(&self, i: usize) -> Option<String> {
+        match self.columns.as_slice() {
+            [] => None,
+            [one] => Some(one.map(|c| c.value(i).to_string()).unwrap_or_default()),
+            many => Some(
+                serde_json::Value::Array(
+                    many.iter()
+                        .map(|c| c.map(|c| c.value(i).to_json()).unwrap_or_default())
+                        .collect(),
+                )
+                .to_string(),
+            ),
+        }
+    }
+}
+
 /// Writes rows to a Kafka topic.
 pub struct KafkaSink {
     topic: String,
@@ -84,6 +124,43 @@ pub struct KafkaSink {
     recovered: Option<u64>,
 }
 
+/// Encodes and sends `n` records to `topic`, record `i`'s key and value
+/// given by `key_of` and `encode`: one by one inside `transactions`,
+/// otherwise enqueued [`PRODUCE_CHUNK`] at a time through `batch_topic`.
+fn produce(
+    topic: &str,
+    transactions: Option<&super::SharedTransactions>,
+    batch_topic: &mut BatchTopic,
+    n: usize,
+    key_of: impl Fn(usize) -> Option<String>,
+    encode: impl Fn(usize, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    if let Some(transactions) = transactions {
+        let mut value = Vec::with_capacity(256);
+        for i in 0..n {
+            value.clear();
+            encode(i, &mut value)?;
+            let key = key_of(i);
+            let mut record = BaseRecord::<String, Vec<u8>>::to(topic).payload(&value);
+            if let Some(k) = key.as_ref() {
+                record = record.key(k);
+            }
+            transactions.send(record)?;
+        }
+        return Ok(());
+    }
+    let mut encoded = EncodedRecords::default();
+    for start in (0..n).step_by(PRODUCE_CHUNK) {
+        encoded.clear();
+        for i in start..n.min(start + PRODUCE_CHUNK) {
+            let key = key_of(i);
+            encoded.push(key.as_deref().map(str::as_bytes), |out| encode(i, out))?;
+        }
+        batch_topic.produce(&encoded.records())?;
+    }
+    Ok(())
+}
+
 /// What a repartition sink needs to broadcast watermark markers.
 struct MarkerState {
     origins: Vec<String>,
@@ -93,20 +170,37 @@ struct MarkerState {
 }
 
 impl KafkaSink {
-    /// Sends `rows` one by one, inside the transaction.
-    fn send_each(&self, rows: &[Row]) -> Result<()> {
-        let mut value = Vec::with_capacity(256);
-        for row in rows {
-            value.clear();
-            self.format.encode_into(row, &mut value)?;
-            let key = self.key.key(row);
-            let mut record = BaseRecord::<String, Vec<u8>>::to(&self.topic).payload(&value);
-            if let Some(k) = key.as_ref() {
-                record = record.key(k);
-            }
-            self.send(record)?;
+    fn write_rows(&mut self, rows: &[Row]) -> Result<()> {
+        let (key, format) = (&self.key, &self.format);
+        produce(
+            &self.topic,
+            self.transactions.as_ref(),
+            &mut self.batch_topic,
+            rows.len(),
+            |i| key.key(&rows[i]),
+            |i, out| format.encode_into(&rows[i], out),
+        )
+    }
+
+    /// Writes a columnar batch: JSON straight from the columns, the bytes
+    /// its rows would give; Avro through rows.
+    fn write_columns(&mut self, batch: &RecordBatch) -> Result<()> {
+        if !matches!(self.format, ValueFormat::Json) {
+            return self.write_rows(&rows_of(batch)?);
         }
-        Ok(())
+        let writer = JsonRowWriter::new(batch)?;
+        let keys = ColumnKeys::new(&self.key, batch)?;
+        produce(
+            &self.topic,
+            self.transactions.as_ref(),
+            &mut self.batch_topic,
+            batch.num_rows(),
+            |i| keys.key(i),
+            |i, out| {
+                writer.write_row(i, out);
+                Ok(())
+            },
+        )
     }
 
     /// Sends inside `transactions` (exactly-once): records become visible
@@ -217,19 +311,18 @@ impl Sink for KafkaSink {
         if self.already_out(batch_id) {
             return Ok(());
         }
-        if self.transactions.is_some() {
-            return self.send_each(rows);
+        self.write_rows(rows)
+    }
+
+    fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> Result<()> {
+        if self.already_out(batch_id) {
+            return Ok(());
         }
-        let mut encoded = EncodedRecords::default();
-        for chunk in rows.chunks(PRODUCE_CHUNK) {
-            encoded.clear();
-            for row in chunk {
-                let key = self.key.key(row);
-                encoded.push(key.as_deref().map(str::as_bytes), |out| {
-                    self.format.encode_into(row, out)
-                })?;
+        for part in output.parts() {
+            match part {
+                OutputPart::Rows { rows, .. } => self.write_rows(rows)?,
+                OutputPart::Columns { batch, .. } => self.write_columns(batch)?,
             }
-            self.batch_topic.produce(&encoded.records())?;
         }
         Ok(())
     }
