@@ -263,3 +263,41 @@ fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
         .count();
     assert!(checkpoints >= 1, "a Delta checkpoint was written");
 }
+
+const STATELESS: &str = r#"
+name: delta-stateless
+source: {kind: files, path: batches/, schema: {ts: timestamp, id: string, amount: long, price: double}}
+steps:
+  - filter: "amount >= 2"
+  - with_column: {name: cents, expr: "price * 100"}
+output_mode: update
+trigger: available_now
+sink: {kind: delta, path: table, mode: changes}
+"#;
+
+/// Filters and computed columns alone run on the columns to the sink,
+/// which writes the columnar batches to the table as they are, with the
+/// batch id of each row (update output mode, changes): read back by the Python reader.
+#[test]
+fn a_stateless_pipeline_writes_its_columns_to_the_table() {
+    let first: &[&str] = &[
+        r#"{"ts": "2026-01-01T10:00:10Z", "id": "a", "amount": 1, "price": 0.5}"#,
+        r#"{"ts": "2026-01-01T10:00:20.250Z", "id": "b\"é", "amount": 2, "price": 1.25}"#,
+        r#"{"ts": "2026-01-01T10:00:30Z", "amount": 3}"#,
+    ];
+    let second: &[&str] =
+        &[r#"{"ts": "2026-01-01T10:01:00Z", "id": "c", "amount": 9, "price": 2}"#];
+    let dir = run(STATELESS, &[first, second]);
+    let table = read_delta(&dir.path().join("table"), None);
+    assert_eq!(table["schema"]["cents"], "double", "{table}");
+    assert_eq!(table["schema"]["ts"], "timestamp[us, tz=UTC]", "{table}");
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"ts":"2026-01-01T10:00:20.250000Z","id":"b\"é","amount":2,"price":1.25,"cents":125.0,"batch_id":0}"#,
+            r#"{"ts":"2026-01-01T10:00:30Z","id":null,"amount":3,"price":null,"cents":null,"batch_id":0}"#,
+            r#"{"ts":"2026-01-01T10:01:00Z","id":"c","amount":9,"price":2.0,"cents":200.0,"batch_id":1}"#,
+        ],
+        "{table}"
+    );
+}

@@ -34,7 +34,7 @@ use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::row::Row;
-use tidemark::runtime::Sink;
+use tidemark::runtime::{BatchOutput, OutputPart, Sink};
 
 /// What a commit does with the batch's rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,9 +114,8 @@ pub struct DeltaSink {
     config: DeltaSinkConfig,
     runtime: tokio::runtime::Runtime,
     table: Option<DeltaTable>,
-    buffer: Vec<Row>,
-    /// Batch ids of the buffered rows (changes mode).
-    buffer_batches: Vec<u64>,
+    /// Output written and not committed yet, with the batch that wrote it.
+    buffer: Vec<(u64, columns::Buffered)>,
     last_commit: Instant,
     commits: u64,
     /// Upsert: which file holds each key (built from the table on first use).
@@ -178,7 +177,6 @@ impl DeltaSink {
             runtime,
             table: None,
             buffer: Vec::new(),
-            buffer_batches: Vec::new(),
             last_commit: Instant::now(),
             commits: 0,
             key_files: None,
@@ -306,18 +304,28 @@ impl DeltaSink {
         Ok(())
     }
 
+    /// Real-time commits: commits what is buffered when the interval is up.
+    fn commit_if_due(&mut self) -> Result<()> {
+        if let Some(every) = self.config.commit_interval {
+            if self.last_commit.elapsed() >= every {
+                self.commit_buffer(None)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Commits what is buffered; with `txn_version`, as that batch, unless
     /// the table already holds it.
     fn commit_buffer(&mut self, txn_version: Option<u64>) -> Result<()> {
         let started = Instant::now();
-        let rows = std::mem::take(&mut self.buffer);
-        let batch_ids = std::mem::take(&mut self.buffer_batches);
+        let buffered = std::mem::take(&mut self.buffer);
+        let num_rows: usize = buffered.iter().map(|(_, part)| part.num_rows()).sum();
         self.last_commit = Instant::now();
         if let Some(version) = txn_version {
             if self.committed_batch()?.is_some_and(|v| v >= version) {
                 tracing::info!(
                     batch_id = version,
-                    rows = rows.len(),
+                    rows = num_rows,
                     "batch already in the Delta table; skipped"
                 );
                 return Ok(());
@@ -326,21 +334,22 @@ impl DeltaSink {
         // A batch without rows still commits its `txn` (and end offsets), as
         // Spark's Delta sink does: a restart then knows exactly where the
         // table stands.
-        if rows.is_empty()
+        if num_rows == 0
             && self.config.mode != DeltaWriteMode::Overwrite
             && (txn_version.is_none() || self.table.is_none())
         {
             return Ok(());
         }
-        let mut rows = rows;
-        if self.config.mode == DeltaWriteMode::Changes {
-            for (row, batch) in rows.iter_mut().zip(&batch_ids) {
-                row.set("batch_id", tidemark::row::Value::Long(*batch as i64));
+        let mut parts: Vec<columns::Buffered> = Vec::with_capacity(buffered.len());
+        for (batch_id, mut part) in buffered {
+            if self.config.mode == DeltaWriteMode::Changes {
+                part.set_column("batch_id", batch_id as i64)?;
             }
+            parts.push(part);
         }
-        let inferred = columns::infer_schema(&rows)?;
+        let inferred = columns::infer_schema_of(&parts)?;
         if self.table.is_none() {
-            if rows.is_empty() {
+            if num_rows == 0 {
                 return Ok(());
             }
             self.create_table(&inferred)?;
@@ -351,7 +360,7 @@ impl DeltaSink {
             &inferred,
             self.config.merge_schema,
         )?;
-        let batch = columns::to_record_batch(&rows, &plan.schema)?;
+        let batch = columns::to_record_batch_of(&parts, &plan.schema)?;
         let mut actions: Vec<Action> = Vec::new();
         let operation = match &self.config.mode {
             DeltaWriteMode::Overwrite => {
@@ -719,15 +728,11 @@ impl Sink for DeltaSink {
     }
 
     fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {
-        self.buffer.extend_from_slice(rows);
-        self.buffer_batches
-            .extend(std::iter::repeat_n(batch_id, rows.len()));
-        if let Some(every) = self.config.commit_interval {
-            if self.last_commit.elapsed() >= every {
-                self.commit_buffer(None)?;
-            }
+        if !rows.is_empty() {
+            self.buffer
+                .push((batch_id, columns::Buffered::Rows(rows.to_vec())));
         }
-        Ok(())
+        self.commit_if_due()
     }
 
     fn write_tasks(&mut self, batch_id: u64, rows: &[Row], tasks: &[(i32, usize)]) -> Result<()> {
@@ -736,6 +741,23 @@ impl Sink for DeltaSink {
         }
         self.tasks.add(rows, tasks);
         Ok(())
+    }
+
+    /// Columnar batches are buffered as they are and written to the table
+    /// without becoming rows; task commits keep rows per task.
+    fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> Result<()> {
+        if self.config.task_commits || output.columns.is_empty() {
+            let (rows, tasks) = output.to_rows()?;
+            return self.write_tasks(batch_id, &rows, &tasks);
+        }
+        for part in output.parts() {
+            let part = match part {
+                OutputPart::Rows { rows, .. } => columns::Buffered::Rows(rows.to_vec()),
+                OutputPart::Columns { batch, .. } => columns::Buffered::Columns(batch.clone()),
+            };
+            self.buffer.push((batch_id, part));
+        }
+        self.commit_if_due()
     }
 
     fn prepare(
@@ -768,13 +790,10 @@ impl Sink for DeltaSink {
         self.tasks.clear();
         // Rows committed already (real-time commits) stay: at-least-once.
         let before = self.buffer.len();
-        let keep: Vec<bool> = self.buffer_batches.iter().map(|b| *b != batch_id).collect();
-        let mut keep_iter = keep.iter();
-        self.buffer.retain(|_| *keep_iter.next().unwrap_or(&true));
-        self.buffer_batches.retain(|b| *b != batch_id);
+        self.buffer.retain(|(b, _)| *b != batch_id);
         tracing::debug!(
             batch_id,
-            dropped = before - self.buffer.len(),
+            dropped_parts = before - self.buffer.len(),
             "aborted batch's rows dropped"
         );
     }
