@@ -157,24 +157,39 @@ impl InferredColumns {
     }
 
     /// A columnar batch's columns, each typed by its values as rows
-    /// would be: by its kind when it holds a value that is not null.
+    /// would be: by its kind once it holds a value that is not null, in
+    /// the order rows meet those values (so a conflict names the column
+    /// rows would name).
     fn observe_columns(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+        let mut typed: Vec<(usize, usize, DataType)> = Vec::new();
+        for (at, (field, array)) in batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .enumerate()
+        {
+            self.observe(field.name(), None)?;
             let column = Column::of(field.name(), array.as_ref())?;
-            let any_value = (0..batch.num_rows()).any(|i| !column.is_null(i));
             let kind = match column {
-                _ if !any_value => None,
-                Column::Missing | Column::Null => None,
-                Column::Str(_) | Column::LargeStr(_) => Some(DataType::Utf8),
-                Column::Long(_) => Some(DataType::Int64),
-                Column::Double(_) => Some(DataType::Float64),
-                Column::Bool(_) => Some(DataType::Boolean),
-                Column::Timestamp(_) => Some(timestamp()),
+                Column::Missing | Column::Null => continue,
+                Column::Str(_) | Column::LargeStr(_) => DataType::Utf8,
+                Column::Long(_) => DataType::Int64,
+                Column::Double(_) => DataType::Float64,
+                Column::Bool(_) => DataType::Boolean,
+                Column::Timestamp(_) => timestamp(),
             };
-            self.observe(field.name(), kind)?;
+            if let Some(first) = (0..batch.num_rows()).position(|i| !column.is_null(i)) {
+                typed.push((first, at, kind));
+            }
+        }
+        typed.sort_by_key(|(first, at, _)| (*first, *at));
+        let schema = batch.schema();
+        for (_, at, kind) in typed {
+            self.observe(schema.field(at).name(), Some(kind))?;
         }
         Ok(())
     }
