@@ -197,7 +197,7 @@ mod tests {
                 ("ns", Arc::new(rows.iter().map(|r| r.7).collect::<TimestampNanosecondArray>())),
                 ("nothing", Arc::new(NullArray::new(n))),
                 ("a \"quoted\"\nname é", Arc::new(rows.iter().map(|r| r.1).collect::<Int64Array>())),
-                ("l", Arc::new(rows.iter().map(|r| r.5.map(i64::from)).collect::<Int64Array>())),
+                ("l2", Arc::new(rows.iter().map(|r| r.5.map(i64::from)).collect::<Int64Array>())),
             ]};
             let batch = batch_of(n, columns);
             prop_assert_eq!(via_columns(&batch), via_rows(&batch));
