@@ -66,6 +66,28 @@ struct Args {
     /// Bootstrap servers (default: `KAFKA_BOOTSTRAP`, else 127.0.0.1:9092).
     #[arg(long, default_value_t = default_bootstrap())]
     bootstrap: String,
+    /// Declare the event time `ts` (epoch milliseconds) a `timestamp`
+    /// column instead of a `long`: the passthrough then takes the columnar
+    /// route (each poll's records decoded into columns and written to
+    /// Kafka from them).
+    #[arg(long)]
+    timestamp_event_time: bool,
+    /// Force the row route (`rows`), to compare with the columns in one
+    /// session.
+    #[arg(long, default_value = "columns")]
+    route: String,
+}
+
+/// A decoder with the columnar route closed: `--route rows`.
+struct RowsOnly(JsonDecoder);
+
+impl tidemark::runtime::Decoder for RowsOnly {
+    fn decode(
+        &mut self,
+        record: &tidemark::record::Record,
+    ) -> tidemark::Result<tidemark::row::Row> {
+        self.0.decode(record)
+    }
 }
 
 const WARM_UP: Duration = Duration::from_secs(3);
@@ -98,14 +120,23 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
         &output,
         1,
     )?;
+    let ts = match args.timestamp_event_time {
+        true => FieldType::Timestamp,
+        false => FieldType::Long,
+    };
     let schema = Schema::new([
-        ("ts", FieldType::Long),
+        ("ts", ts),
         ("k", FieldType::String),
         ("v", FieldType::Long),
         ("sent_us", FieldType::Long),
     ]);
-    let mut builder = Query::builder(&format!("latency-{id}"))
-        .decoder(JsonDecoder::new(schema))
+    let builder = Query::builder(&format!("latency-{id}"));
+    let builder = match args.route.as_str() {
+        "rows" => builder.decoder(RowsOnly(JsonDecoder::new(schema))),
+        "columns" => builder.decoder(JsonDecoder::new(schema)),
+        other => anyhow::bail!("--route {other}: expected columns or rows"),
+    };
+    let mut builder = builder
         .event_time("ts")
         .output_mode(OutputMode::Update)
         .trigger(Trigger::RealTime {
