@@ -35,6 +35,7 @@ use tidemark::operators::{
 };
 use tidemark::prelude::{AggregateFn, Row, WindowSpec};
 use tidemark::record::{Record, SourcePosition};
+use tidemark::row::Value;
 use tidemark::runtime::testing::{CollectSink, VecSource};
 use tidemark::runtime::{BatchOutput, Decoder, OutputPart, Query, Sink, Trigger};
 use tidemark_connectors::avro::{AvroDecoder, AvroEncoder};
@@ -104,6 +105,29 @@ fn decode(c: &mut Criterion) {
             }
         })
     });
+    // The same rows written back: straight from the values
+    // (`AvroEncoder`), and as apache-avro writes them from its value tree
+    // with a writer per row (what `AvroEncoder` did before 2026-12-05).
+    let avro_schema = avro_schema();
+    let encoder = AvroEncoder::new(avro_schema.clone(), 7).expect("record schema");
+    let encode_rows = rows(10_000);
+    group.bench_function("avro_encode_10k", |b| {
+        let mut out = Vec::with_capacity(64);
+        b.iter(|| {
+            for row in black_box(&encode_rows) {
+                out.clear();
+                encoder.encode_into(row, &mut out).expect("encodes");
+                black_box(&out);
+            }
+        })
+    });
+    group.bench_function("avro_encode_tree_10k", |b| {
+        b.iter(|| {
+            for row in black_box(&encode_rows) {
+                black_box(encode_through_tree(&avro_schema, row));
+            }
+        })
+    });
     // The same records read straight into one value per column, as the
     // engine's columnar route reads them (its schema known once a record
     // of it was read).
@@ -124,14 +148,45 @@ fn decode(c: &mut Criterion) {
 
 /// `n` of the e2e rows as Confluent-framed Avro (schema id 7), and a
 /// decoder that knows the schema.
-fn avro_records(n: u64) -> (AvroDecoder, Vec<Record>) {
-    let schema = apache_avro::Schema::parse_str(
+/// The e2e schema as an Avro record.
+fn avro_schema() -> apache_avro::Schema {
+    apache_avro::Schema::parse_str(
         r#"{"type": "record", "name": "event", "fields": [
             {"name": "event_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
             {"name": "id", "type": "string"},
             {"name": "amount", "type": "double"}]}"#,
     )
-    .expect("valid schema");
+    .expect("valid schema")
+}
+
+/// One e2e row as apache-avro writes it: a value tree, then a writer.
+fn encode_through_tree(schema: &apache_avro::Schema, row: &Row) -> Vec<u8> {
+    use apache_avro::types::Value as Avro;
+    let field = |name: &str| row.get(name).cloned().unwrap_or(Value::Null);
+    let fields = vec![
+        (
+            "event_time".to_string(),
+            match field("event_time") {
+                Value::Timestamp(t) => Avro::TimestampMicros(t),
+                _ => Avro::Null,
+            },
+        ),
+        ("id".to_string(), Avro::String(field("id").to_string())),
+        (
+            "amount".to_string(),
+            Avro::Double(field("amount").as_f64().unwrap_or_default()),
+        ),
+    ];
+    let writer = apache_avro::writer::datum::GenericDatumWriter::builder(schema)
+        .build()
+        .expect("a writer");
+    writer
+        .write_value_to_vec(Avro::Record(fields))
+        .expect("encodes")
+}
+
+fn avro_records(n: u64) -> (AvroDecoder, Vec<Record>) {
+    let schema = avro_schema();
     let encoder = AvroEncoder::new(schema.clone(), 7).expect("record schema");
     let records = rows(n)
         .iter()

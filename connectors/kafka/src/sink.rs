@@ -34,10 +34,7 @@ impl ValueFormat {
             ValueFormat::Json => {
                 serde_json::to_writer(out, row).map_err(|e| Error::Sink(e.to_string()))
             }
-            ValueFormat::Avro(encoder) => {
-                out.extend_from_slice(&encoder.encode(row)?);
-                Ok(())
-            }
+            ValueFormat::Avro(encoder) => encoder.encode_into(row, out),
         }
     }
 }
