@@ -553,10 +553,10 @@ fn a_batch_larger_than_the_producer_queue_arrives_whole_and_in_order() {
 }
 
 /// A chain of filters, projections and computed columns gives the sink its
-/// columns: the sink writes JSON straight from them. Keyed by one column
-/// and by two, with NULL keys, escapes, a NaN and timestamps, the records
-/// are those the same rows written as rows give: the same keys, values and
-/// partitions, in the same order.
+/// columns: the sink writes JSON or Avro straight from them. Keyed by one
+/// column and by three (one missing), with NULL keys, escapes, a NaN and
+/// timestamps, the records are those the same rows written as rows give:
+/// the same keys, values and partitions, in the same order.
 #[test]
 fn rows_written_from_columns_arrive_as_the_same_rows_written_as_rows() {
     use tidemark::columns::{array_of, rows_of};
@@ -587,15 +587,35 @@ fn rows_written_from_columns_arrive_as_the_same_rows_written_as_rows() {
     ])
     .unwrap();
     let rows = rows_of(&batch).unwrap();
-    for key in [vec!["sensor"], vec!["sensor", "n", "missing"]] {
+    let avro = || {
+        let schema = apache_avro::Schema::parse_str(
+            r#"{"type":"record","name":"R","fields":[
+                {"name":"sensor","type":["null","string"]},
+                {"name":"n","type":"long"},
+                {"name":"d","type":"double"},
+                {"name":"t","type":{"type":"long","logicalType":"timestamp-micros"}},
+                {"name":"missing","type":["null","long"]}]}"#,
+        )
+        .unwrap();
+        ValueFormat::Avro(tidemark_connectors::avro::AvroEncoder::new(schema, 3).unwrap())
+    };
+    let cases = [
+        (vec!["sensor"], false),
+        (vec!["sensor", "n", "missing"], false),
+        (vec!["sensor"], true),
+    ];
+    for (key, as_avro) in cases {
         let key = KeyColumns(key.into_iter().map(String::from).collect());
         let mut written = Vec::new();
         for as_columns in [false, true] {
             let output = unique("from-columns");
             create_topic(&output, 3);
             let cluster = tidemark_connectors::kafka::KafkaConnection::new(bootstrap());
-            let mut sink =
-                KafkaSink::new(&cluster, &output, key.clone(), ValueFormat::Json).unwrap();
+            let format = match as_avro {
+                true => avro(),
+                false => ValueFormat::Json,
+            };
+            let mut sink = KafkaSink::new(&cluster, &output, key.clone(), format).unwrap();
             match as_columns {
                 false => sink.write(0, &rows).unwrap(),
                 true => {
@@ -624,6 +644,6 @@ fn rows_written_from_columns_arrive_as_the_same_rows_written_as_rows() {
             );
         }
         assert_eq!(written[0].len(), rows.len());
-        assert_eq!(written[1], written[0], "key {key:?}");
+        assert_eq!(written[1], written[0], "key {key:?}, Avro {as_avro}");
     }
 }

@@ -284,6 +284,31 @@ impl AvroEncoder {
     /// (`write.rs`), or, for anything that writer leaves alone, through
     /// apache-avro's value tree and writer, which names what does not fit.
     pub fn encode_into(&self, row: &Row, out: &mut Vec<u8>) -> Result<()> {
+        self.encode_fields_into(
+            |name| row.get(name).cloned().unwrap_or(Value::Null),
+            || row.clone(),
+            out,
+        )
+    }
+
+    /// The columns a record of this schema is written from, in order.
+    pub fn field_names(&self) -> Vec<&str> {
+        match &self.schema {
+            AvroSchema::Record(record) => record.fields.iter().map(|f| f.name.as_str()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// [`AvroEncoder::encode_into`] for a record read column by column:
+    /// `value_of(name)` is its value of column `name` (NULL when it has
+    /// none), and `row()` the whole row, made only when apache-avro has to
+    /// write it.
+    pub fn encode_fields_into(
+        &self,
+        value_of: impl Fn(&str) -> Value,
+        row: impl FnOnce() -> Row,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let AvroSchema::Record(record) = &self.schema else {
             return Err(Error::Sink("the Avro schema must be a record".into()));
         };
@@ -291,10 +316,10 @@ impl AvroEncoder {
         out.push(0);
         out.extend(self.id.to_be_bytes());
         for field in &record.fields {
-            let value = row.get(&field.name).unwrap_or(&Value::Null);
-            if write::write_value(out, value, &field.schema).is_none() {
+            let value = value_of(&field.name);
+            if write::write_value(out, &value, &field.schema).is_none() {
                 out.truncate(start);
-                return self.encode_through_tree(row, out);
+                return self.encode_through_tree(&row(), out);
             }
         }
         Ok(())

@@ -7,7 +7,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tidemark::columns::{rows_of, Column};
+use tidemark::columns::{resolve_all, row_at, Column};
 use tidemark::columns_json::JsonRowWriter;
 use tidemark::error::{Error, Result};
 use tidemark::row::{Row, Value};
@@ -179,23 +179,47 @@ impl KafkaSink {
         )
     }
 
-    /// Writes a columnar batch: JSON straight from the columns, the bytes
-    /// its rows would give; Avro through rows.
+    /// Writes a columnar batch straight from its columns, the bytes its
+    /// rows would give: JSON objects, or Avro datums (a row is made only
+    /// for one apache-avro has to write).
     fn write_columns(&mut self, batch: &RecordBatch) -> Result<()> {
-        if !matches!(self.format, ValueFormat::Json) {
-            return self.write_rows(&rows_of(batch)?);
-        }
-        let writer = JsonRowWriter::new(batch)?;
         let keys = ColumnKeys::new(&self.key, batch)?;
+        let json = match &self.format {
+            ValueFormat::Json => Some(JsonRowWriter::new(batch)?),
+            ValueFormat::Avro(_) => None,
+        };
+        let avro_columns = match &self.format {
+            ValueFormat::Avro(encoder) => encoder
+                .field_names()
+                .into_iter()
+                .map(|name| Ok((name, Column::resolve(batch, name)?)))
+                .collect::<Result<Vec<_>>>()?,
+            ValueFormat::Json => Vec::new(),
+        };
+        let whole = resolve_all(batch)?;
+        let format = &self.format;
         produce(
             &self.topic,
             self.transactions.as_ref(),
             &mut self.batch_topic,
             batch.num_rows(),
             |i| keys.key(i),
-            |i, out| {
-                writer.write_row(i, out);
-                Ok(())
+            |i, out| match (format, &json) {
+                (_, Some(writer)) => {
+                    writer.write_row(i, out);
+                    Ok(())
+                }
+                (ValueFormat::Avro(encoder), None) => encoder.encode_fields_into(
+                    |name| {
+                        avro_columns
+                            .iter()
+                            .find(|(n, _)| *n == name)
+                            .map_or(Value::Null, |(_, column)| column.value(i))
+                    },
+                    || row_at(&whole, i),
+                    out,
+                ),
+                (ValueFormat::Json, None) => Err(Error::Sink("no JSON writer".into())),
             },
         )
     }
