@@ -6,14 +6,20 @@
 
 use crate::columns::{resolve_all, Column, Floats, Integers};
 use crate::error::Result;
+use crate::row::Value;
 use crate::time::{format_rfc3339, Rfc3339};
 use arrow_array::RecordBatch;
+use std::cell::Cell;
 
 /// Writes the rows of one batch as JSON objects.
 pub struct JsonRowWriter<'a> {
     /// Each column with what comes before its value: `{"name":` for the
     /// first, `,"name":` for the others.
     columns: Vec<(Vec<u8>, Column<'a>)>,
+    /// The day of the last timestamp written and its `YYYY-MM-DDT`: a
+    /// batch's timestamps mostly share their day, whose civil date is then
+    /// not worked out again.
+    last_day: Cell<Option<(i64, [u8; 11])>>,
 }
 
 impl<'a> JsonRowWriter<'a> {
@@ -30,7 +36,10 @@ impl<'a> JsonRowWriter<'a> {
                 (prefix, column)
             })
             .collect();
-        Ok(JsonRowWriter { columns })
+        Ok(JsonRowWriter {
+            columns,
+            last_day: Cell::new(None),
+        })
     }
 
     /// Appends row `i` as one JSON object to `out`.
@@ -41,9 +50,60 @@ impl<'a> JsonRowWriter<'a> {
         }
         for (prefix, column) in &self.columns {
             out.extend_from_slice(prefix);
-            write_value(column, i, out);
+            match column {
+                Column::Timestamp(_) if !column.is_null(i) => {
+                    if let Value::Timestamp(t) = column.value(i) {
+                        self.write_timestamp(out, t);
+                    }
+                }
+                _ => write_value(column, i, out),
+            }
         }
         out.push(b'}');
+    }
+}
+
+impl JsonRowWriter<'_> {
+    /// `t` as `Value::Timestamp`'s serialization writes it
+    /// ([`Rfc3339::of`]), the date taken from the last one when the day is
+    /// the same.
+    fn write_timestamp(&self, out: &mut Vec<u8>, t: i64) {
+        let (seconds, sub) = (t.div_euclid(1_000_000), t.rem_euclid(1_000_000));
+        let (day, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+        let date = match self.last_day.get() {
+            Some((last, date)) if last == day => date,
+            _ => {
+                let Some(text) = Rfc3339::of(t) else {
+                    return write_str(out, &format_rfc3339(t));
+                };
+                let mut date = [0u8; 11];
+                date.copy_from_slice(&text.as_str().as_bytes()[..11]);
+                self.last_day.set(Some((day, date)));
+                date
+            }
+        };
+        out.push(b'"');
+        out.extend_from_slice(&date);
+        let two = |out: &mut Vec<u8>, n: i64| {
+            out.extend_from_slice(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8])
+        };
+        two(out, of_day / 3_600);
+        out.push(b':');
+        two(out, of_day / 60 % 60);
+        out.push(b':');
+        two(out, of_day % 60);
+        let digits = |out: &mut Vec<u8>, n: i64, width: u32| {
+            out.push(b'.');
+            for power in (0..width).rev() {
+                out.push(b'0' + (n / 10i64.pow(power) % 10) as u8);
+            }
+        };
+        if sub % 1_000 == 0 && sub != 0 {
+            digits(out, sub / 1_000, 3);
+        } else if sub != 0 {
+            digits(out, sub, 6);
+        }
+        out.extend_from_slice(b"Z\"");
     }
 }
 
@@ -62,8 +122,8 @@ fn write_value(column: &Column<'_>, i: usize, out: &mut Vec<u8>) {
         Column::Double(Floats::F64(a)) => write_double(out, a.value(i)),
         Column::Double(Floats::F32(a)) => write_double(out, a.value(i).into()),
         Column::Long(_) | Column::Timestamp(_) => match column.value(i) {
-            crate::row::Value::Long(v) => write_long(out, v),
-            crate::row::Value::Timestamp(t) => write_timestamp(out, t),
+            Value::Long(v) => write_long(out, v),
+            Value::Timestamp(t) => write_timestamp(out, t),
             _ => out.extend_from_slice(b"null"),
         },
     }
@@ -153,6 +213,10 @@ mod tests {
         prop::option::of(prop_oneof![
             -62_135_596_800_000_000i64..253_402_300_800_000_000,
             any::<i64>(),
+            // Two days and the midnight between: rows that share a day.
+            1_767_225_600_000_000i64..1_767_398_400_000_000,
+            (1_767_225_600i64..1_767_398_400).prop_map(|s| s * 1_000_000),
+            (1_767_225_600_000i64..1_767_398_400_000).prop_map(|ms| ms * 1_000),
         ])
     }
 
