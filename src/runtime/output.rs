@@ -49,7 +49,8 @@ pub struct BatchOutput<'a> {
     /// The rows.
     pub rows: &'a [Row],
     /// Which task emitted which of `rows`: `(partition, end)` runs, each
-    /// covering the rows from the previous run's end up to `end`.
+    /// covering the rows from the previous run's end up to `end`; rows
+    /// past the last run count as the last run's (or partition 0's).
     pub tasks: &'a [(i32, usize)],
     /// The columnar batches, in order, each placed among `rows`.
     pub columns: &'a [ColumnsOutput],
@@ -104,6 +105,14 @@ impl<'a> BatchOutput<'a> {
                 });
             }
             start = end;
+        }
+        // Runs should cover every row; rows past the last are not lost.
+        if start < self.rows.len() {
+            let partition = self.tasks.last().map_or(0, |(p, _)| *p);
+            parts.push(OutputPart::Rows {
+                partition,
+                rows: &self.rows[start..],
+            });
         }
         parts.extend(columns.map(|c| OutputPart::Columns {
             partition: c.partition,
@@ -203,6 +212,13 @@ mod tests {
         let parts = output.parts();
         assert_eq!(parts.len(), 3);
         assert_eq!(numbers(&output.to_rows().unwrap().0), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn rows_past_the_last_run_are_kept() {
+        let rows = vec![row(1), row(2)];
+        let output = BatchOutput::of_rows(&rows, &[]);
+        assert_eq!(numbers(&output.to_rows().unwrap().0), vec![1, 2]);
     }
 
     #[test]

@@ -746,7 +746,10 @@ impl Sink for DeltaSink {
     /// Columnar batches are buffered as they are and written to the table
     /// without becoming rows; task commits keep rows per task.
     fn write_output(&mut self, batch_id: u64, output: &BatchOutput<'_>) -> Result<()> {
-        if self.config.task_commits || output.columns.is_empty() {
+        if output.columns.is_empty() {
+            return self.write_tasks(batch_id, output.rows, output.tasks);
+        }
+        if self.config.task_commits {
             let (rows, tasks) = output.to_rows()?;
             return self.write_tasks(batch_id, &rows, &tasks);
         }
