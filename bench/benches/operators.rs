@@ -38,6 +38,7 @@ use tidemark::record::{Record, SourcePosition};
 use tidemark::row::Value;
 use tidemark::runtime::testing::{CollectSink, VecSource};
 use tidemark::runtime::{BatchOutput, Decoder, OutputPart, Query, Sink, Trigger};
+use tidemark_bench::RowsOnly;
 use tidemark_connectors::avro::{AvroDecoder, AvroEncoder};
 
 const VALUE_BYTES: usize = 100;
@@ -259,16 +260,6 @@ fn config() -> Criterion {
 fn json() -> JsonDecoder {
     JsonDecoder::new(tidemark_bench::schema())
 }
-
-/// The same decoder with the columnar route closed: the row route.
-struct RowsOnly<D>(D);
-
-impl<D: Decoder> Decoder for RowsOnly<D> {
-    fn decode(&mut self, record: &Record) -> tidemark::Result<Row> {
-        self.0.decode(record)
-    }
-}
-
 /// Runs the e2e window pipeline over `batches` through the engine with
 /// `decoder`, after the e2e filter when `filtered`.
 fn run_engine(batches: Vec<Vec<Record>>, decoder: Box<dyn Decoder>, filtered: bool) -> usize {

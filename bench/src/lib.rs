@@ -131,6 +131,19 @@ pub fn peak_rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// A decoder with the engine's columnar route closed (it gives no typed
+/// schema): the row route, to compare with the columns in one run.
+pub struct RowsOnly<D>(pub D);
+
+impl<D: tidemark::runtime::Decoder> tidemark::runtime::Decoder for RowsOnly<D> {
+    fn decode(
+        &mut self,
+        record: &tidemark::record::Record,
+    ) -> tidemark::Result<tidemark::row::Row> {
+        self.0.decode(record)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

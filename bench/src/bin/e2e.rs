@@ -131,18 +131,6 @@ enum Route {
     Rows,
 }
 
-/// A decoder with the columnar route closed: `--route rows`.
-struct RowsOnly(JsonDecoder);
-
-impl tidemark::runtime::Decoder for RowsOnly {
-    fn decode(
-        &mut self,
-        record: &tidemark::record::Record,
-    ) -> tidemark::Result<tidemark::row::Row> {
-        self.0.decode(record)
-    }
-}
-
 /// A `watermark_scope` named as in a pipeline file.
 fn parse_scope(name: &str) -> Result<tidemark::watermark::WatermarkScope, String> {
     serde_json::from_value(serde_json::Value::String(name.to_string()))
@@ -823,7 +811,7 @@ fn tidemark_pipeline(args: &Args, input: &str, output: &str) -> anyhow::Result<P
     let decoder = JsonDecoder::new(tidemark_bench::schema());
     let builder = match args.route {
         Route::Columns => Query::builder("bench-e2e").decoder(decoder),
-        Route::Rows => Query::builder("bench-e2e").decoder(RowsOnly(decoder)),
+        Route::Rows => Query::builder("bench-e2e").decoder(tidemark_bench::RowsOnly(decoder)),
     };
     let builder = match args.pipeline {
         PipelineKind::Filter => builder.filter(tidemark_bench::FILTER)?,

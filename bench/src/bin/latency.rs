@@ -78,18 +78,6 @@ struct Args {
     route: String,
 }
 
-/// A decoder with the columnar route closed: `--route rows`.
-struct RowsOnly(JsonDecoder);
-
-impl tidemark::runtime::Decoder for RowsOnly {
-    fn decode(
-        &mut self,
-        record: &tidemark::record::Record,
-    ) -> tidemark::Result<tidemark::row::Row> {
-        self.0.decode(record)
-    }
-}
-
 const WARM_UP: Duration = Duration::from_secs(3);
 
 fn now_us() -> i64 {
@@ -132,7 +120,7 @@ fn run_once(args: &Args, pipeline: &str, rate: u64) -> anyhow::Result<serde_json
     ]);
     let builder = Query::builder(&format!("latency-{id}"));
     let builder = match args.route.as_str() {
-        "rows" => builder.decoder(RowsOnly(JsonDecoder::new(schema))),
+        "rows" => builder.decoder(tidemark_bench::RowsOnly(JsonDecoder::new(schema))),
         "columns" => builder.decoder(JsonDecoder::new(schema)),
         other => anyhow::bail!("--route {other}: expected columns or rows"),
     };

@@ -184,44 +184,52 @@ impl KafkaSink {
     /// for one apache-avro has to write).
     fn write_columns(&mut self, batch: &RecordBatch) -> Result<()> {
         let keys = ColumnKeys::new(&self.key, batch)?;
-        let json = match &self.format {
-            ValueFormat::Json => Some(JsonRowWriter::new(batch)?),
-            ValueFormat::Avro(_) => None,
-        };
-        let avro_columns = match &self.format {
-            ValueFormat::Avro(encoder) => encoder
-                .field_names()
-                .into_iter()
-                .map(|name| Ok((name, Column::resolve(batch, name)?)))
-                .collect::<Result<Vec<_>>>()?,
-            ValueFormat::Json => Vec::new(),
-        };
-        let whole = resolve_all(batch)?;
-        let format = &self.format;
-        produce(
-            &self.topic,
-            self.transactions.as_ref(),
-            &mut self.batch_topic,
-            batch.num_rows(),
-            |i| keys.key(i),
-            |i, out| match (format, &json) {
-                (_, Some(writer)) => {
-                    writer.write_row(i, out);
-                    Ok(())
-                }
-                (ValueFormat::Avro(encoder), None) => encoder.encode_fields_into(
-                    |name| {
-                        avro_columns
-                            .iter()
-                            .find(|(n, _)| *n == name)
-                            .map_or(Value::Null, |(_, column)| column.value(i))
+        let (topic, transactions) = (&self.topic, self.transactions.as_ref());
+        let n = batch.num_rows();
+        match &self.format {
+            ValueFormat::Json => {
+                let writer = JsonRowWriter::new(batch)?;
+                produce(
+                    topic,
+                    transactions,
+                    &mut self.batch_topic,
+                    n,
+                    |i| keys.key(i),
+                    |i, out| {
+                        writer.write_row(i, out);
+                        Ok(())
                     },
-                    || row_at(&whole, i),
-                    out,
-                ),
-                (ValueFormat::Json, None) => Err(Error::Sink("no JSON writer".into())),
-            },
-        )
+                )
+            }
+            ValueFormat::Avro(encoder) => {
+                let fields = encoder
+                    .field_names()
+                    .into_iter()
+                    .map(|name| Ok((name, Column::resolve(batch, name)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                let whole = resolve_all(batch)?;
+                let value_at = |i: usize, name: &str| {
+                    fields
+                        .iter()
+                        .find(|(n, _)| *n == name)
+                        .map_or(Value::Null, |(_, column)| column.value(i))
+                };
+                produce(
+                    topic,
+                    transactions,
+                    &mut self.batch_topic,
+                    n,
+                    |i| keys.key(i),
+                    |i, out| {
+                        encoder.encode_fields_into(
+                            |name| value_at(i, name),
+                            || row_at(&whole, i),
+                            out,
+                        )
+                    },
+                )
+            }
+        }
     }
 
     /// Sends inside `transactions` (exactly-once): records become visible
