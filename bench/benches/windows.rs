@@ -4,6 +4,8 @@
 //! running query.
 //!
 //! - `tumbling_count_sum/10k_keys` and `/1M_keys`: 1-minute windows;
+//! - `tumbling_7_aggregates/10k_keys`: the same with `avg`, `min`, `max`,
+//!   `stddev` and `count` of the amount too (what each aggregate adds);
 //! - `sliding_6h_1h/10k_keys`: 6-hour windows every hour (6 per event);
 //! - `session_30m/10k_keys`: 30-minute gap sessions.
 //!
@@ -106,18 +108,33 @@ fn events_batch(
     RecordBatch::try_new(schema, columns).expect("the batch matches its schema")
 }
 
-fn operator(window: WindowSpec) -> WindowAggregate {
+/// `count(*)` and `sum(amount)`.
+fn count_sum() -> Vec<AggregateSpec> {
+    vec![
+        AggregateSpec::count(),
+        AggregateSpec::new(
+            AggregateFn::built_in("sum").unwrap(),
+            AggregateInput::Column(Arc::from("amount")),
+        ),
+    ]
+}
+
+/// Six aggregates of `amount` beside `count(*)`: what each aggregate
+/// adds per row.
+fn seven_aggregates() -> Vec<AggregateSpec> {
+    let mut aggregates = count_sum();
+    for f in ["avg", "min", "max", "stddev", "count"] {
+        aggregates.push(AggregateSpec::of(f, "amount").unwrap());
+    }
+    aggregates
+}
+
+fn operator(window: WindowSpec, aggregates: Vec<AggregateSpec>) -> WindowAggregate {
     WindowAggregate::new(
         vec![Arc::from("id")],
         TimeColumn::EventTime(Arc::from("event_time")),
         window,
-        vec![
-            AggregateSpec::count(),
-            AggregateSpec::new(
-                AggregateFn::built_in("sum").unwrap(),
-                AggregateInput::Column(Arc::from("amount")),
-            ),
-        ],
+        aggregates,
         OutputMode::Append,
     )
 }
@@ -135,14 +152,14 @@ enum Input {
 /// built per chunk outside the clock). Returns the elapsed time and the
 /// peak open windows.
 fn run(
-    window: &WindowSpec,
+    (window, aggregates): (&WindowSpec, fn() -> Vec<AggregateSpec>),
     keys: u64,
     step_micros: i64,
     delay_micros: i64,
     input: Input,
 ) -> (Duration, usize, isize) {
     let key_names: Vec<Arc<str>> = (0..keys).map(|k| Arc::from(format!("c{k}"))).collect();
-    let mut op = operator(window.clone());
+    let mut op = operator(window.clone(), aggregates());
     let mut elapsed = Duration::ZERO;
     let mut peak = (0usize, 0isize);
     let mut watermark = 0;
@@ -216,6 +233,13 @@ fn bench(c: &mut Criterion) {
             minute,
         ),
         (
+            "tumbling_7_aggregates/10k_keys",
+            WindowSpec::tumbling("1 minute").unwrap(),
+            10_000u64,
+            60i64,
+            minute,
+        ),
+        (
             "tumbling_count_sum/1M_keys",
             WindowSpec::tumbling("1 minute").unwrap(),
             1_000_000,
@@ -247,20 +271,25 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(10));
     group.throughput(Throughput::Elements(EVENTS));
     for (name, window, keys, step, delay) in cases {
+        let aggregates: fn() -> Vec<AggregateSpec> = match name.starts_with("tumbling_7") {
+            true => seven_aggregates,
+            false => count_sum,
+        };
+        let spec = (&window, aggregates);
         // The same events as rows (`on_row`) and as Arrow batches
         // (`on_columns`, `/columns`): the two paths of the operator.
         for (input, suffix) in [(Input::Rows, ""), (Input::Columns, "/columns")] {
             group.bench_function(format!("{name}{suffix}"), |b| {
                 b.iter_custom(|iterations| {
                     (0..iterations)
-                        .map(|_| run(&window, keys, step, delay, input).0)
+                        .map(|_| run(spec, keys, step, delay, input).0)
                         .sum()
                 })
             });
         }
         // One more run, untimed, with the allocator counting: the state size.
         COUNTING.store(true, Ordering::SeqCst);
-        let (_, open, bytes) = run(&window, keys, step, delay, Input::Rows);
+        let (_, open, bytes) = run(spec, keys, step, delay, Input::Rows);
         COUNTING.store(false, Ordering::SeqCst);
         println!(
             "{name}: peak open windows {open}, state heap {bytes} bytes, {:.0} bytes per open window",

@@ -669,10 +669,8 @@ fn fold(
 ) {
     for ((spec, slots), acc) in aggregates.iter().zip(inputs).zip(accumulators.iter_mut()) {
         match *slots {
-            InputSlots::Star => spec.function.reduce(acc, &Value::Bool(true)),
-            InputSlots::Column(slot) => spec
-                .function
-                .reduce(acc, input.value(slot, columns).as_ref()),
+            InputSlots::Star => spec.function.reduce_at(acc, None, 0),
+            InputSlots::Column(slot) => input.reduce_into(&spec.function, acc, slot, columns),
             InputSlots::By { value, ordering } => spec.function.reduce_by(
                 acc,
                 input.value(value, columns).as_ref(),
@@ -731,6 +729,16 @@ trait InputRow {
     fn value<'r>(&'r self, slot: usize, names: &[Arc<str>]) -> Cow<'r, Value>;
     /// Appends column `slot`'s key encoding to `out`.
     fn encode_key_part(&self, slot: usize, names: &[Arc<str>], out: &mut Vec<u8>);
+    /// Folds column `slot`'s value into `acc` with `function`.
+    fn reduce_into(
+        &self,
+        function: &AggregateFn,
+        acc: &mut Accumulator,
+        slot: usize,
+        names: &[Arc<str>],
+    ) {
+        function.reduce(acc, self.value(slot, names).as_ref())
+    }
 }
 
 static NULL: Value = Value::Null;
@@ -758,6 +766,18 @@ impl InputRow for BatchRow<'_, '_> {
 
     fn encode_key_part(&self, slot: usize, _: &[Arc<str>], out: &mut Vec<u8>) {
         self.columns[slot].encode_key_part(self.i, out);
+    }
+
+    /// Typed: the column's array read straight, no [`Value`] made for the
+    /// built-ins that have a typed fold ([`AggregateFn::reduce_at`]).
+    fn reduce_into(
+        &self,
+        function: &AggregateFn,
+        acc: &mut Accumulator,
+        slot: usize,
+        _: &[Arc<str>],
+    ) {
+        function.reduce_at(acc, Some(&self.columns[slot]), self.i)
     }
 }
 

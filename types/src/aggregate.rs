@@ -2,6 +2,7 @@
 //! like Spark's `Aggregator` (`zero`, `reduce`, `merge`, `finish`) with a
 //! serializable accumulator.
 
+use crate::columns::Column;
 use crate::error::{Error, Result};
 use crate::row::Value;
 use serde::de::DeserializeOwned;
@@ -107,6 +108,14 @@ impl Accumulator {
     }
 }
 
+/// A placeholder: an inline zero, left where a state was moved out (a
+/// columnar batch folds windows' accumulators gathered in one place).
+impl Default for Accumulator {
+    fn default() -> Self {
+        Accumulator(Slot::Long(0))
+    }
+}
+
 /// Takes `state` out when `T` is `U` (the types are compared, not the
 /// values): how [`Accumulator::new`] picks an inline slot without `unsafe`.
 fn inline_take<T: Any, U: Any>(state: &mut Option<T>) -> Option<U> {
@@ -180,6 +189,18 @@ pub struct AggregateFn {
     name: Arc<str>,
     inner: Arc<dyn ErasedAggregator>,
     built_in: bool,
+    column_fold: ColumnFold,
+}
+
+/// How [`AggregateFn::reduce_at`] reads a column: a typed loop for the
+/// common built-ins, value by value for the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ColumnFold {
+    Count,
+    Sum,
+    Moments,
+    Extreme { max: bool },
+    Values,
 }
 
 impl std::fmt::Debug for AggregateFn {
@@ -198,6 +219,7 @@ impl AggregateFn {
             name: Arc::from(name),
             inner: Arc::new(aggregator),
             built_in: false,
+            column_fold: ColumnFold::Values,
         }
     }
 
@@ -207,19 +229,31 @@ impl AggregateFn {
             name: Arc::from(name),
             inner: a,
             built_in: true,
+            column_fold: ColumnFold::Values,
         };
+        let typed = |column_fold, a| AggregateFn {
+            column_fold,
+            ..f(a)
+        };
+        let moments = |result| typed(ColumnFold::Moments, Arc::new(Moments(result)));
         Ok(match name {
-            "count" => f(Arc::new(Count)),
-            "sum" => f(Arc::new(Sum)),
-            "avg" | "mean" => f(Arc::new(Moments(MomentsResult::Mean))),
-            "min" => f(Arc::new(Extreme { max: false })),
-            "max" => f(Arc::new(Extreme { max: true })),
+            "count" => typed(ColumnFold::Count, Arc::new(Count)),
+            "sum" => typed(ColumnFold::Sum, Arc::new(Sum)),
+            "avg" | "mean" => moments(MomentsResult::Mean),
+            "min" => typed(
+                ColumnFold::Extreme { max: false },
+                Arc::new(Extreme { max: false }),
+            ),
+            "max" => typed(
+                ColumnFold::Extreme { max: true },
+                Arc::new(Extreme { max: true }),
+            ),
             "max_by" => f(Arc::new(ExtremeBy { max: true })),
             "min_by" => f(Arc::new(ExtremeBy { max: false })),
-            "stddev" | "stddev_samp" | "std" => f(Arc::new(Moments(MomentsResult::StddevSamp))),
-            "stddev_pop" => f(Arc::new(Moments(MomentsResult::StddevPop))),
-            "variance" | "var_samp" => f(Arc::new(Moments(MomentsResult::VarSamp))),
-            "var_pop" => f(Arc::new(Moments(MomentsResult::VarPop))),
+            "stddev" | "stddev_samp" | "std" => moments(MomentsResult::StddevSamp),
+            "stddev_pop" => moments(MomentsResult::StddevPop),
+            "variance" | "var_samp" => moments(MomentsResult::VarSamp),
+            "var_pop" => moments(MomentsResult::VarPop),
             "approx_count_distinct" => f(Arc::new(
                 crate::sketch_aggregates::ApproxCountDistinct::new(0.05),
             )),
@@ -298,6 +332,64 @@ impl AggregateFn {
     }
 }
 
+impl AggregateFn {
+    /// Folds row `row` of `column` in (`column` `None`: `count(*)`'s
+    /// marker): what [`AggregateFn::reduce`] does with the row's value,
+    /// bit for bit. Count, sum, min, max and the moments (avg, stddev,
+    /// variance) read the typed array, with no [`Value`] made and no call
+    /// through the function's vtable; other functions, and columns these
+    /// have no typed fold for, read the value.
+    pub fn reduce_at(&self, acc: &mut Accumulator, column: Option<&Column<'_>>, row: usize) {
+        if !fold_typed(self.column_fold, &mut acc.0, column, row) {
+            let value = column.map_or(Value::Bool(true), |c| c.value(row));
+            self.reduce(acc, &value);
+        }
+    }
+}
+
+/// Folds row `row` of `column` into `slot` without making a [`Value`],
+/// when the function has a typed fold for this column and slot; `false`
+/// leaves it to the value-by-value fold. Each arm does what the
+/// function's `reduce` does with the row's value: `count` counts
+/// non-NULLs, `sum` and the moments take integers and floats and ignore
+/// the rest (strings, booleans, timestamps, NULLs).
+fn fold_typed(kind: ColumnFold, slot: &mut Slot, column: Option<&Column<'_>>, row: usize) -> bool {
+    match (kind, slot, column) {
+        (ColumnFold::Count, Slot::Long(n), None) => *n += 1,
+        (ColumnFold::Count, Slot::Long(n), Some(c)) => *n += i64::from(!c.is_null(row)),
+        (ColumnFold::Sum, Slot::Sum(sum), Some(Column::Long(ints))) => {
+            if let Some(v) = ints.get(row) {
+                sum.add(SumAcc::Long(v));
+            }
+        }
+        (ColumnFold::Sum, Slot::Sum(sum), Some(Column::Double(floats))) => {
+            if let Some(v) = floats.get(row) {
+                sum.add(SumAcc::Double(v));
+            }
+        }
+        (ColumnFold::Sum, Slot::Sum(_), Some(_)) => {}
+        (ColumnFold::Moments, Slot::Moments(moments), Some(Column::Long(ints))) => {
+            if let Some(v) = ints.get(row) {
+                moments.add(v as f64);
+            }
+        }
+        (ColumnFold::Moments, Slot::Moments(moments), Some(Column::Double(floats))) => {
+            if let Some(v) = floats.get(row) {
+                moments.add(v);
+            }
+        }
+        (ColumnFold::Moments, Slot::Moments(_), Some(_)) => {}
+        (ColumnFold::Extreme { max }, Slot::Boxed(state), Some(column)) => {
+            let Some(extreme) = state.downcast_mut::<ExtremeAcc>() else {
+                return false;
+            };
+            return extreme.keep_at(column, row, max);
+        }
+        _ => return false,
+    }
+    true
+}
+
 /// `count(col)` counts non-null values; `count(*)` is fed a non-null marker.
 struct Count;
 impl Aggregator for Count {
@@ -327,6 +419,22 @@ enum SumAcc {
     Double(f64),
 }
 
+impl SumAcc {
+    /// Adds `other` in: long + long wraps (Spark's non-ANSI sum), a double
+    /// on either side makes a double.
+    fn add(&mut self, other: SumAcc) {
+        *self = match (*self, other) {
+            (a, SumAcc::Empty) => a,
+            (SumAcc::Empty, b) => b,
+            (SumAcc::Long(a), SumAcc::Long(b)) => SumAcc::Long(a.wrapping_add(b)),
+            (SumAcc::Long(a), SumAcc::Double(b)) | (SumAcc::Double(b), SumAcc::Long(a)) => {
+                SumAcc::Double(a as f64 + b)
+            }
+            (SumAcc::Double(a), SumAcc::Double(b)) => SumAcc::Double(a + b),
+        };
+    }
+}
+
 struct Sum;
 impl Aggregator for Sum {
     type Acc = SumAcc;
@@ -339,18 +447,10 @@ impl Aggregator for Sum {
             Value::Double(v) => SumAcc::Double(*v),
             _ => return,
         };
-        Aggregator::merge(self, acc, &add);
+        acc.add(add);
     }
     fn merge(&self, acc: &mut SumAcc, other: &SumAcc) {
-        *acc = match (*acc, *other) {
-            (a, SumAcc::Empty) => a,
-            (SumAcc::Empty, b) => b,
-            (SumAcc::Long(a), SumAcc::Long(b)) => SumAcc::Long(a.wrapping_add(b)),
-            (SumAcc::Long(a), SumAcc::Double(b)) | (SumAcc::Double(b), SumAcc::Long(a)) => {
-                SumAcc::Double(a as f64 + b)
-            }
-            (SumAcc::Double(a), SumAcc::Double(b)) => SumAcc::Double(a + b),
-        };
+        acc.add(*other);
     }
     fn finish(&self, acc: &SumAcc) -> Value {
         match acc {
@@ -371,6 +471,14 @@ pub struct MomentsAcc {
 }
 
 impl MomentsAcc {
+    /// Folds `x` in (Welford's update).
+    fn add(&mut self, x: f64) {
+        self.n += 1.0;
+        let delta = x - self.mean;
+        self.mean += delta / self.n;
+        self.m2 += delta * (x - self.mean);
+    }
+
     /// Takes `x` back out: the inverse of folding it in (reverse Welford).
     pub fn remove(&mut self, x: f64) {
         if self.n <= 1.0 {
@@ -411,10 +519,7 @@ impl Aggregator for Moments {
             return;
         }
         if let Some(x) = input.as_f64() {
-            acc.n += 1.0;
-            let delta = x - acc.mean;
-            acc.mean += delta / acc.n;
-            acc.m2 += delta * (x - acc.mean);
+            acc.add(x);
         }
     }
     fn merge(&self, acc: &mut MomentsAcc, other: &MomentsAcc) {
@@ -462,6 +567,55 @@ pub enum ExtremeAcc {
 }
 
 impl ExtremeAcc {
+    /// Keeps row `row` of `column` if it is the new extreme, as
+    /// [`Extreme`]'s `reduce` does, for a long, double or timestamp column
+    /// whose values meet an accumulator of their own kind (or an empty
+    /// one); `false` leaves any other case to `reduce`.
+    fn keep_at(&mut self, column: &Column<'_>, row: usize, max: bool) -> bool {
+        if column.is_null(row) {
+            return true;
+        }
+        // `reduce`'s rule: replace when strictly better; a NaN, which
+        // compares with nothing, replaces only an empty accumulator.
+        fn better<T: PartialOrd>(current: &T, value: &T, max: bool) -> bool {
+            match current.partial_cmp(value) {
+                None => false,
+                Some(ord) => (ord == std::cmp::Ordering::Less) == max && ord.is_ne(),
+            }
+        }
+        match (&*self, column) {
+            (ExtremeAcc::Empty, Column::Long(ints)) => *self = ExtremeAcc::Long(ints.value(row)),
+            (ExtremeAcc::Long(c), Column::Long(ints)) => {
+                let v = ints.value(row);
+                if better(c, &v, max) {
+                    *self = ExtremeAcc::Long(v);
+                }
+            }
+            (ExtremeAcc::Empty, Column::Double(floats)) => {
+                *self = ExtremeAcc::Double(floats.value(row))
+            }
+            (ExtremeAcc::Double(c), Column::Double(floats)) => {
+                let v = floats.value(row);
+                if better(c, &v, max) {
+                    *self = ExtremeAcc::Double(v);
+                }
+            }
+            (ExtremeAcc::Empty | ExtremeAcc::Timestamp(_), Column::Timestamp(_)) => {
+                let Value::Timestamp(v) = column.value(row) else {
+                    return false;
+                };
+                if let ExtremeAcc::Timestamp(c) = self {
+                    if !better(c, &v, max) {
+                        return true;
+                    }
+                }
+                *self = ExtremeAcc::Timestamp(v);
+            }
+            _ => return false,
+        }
+        true
+    }
+
     fn from_value(v: &Value) -> Self {
         match v {
             Value::Long(x) => ExtremeAcc::Long(*x),
@@ -572,6 +726,93 @@ impl Aggregator for ExtremeBy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::{
+        ArrayRef, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
+        Int8Array, NullArray, StringArray, TimestampMillisecondArray,
+    };
+    use proptest::prelude::*;
+
+    /// A double for `v`: sevenths, and the doubles that compare oddly
+    /// (NaN, -0.0) at the ends of the range.
+    fn float(v: i8) -> f64 {
+        match v {
+            i8::MIN => f64::NAN,
+            i8::MAX => -0.0,
+            v => f64::from(v) / 7.0,
+        }
+    }
+
+    /// Every column type a batch can hold, from one list of optional
+    /// small integers (the floats from [`float`]).
+    fn columns_of(values: &[Option<i8>]) -> Vec<ArrayRef> {
+        let wide = |v: &Option<i8>| v.map(i64::from);
+        vec![
+            Arc::new(Int8Array::from(values.to_vec())),
+            Arc::new(Int16Array::from_iter(
+                values.iter().map(|v| v.map(i16::from)),
+            )),
+            Arc::new(Int32Array::from_iter(
+                values.iter().map(|v| v.map(i32::from)),
+            )),
+            Arc::new(Int64Array::from_iter(values.iter().map(wide))),
+            Arc::new(Float32Array::from_iter(
+                values.iter().map(|v| v.map(|v| float(v) as f32)),
+            )),
+            Arc::new(Float64Array::from_iter(values.iter().map(|v| v.map(float)))),
+            Arc::new(StringArray::from_iter(
+                values.iter().map(|v| v.map(|v| v.to_string())),
+            )),
+            Arc::new(BooleanArray::from_iter(
+                values.iter().map(|v| v.map(|v| v > 0)),
+            )),
+            Arc::new(TimestampMillisecondArray::from_iter(
+                values.iter().map(wide),
+            )),
+            Arc::new(NullArray::new(values.len())),
+        ]
+    }
+
+    proptest! {
+        /// `reduce_at` over any column type, NULLs and groups in any
+        /// order: the states folding the rows' values gives, bit for bit.
+        #[test]
+        fn a_column_folded_by_group_equals_the_values_folded_row_by_row(
+            rows in proptest::collection::vec(
+                (proptest::option::weighted(0.8, any::<i8>()), 0u32..4),
+                0..40,
+            ),
+        ) {
+            let values: Vec<Option<i8>> = rows.iter().map(|r| r.0).collect();
+            let pairs: Vec<(u32, u32)> =
+                rows.iter().enumerate().map(|(i, r)| (i as u32, r.1)).collect();
+            let names = ["count", "sum", "avg", "stddev", "var_pop", "min", "max", "max_by"];
+            for name in names {
+                let f = AggregateFn::built_in(name).unwrap();
+                let arrays = columns_of(&values);
+                let mut columns: Vec<Option<Column<'_>>> = arrays
+                    .iter()
+                    .map(|a| Some(Column::of("c", a.as_ref()).unwrap()))
+                    .collect();
+                columns.push(Some(Column::Missing));
+                columns.push(None);
+                for column in &columns {
+                    let mut by_column: Vec<Accumulator> = (0..4).map(|_| f.zero()).collect();
+                    for &(row, group) in &pairs {
+                        f.reduce_at(&mut by_column[group as usize], column.as_ref(), row as usize);
+                    }
+                    let mut by_row: Vec<Accumulator> = (0..4).map(|_| f.zero()).collect();
+                    for &(row, group) in &pairs {
+                        let value =
+                            column.as_ref().map_or(Value::Bool(true), |c| c.value(row as usize));
+                        f.reduce(&mut by_row[group as usize], &value);
+                    }
+                    for (a, b) in by_column.iter().zip(&by_row) {
+                        prop_assert_eq!(f.encode(a), f.encode(b), "{} over {:?}", name, column);
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn small_states_are_inline_and_others_boxed_and_both_downcast() {

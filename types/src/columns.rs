@@ -157,12 +157,8 @@ impl<'a> Column<'a> {
             Column::Str(a) => Value::Str(Arc::from(a.value(i))),
             Column::LargeStr(a) => Value::Str(Arc::from(a.value(i))),
             Column::Bool(a) => Value::Bool(a.value(i)),
-            Column::Long(Integers::I8(a)) => Value::Long(a.value(i) as i64),
-            Column::Long(Integers::I16(a)) => Value::Long(a.value(i) as i64),
-            Column::Long(Integers::I32(a)) => Value::Long(a.value(i) as i64),
-            Column::Long(Integers::I64(a)) => Value::Long(a.value(i)),
-            Column::Double(Floats::F32(a)) => Value::Double(a.value(i) as f64),
-            Column::Double(Floats::F64(a)) => Value::Double(a.value(i)),
+            Column::Long(ints) => Value::Long(ints.value(i)),
+            Column::Double(floats) => Value::Double(floats.value(i)),
             // Saturating: seconds and millis far from the epoch do not
             // wrap; nanoseconds are truncated toward the past, as Spark
             // casts them.
@@ -186,6 +182,48 @@ impl<'a> Column<'a> {
             Column::LargeStr(a) if !a.is_null(i) => encode_key_str(a.value(i), out),
             _ => encode_key_part(&self.value(i), out),
         }
+    }
+}
+
+impl Integers<'_> {
+    /// Row `i`'s value widened to a long (whatever it holds when NULL).
+    pub fn value(&self, i: usize) -> i64 {
+        match self {
+            Integers::I8(a) => a.value(i) as i64,
+            Integers::I16(a) => a.value(i) as i64,
+            Integers::I32(a) => a.value(i) as i64,
+            Integers::I64(a) => a.value(i),
+        }
+    }
+
+    /// Row `i`'s value, `None` when NULL.
+    pub fn get(&self, i: usize) -> Option<i64> {
+        let null = match self {
+            Integers::I8(a) => a.is_null(i),
+            Integers::I16(a) => a.is_null(i),
+            Integers::I32(a) => a.is_null(i),
+            Integers::I64(a) => a.is_null(i),
+        };
+        (!null).then(|| self.value(i))
+    }
+}
+
+impl Floats<'_> {
+    /// Row `i`'s value widened to a double (whatever it holds when NULL).
+    pub fn value(&self, i: usize) -> f64 {
+        match self {
+            Floats::F32(a) => a.value(i) as f64,
+            Floats::F64(a) => a.value(i),
+        }
+    }
+
+    /// Row `i`'s value, `None` when NULL.
+    pub fn get(&self, i: usize) -> Option<f64> {
+        let null = match self {
+            Floats::F32(a) => a.is_null(i),
+            Floats::F64(a) => a.is_null(i),
+        };
+        (!null).then(|| self.value(i))
     }
 }
 
