@@ -94,14 +94,17 @@ fn aggregation(window: &WindowSpec, mode: OutputMode, time: &TimeColumn) -> Wind
             AggregateSpec::of("avg", "amount").unwrap(),
             AggregateSpec::of("min", "id").unwrap(),
             AggregateSpec::by("max_by", "id", "amount").unwrap(),
-            // Each typed column fold (integers and floats, NULLs, a
-            // string column `sum` ignores) and the row-by-row one.
+            // The typed column folds over doubles, integers, timestamps
+            // (or epoch milliseconds), NULLs and a string column `sum`
+            // ignores, and the value-by-value one.
             AggregateSpec::of("count", "amount").unwrap(),
             AggregateSpec::of("sum", "grp").unwrap(),
             AggregateSpec::of("avg", "grp").unwrap(),
             AggregateSpec::of("stddev", "amount").unwrap(),
             AggregateSpec::of("sum", "id").unwrap(),
             AggregateSpec::of("max", "amount").unwrap(),
+            AggregateSpec::of("min", "grp").unwrap(),
+            AggregateSpec::of("max", "event_time").unwrap(),
         ],
         mode,
     )

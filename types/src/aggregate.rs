@@ -108,14 +108,6 @@ impl Accumulator {
     }
 }
 
-/// A placeholder: an inline zero, left where a state was moved out (a
-/// columnar batch folds windows' accumulators gathered in one place).
-impl Default for Accumulator {
-    fn default() -> Self {
-        Accumulator(Slot::Long(0))
-    }
-}
-
 /// Takes `state` out when `T` is `U` (the types are compared, not the
 /// values): how [`Accumulator::new`] picks an inline slot without `unsafe`.
 fn inline_take<T: Any, U: Any>(state: &mut Option<T>) -> Option<U> {
@@ -336,9 +328,11 @@ impl AggregateFn {
     /// Folds row `row` of `column` in (`column` `None`: `count(*)`'s
     /// marker): what [`AggregateFn::reduce`] does with the row's value,
     /// bit for bit. Count, sum, min, max and the moments (avg, stddev,
-    /// variance) read the typed array, with no [`Value`] made and no call
-    /// through the function's vtable; other functions, and columns these
-    /// have no typed fold for, read the value.
+    /// variance) read the typed array with no call through the function's
+    /// vtable, and but for min/max of a timestamp no [`Value`] made (min
+    /// and max, whose state is boxed, still downcast it per row); other
+    /// functions, and columns these have no typed fold for, read the
+    /// value.
     pub fn reduce_at(&self, acc: &mut Accumulator, column: Option<&Column<'_>>, row: usize) {
         if !fold_typed(self.column_fold, &mut acc.0, column, row) {
             let value = column.map_or(Value::Bool(true), |c| c.value(row));
@@ -728,7 +722,8 @@ mod tests {
     use super::*;
     use arrow_array::{
         ArrayRef, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array,
-        Int8Array, NullArray, StringArray, TimestampMillisecondArray,
+        Int8Array, LargeStringArray, NullArray, StringArray, TimestampMicrosecondArray,
+        TimestampMillisecondArray, TimestampNanosecondArray, TimestampSecondArray,
     };
     use proptest::prelude::*;
 
@@ -742,8 +737,9 @@ mod tests {
         }
     }
 
-    /// Every column type a batch can hold, from one list of optional
-    /// small integers (the floats from [`float`]).
+    /// Every column type a batch can hold (each timestamp unit, both
+    /// string offsets), from one list of optional small integers (the
+    /// floats from [`float`]).
     fn columns_of(values: &[Option<i8>]) -> Vec<ArrayRef> {
         let wide = |v: &Option<i8>| v.map(i64::from);
         vec![
@@ -765,11 +761,43 @@ mod tests {
             Arc::new(BooleanArray::from_iter(
                 values.iter().map(|v| v.map(|v| v > 0)),
             )),
+            Arc::new(LargeStringArray::from_iter(
+                values.iter().map(|v| v.map(|v| v.to_string())),
+            )),
+            Arc::new(TimestampSecondArray::from_iter(values.iter().map(wide))),
             Arc::new(TimestampMillisecondArray::from_iter(
                 values.iter().map(wide),
             )),
+            Arc::new(TimestampMicrosecondArray::from_iter(
+                values.iter().map(wide),
+            )),
+            Arc::new(TimestampNanosecondArray::from_iter(
+                values.iter().map(|v| v.map(|v| i64::from(v) * 999)),
+            )),
             Arc::new(NullArray::new(values.len())),
         ]
+    }
+
+    /// Four groups' accumulators: one empty, the others already holding a
+    /// long, a double and a timestamp, so that a column meets states of
+    /// its own kind and of others.
+    fn seeded(f: &AggregateFn) -> Vec<Accumulator> {
+        let seeds = [
+            None,
+            Some(Value::Long(3)),
+            Some(Value::Double(2.5)),
+            Some(Value::Timestamp(5)),
+        ];
+        seeds
+            .iter()
+            .map(|seed| {
+                let mut acc = f.zero();
+                if let Some(seed) = seed {
+                    f.reduce(&mut acc, seed);
+                }
+                acc
+            })
+            .collect()
     }
 
     proptest! {
@@ -796,18 +824,25 @@ mod tests {
                 columns.push(Some(Column::Missing));
                 columns.push(None);
                 for column in &columns {
-                    let mut by_column: Vec<Accumulator> = (0..4).map(|_| f.zero()).collect();
+                    let mut by_column = seeded(&f);
                     for &(row, group) in &pairs {
                         f.reduce_at(&mut by_column[group as usize], column.as_ref(), row as usize);
                     }
-                    let mut by_row: Vec<Accumulator> = (0..4).map(|_| f.zero()).collect();
+                    let mut by_row = seeded(&f);
                     for &(row, group) in &pairs {
                         let value =
                             column.as_ref().map_or(Value::Bool(true), |c| c.value(row as usize));
                         f.reduce(&mut by_row[group as usize], &value);
                     }
                     for (a, b) in by_column.iter().zip(&by_row) {
+                        // The state's bytes, and the result's bits
+                        // (NaN and -0.0 included, which JSON blurs).
+                        let bits = |acc: &Accumulator| match f.finish(acc) {
+                            Value::Double(d) => format!("{:x}", d.to_bits()),
+                            other => format!("{other:?}"),
+                        };
                         prop_assert_eq!(f.encode(a), f.encode(b), "{} over {:?}", name, column);
+                        prop_assert_eq!(bits(a), bits(b), "{} over {:?}", name, column);
                     }
                 }
             }

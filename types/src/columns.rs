@@ -372,6 +372,35 @@ mod tests {
     }
 
     #[test]
+    fn narrow_integers_and_floats_widen_to_their_own_values() {
+        let values: [Option<i8>; 4] = [Some(i8::MIN), Some(-1), None, Some(i8::MAX)];
+        let i8s = Int8Array::from(values.to_vec());
+        let i16s = Int16Array::from_iter(values.iter().map(|v| v.map(|v| i16::from(v) * 200)));
+        let f32s = Float32Array::from_iter(values.iter().map(|v| v.map(|v| f32::from(v) / 3.0)));
+        for (i, v) in values.iter().enumerate() {
+            let column = Column::of("c", &i8s).unwrap();
+            assert_eq!(
+                column.value(i),
+                v.map_or(Value::Null, |v| Value::Long(v.into()))
+            );
+            let column = Column::of("c", &i16s).unwrap();
+            let expected = v.map_or(Value::Null, |v| Value::Long(i64::from(v) * 200));
+            assert_eq!(column.value(i), expected);
+            let column = Column::of("c", &f32s).unwrap();
+            let expected = v.map_or(Value::Null, |v| Value::Double((f32::from(v) / 3.0) as f64));
+            assert_eq!(column.value(i), expected);
+            let (Column::Long(ints), Column::Double(floats)) = (
+                Column::of("c", &i8s).unwrap(),
+                Column::of("c", &f32s).unwrap(),
+            ) else {
+                panic!("integers read as longs, floats as doubles");
+            };
+            assert_eq!(ints.get(i), v.map(i64::from));
+            assert_eq!(floats.get(i), v.map(|v| (f32::from(v) / 3.0) as f64));
+        }
+    }
+
+    #[test]
     fn keys_encoded_from_columns_equal_keys_encoded_from_values() {
         let batch = batch();
         let columns = resolve_all(&batch).unwrap();
