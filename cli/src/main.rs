@@ -125,9 +125,11 @@ fn print_watermark_and_services(file: &PipelineFile, topology: &TopologyDescript
     if file.watermark.is_some() {
         let shared = match file.watermark_scope {
             WatermarkScope::Partition => "per input partition, not shared".to_string(),
-            WatermarkScope::Query if topology.sub_topologies.len() > 1 => {
-                "query-wide (Spark's), carried by the repartition topic's markers".into()
-            }
+            WatermarkScope::Query if topology.sub_topologies.len() > 1 => format!(
+                "query-wide (Spark's), writers' progress exchanged on topic {}-watermarks \
+                 and carried to the readers by the repartition topic's markers",
+                file.name
+            ),
             WatermarkScope::Query if file.source.kind == SourceKind::Kafka => format!(
                 "query-wide (Spark's), partitions' progress exchanged on topic {}-watermarks",
                 file.name

@@ -226,7 +226,8 @@ state_dir: state
     assert!(subs[1].contains("Sink: Kafka totals"), "{text}");
     assert!(
         text.contains(
-            "Watermark: query-wide (Spark's), carried by the repartition topic's markers"
+            "Watermark: query-wide (Spark's), writers' progress exchanged on topic \
+             by-region-watermarks and carried to the readers by the repartition topic's markers"
         ),
         "{text}"
     );

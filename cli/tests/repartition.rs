@@ -14,9 +14,13 @@ const PARTITIONS: i32 = 4;
 const REGIONS: [&str; 3] = ["north", "south", "west"];
 
 /// The grouping behind the repartition topic, its watermark per partition:
-/// two instances' writers read the backlog at their own paces, and under
-/// the query-wide watermark the reader would drop the slower one's rows as
-/// late (see docs/pipeline-file.md#watermark-scope).
+/// the backlog is written a partition at a time, so in arrival order each
+/// partition's rows come after the previous partition's last, and under
+/// the query-wide watermark an instance reading a later partition counts
+/// the earlier ones' progress as that of rows that arrived before its own
+/// (see docs/pipeline-file.md#watermark-scope, "Several instances reading
+/// a backlog"): its rows behind it would be late, where Spark, planning
+/// one batch over every partition, counts them.
 fn pipeline(app: &str, input: &str, output: &str, trigger: &str) -> String {
     format!(
         r#"application_id: {app}

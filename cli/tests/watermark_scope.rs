@@ -136,15 +136,20 @@ fn query_scope_drops_a_lagging_partitions_rows_as_spark_does_and_partition_scope
 }
 
 /// Writes a row of 09:00 to each partition (keys `w0`, `w1`) every two
-/// seconds until every replica has run a batch with input: each then holds
-/// a partition, whatever order they joined the group in.
+/// seconds until every replica has run a batch with input read from
+/// `input` (behind a repartition, a writer's batch): each then holds a
+/// partition of it, whatever order they joined the group in.
 fn until_each_holds_a_partition(input: &str, replicas: &[Replica]) {
-    use std::sync::atomic::Ordering;
+    let read_input = |replica: &Replica| {
+        replica.progress_lines().iter().any(|p| {
+            p["numInputRows"].as_u64().unwrap_or(0) > 0
+                && p["sources"][0]["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(input))
+        })
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while replicas
-        .iter()
-        .any(|r| r.batches_with_input.load(Ordering::Relaxed) == 0)
-    {
+    while !replicas.iter().all(read_input) {
         assert!(
             std::time::Instant::now() < deadline,
             "an instance never got input"
@@ -245,6 +250,41 @@ fn an_hour_on_both_partitions(input: &str) {
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
+/// Two instances' pipeline files (query scope, five records a batch, the
+/// session timeout `session_ms`), in directories kept while the returned
+/// guards live. `through_repartition`: the input is keyed by a column
+/// (`site`) that is not the grouping's, so the window runs behind a
+/// repartition topic.
+fn pipeline_files(
+    app: &str,
+    input: &str,
+    output: &str,
+    session_ms: u64,
+    through_repartition: bool,
+) -> (Vec<tempfile::TempDir>, Vec<std::path::PathBuf>) {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let files = dirs
+        .iter()
+        .map(|dir| {
+            let file = dir.path().join("pipeline.yaml");
+            let source_properties = format!(
+                "  properties: {{session.timeout.ms: \"{session_ms}\", heartbeat.interval.ms: \"1000\"}}\n"
+            );
+            let mut yaml = pipeline(app, input, output, "query")
+                .replace("watermark_scope: query\n", "watermark_scope: query\nmax_records_per_batch: 5\n")
+                .replace("  format: json\n", &format!("  format: json\n{source_properties}"));
+            if through_repartition {
+                yaml = yaml
+                    .replace("keyed_by: [id]", "keyed_by: [site]")
+                    .replace("id: string}", "id: string, site: string}");
+            }
+            std::fs::write(&file, yaml).unwrap();
+            file
+        })
+        .collect();
+    (dirs, files)
+}
+
 /// Spark's single driver reads a backlog after downtime as one: a row meets
 /// the event times of rows that arrived before it, whichever partition
 /// they are in. Two instances (static members, one partition each, five
@@ -255,7 +295,13 @@ fn an_hour_on_both_partitions(input: &str) {
 /// reads it counts the other partition's progress only as far as it has
 /// read its own: none of its rows falls behind a watermark made of rows
 /// that arrived after them.
-fn backlog_read_after_downtime(comeback: Comeback) {
+///
+/// `through_repartition`: the input is keyed by a column (`site`) that is
+/// not the grouping's, so the window runs behind a repartition topic. The
+/// writer that reads the stopped instance's partition is then the one
+/// that counts the other's progress only as far as it has read, and the
+/// readers' watermark waits for its markers.
+fn backlog_read_after_downtime(comeback: Comeback, through_repartition: bool) {
     let (input, output, app) = (unique("wsd-in"), unique("wsd-out"), unique("wsd-app"));
     create_topic(&input, 2);
     create_topic(&output, 1);
@@ -264,31 +310,23 @@ fn backlog_read_after_downtime(comeback: Comeback) {
     } else {
         6_000
     };
-    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let files: Vec<_> = dirs
-        .iter()
-        .map(|dir| {
-            let file = dir.path().join("pipeline.yaml");
-            let source_properties = format!(
-                "  properties: {{session.timeout.ms: \"{session_ms}\", heartbeat.interval.ms: \"1000\"}}\n"
-            );
-            let yaml = pipeline(&app, &input, &output, "query")
-                .replace("watermark_scope: query\n", "watermark_scope: query\nmax_records_per_batch: 5\n")
-                .replace("  format: json\n", &format!("  format: json\n{source_properties}"));
-            std::fs::write(&file, yaml).unwrap();
-            file
-        })
-        .collect();
+    let (_dirs, files) = pipeline_files(&app, &input, &output, session_ms, through_repartition);
     let start = |i: usize| start_replica_as(&files[i], Some(&format!("d{i}")));
     let mut replicas = vec![start(0), start(1)];
     until_each_holds_a_partition(&input, &replicas);
     interrupt(&mut replicas[1].child);
     an_hour_on_both_partitions(&input);
     if comeback == Comeback::Restart {
-        // The running instance's watermark, 11:25, closes a's windows and
-        // w0's: its progress is in the exchange.
-        wait_for_records(&output, 13);
-        std::thread::sleep(Duration::from_secs(1));
+        if through_repartition {
+            // The readers' watermark waits for the stopped writer: nothing
+            // closes. Its partner has read its hour (13 batches) meanwhile.
+            std::thread::sleep(Duration::from_secs(10));
+        } else {
+            // The running instance's watermark, 11:25, closes a's windows
+            // and w0's: its progress is in the exchange.
+            wait_for_records(&output, 13);
+            std::thread::sleep(Duration::from_secs(1));
+        }
         replicas[1] = start(1);
     }
     wait_for_records(&output, 26);
@@ -310,21 +348,33 @@ fn backlog_read_after_downtime(comeback: Comeback) {
         expected,
         "every row of both partitions counted"
     );
-    let reader = if comeback == Comeback::Restart { 1 } else { 0 };
-    let late = rows_dropped_by_watermark(&replicas[reader].progress_lines());
+    let late: u64 = replicas
+        .iter()
+        .map(|r| rows_dropped_by_watermark(&r.progress_lines()))
+        .sum();
     assert_eq!(late, 0, "no row of the backlog late");
 }
 
 #[test]
 fn an_instance_restarted_after_downtime_reads_its_backlog_without_the_others_progress_dropping_it()
 {
-    backlog_read_after_downtime(Comeback::Restart);
+    backlog_read_after_downtime(Comeback::Restart, false);
 }
 
 #[test]
 fn a_partition_failed_over_with_a_backlog_is_read_without_the_running_tasks_watermark_dropping_it()
 {
-    backlog_read_after_downtime(Comeback::Failover);
+    backlog_read_after_downtime(Comeback::Failover, false);
+}
+
+#[test]
+fn behind_a_repartition_a_restarted_writers_backlog_holds_the_readers_watermark_until_written() {
+    backlog_read_after_downtime(Comeback::Restart, true);
+}
+
+#[test]
+fn behind_a_repartition_a_failed_over_writers_backlog_holds_the_readers_watermark_until_written() {
+    backlog_read_after_downtime(Comeback::Failover, true);
 }
 
 /// Partition 0 holds two rows a minute (key `k0`), partitions 1 to 3 one
@@ -386,4 +436,37 @@ fn the_default_scope_reads_a_backlog_on_several_partitions_batch_by_planned_offs
         sizes.iter().all(|n| *n <= 25) && sizes.len() >= 10,
         "batches of at most 25 records: {sizes:?}"
     );
+}
+
+/// Behind a repartition the readers' watermark is the smallest of the
+/// writers' reports, so a writer whose partition has gone silent must keep
+/// reporting the stream's progress it counts from the other instance:
+/// partition 1 sends nothing after the warm-up while partition 0 gets an
+/// hour, and every one of its windows closes.
+#[test]
+fn behind_a_repartition_a_writer_with_a_silent_partition_keeps_the_readers_watermark_moving() {
+    let (input, output, app) = (unique("wss-in"), unique("wss-out"), unique("wss-app"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let (_dirs, files) = pipeline_files(&app, &input, &output, 30_000, true);
+    let mut replicas: Vec<Replica> = (0..2)
+        .map(|i| start_replica_as(&files[i], Some(&format!("s{i}"))))
+        .collect();
+    until_each_holds_a_partition(&input, &replicas);
+    a_runs_ahead(&input);
+    let more: Vec<String> = (21..60).map(|m| format!("10:{m:02}")).collect();
+    let more: Vec<&str> = more.iter().map(String::as_str).collect();
+    produce_to(&input, Some(0), &rows("a", &more));
+    produce_to(&input, Some(0), &rows("a", &["11:30"]));
+    // a's twelve windows, w0's and w1's.
+    wait_for_records(&output, 14);
+    std::thread::sleep(Duration::from_secs(2));
+    for replica in &mut replicas {
+        interrupt(&mut replica.child);
+    }
+    let expected: Vec<(String, String, i64)> = (0..60)
+        .step_by(5)
+        .map(|m| ("a".to_string(), format!("10:{m:02}"), 5))
+        .collect();
+    assert_eq!(emitted(&output, 14), expected);
 }

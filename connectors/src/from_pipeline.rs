@@ -594,25 +594,27 @@ pub(crate) fn check_co_partitioned(cluster: &KafkaConnection, topics: &[String])
     Ok(())
 }
 
-/// The exchange of partitions' progress a stage reading the file's own
-/// Kafka input with a query-wide watermark shares with the other
-/// instances (a repartition reader's markers already reach every
-/// instance), on `<application_id>-watermarks`.
+/// The exchange of partitions' progress a stage reading a Kafka input
+/// with a query-wide watermark shares with the other instances: on
+/// `<application_id>-watermarks` the stage reading the file's own input
+/// (the query, or the repartition writer in front of it); on
+/// `<stage>-watermarks` a repartitioned join's second-stream writer, whose
+/// partitions are another stream's. A repartition reader needs none: its
+/// watermark comes from the writers' markers, which reach every instance.
 fn watermark_exchange(
     file: &PipelineFile,
     stage: &Stage,
     cluster: &KafkaConnection,
 ) -> Result<Option<crate::kafka::KafkaWatermarkExchange>> {
     let query_wide = file.watermark_scope == tidemark::watermark::WatermarkScope::Query;
-    if !query_wide
-        || file.source.kind != SourceKind::Kafka
-        || file.watermark.is_none()
-        || stage.input != StageInput::Source
-        || stage.output != StageOutput::Sink
-    {
+    if !query_wide || file.source.kind != SourceKind::Kafka || file.watermark.is_none() {
         return Ok(None);
     }
-    let topic = format!("{}-watermarks", file.name);
+    let topic = match &stage.input {
+        StageInput::Source => format!("{}-watermarks", file.name),
+        StageInput::Joined { .. } => format!("{}-watermarks", stage.name),
+        StageInput::Repartition { .. } => return Ok(None),
+    };
     crate::kafka::KafkaWatermarkExchange::new(cluster, &topic).map(Some)
 }
 

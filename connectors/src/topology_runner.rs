@@ -163,7 +163,15 @@ impl TopologyRunner {
                 repartition_sink(&self.input.cluster, topic, keys, &own_topics, None)?
             }
         };
-        let query = stage.query.build()?.with_stop_handle(self.stop.clone());
+        let mut builder = stage.query;
+        if builder.forwards_stream_maxima() {
+            // A writer under the query scope counts the other instances'
+            // progress, shared on a topic of its own.
+            let topic = format!("{}-watermarks", stage.name);
+            let exchange = crate::kafka::KafkaWatermarkExchange::new(&self.input.cluster, &topic)?;
+            builder = builder.watermark_exchange(exchange);
+        }
+        let query = builder.build()?.with_stop_handle(self.stop.clone());
         query.run(&mut source, sink.as_mut())
     }
 }

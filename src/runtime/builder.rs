@@ -73,6 +73,10 @@ pub struct QueryBuilder {
     pub(super) event_time_extractor: Option<EventTimeExtractor>,
     pub(super) listeners: Vec<Box<dyn ProgressListener>>,
     pub(super) watermark_from_markers: bool,
+    /// A repartition writer under the query scope: its markers carry, for
+    /// each of its partitions, the stream's largest event time as far as
+    /// its task may count it (see `markers`), not the partition's own.
+    pub(super) forwards_stream_maxima: bool,
     /// Behind a repartition, the streams whose progress the markers carry
     /// by origin topic: a union's inputs, each with its own watermark.
     pub(super) marker_streams: Vec<MarkerStream>,
@@ -339,6 +343,7 @@ impl Query {
             event_time_extractor: None,
             listeners: Vec::new(),
             watermark_from_markers: false,
+            forwards_stream_maxima: false,
             marker_streams: Vec::new(),
             watermark_exchange: None,
             state_service: None,
@@ -426,6 +431,14 @@ impl QueryBuilder {
     pub fn watermark_exchange(mut self, exchange: impl super::WatermarkExchange + 'static) -> Self {
         self.watermark_exchange = Some(Box::new(exchange));
         self
+    }
+
+    /// Whether this is a repartition writer under the query scope, whose
+    /// markers carry its stream's maximum as far as it has read (see
+    /// [`super::WatermarkMarker`]): with several instances it needs a
+    /// [`QueryBuilder::watermark_exchange`] to count the others' progress.
+    pub fn forwards_stream_maxima(&self) -> bool {
+        self.forwards_stream_maxima
     }
 
     /// Answers interactive queries through `service`: readers made from it

@@ -32,9 +32,13 @@
 //!
 //! A partition of this instance is *caught up* when the source's plan
 //! reads it to its latest offset and a batch (or a poll) then read nothing
-//! of it: it holds no row older than what is published, and it holds
-//! nothing back (a silent partition never stops the watermark, as in
-//! Spark). A task that has not committed a batch yet (just assigned, or
+//! of it: it holds no row that arrived before the plan asked for the
+//! latest offsets, so it counts what was published of rows read before
+//! that moment, and a silent partition holds the watermark back by no
+//! more than a trigger (as in Spark, it never stops it). Progress of rows
+//! that arrived later waits for the next plan: a burst written to every
+//! partition at once is counted only once this partition's share of it
+//! is read. A task that has not committed a batch yet (just assigned, or
 //! after a restart) has read nothing: it counts nothing published until
 //! its first batch ends.
 
@@ -55,8 +59,9 @@ const WAITING_PER_PARTITION: usize = 1024;
 enum ReadFrontier {
     /// Up to this record timestamp (ms), with more to read after it.
     ReadUntil(i64),
-    /// Nothing left to read at its last batch.
-    CaughtUp,
+    /// Nothing left to read at its last batch, of what was appended
+    /// before this wall-clock time (ms; `None`: not known, taken as now).
+    CaughtUp(Option<i64>),
 }
 
 /// The exchange's progress gated by this instance's reading (see the
@@ -144,10 +149,15 @@ impl ExchangeAlignment {
 
     /// After a batch committed: each of `tasks` (this instance's task
     /// partitions) is read up to what the batch read of it, or caught up
-    /// when it read nothing and is in `caught_up` (partitions whose plan
-    /// reads them to their latest offset). A task catching up is in step
-    /// once its plan reads it to the end.
-    pub(super) fn batch_committed(&mut self, tasks: &[i32], caught_up: &BTreeSet<i32>) {
+    /// when it read nothing and is in `caught_up` (partitions whose plan,
+    /// asked at `as_of_ms`, reads them to their latest offset). A task
+    /// catching up is in step once its plan reads it to the end.
+    pub(super) fn batch_committed(
+        &mut self,
+        tasks: &[i32],
+        caught_up: &BTreeSet<i32>,
+        as_of_ms: Option<i64>,
+    ) {
         let reads = std::mem::take(&mut self.batch_reads);
         self.own.retain(|p, _| tasks.contains(p));
         self.catching_up
@@ -158,7 +168,7 @@ impl ExchangeAlignment {
                     ReadFrontier::ReadUntil((*ms).max(*earlier))
                 }
                 (Some(ms), _) => ReadFrontier::ReadUntil(*ms),
-                (None, _) if caught_up.contains(partition) => ReadFrontier::CaughtUp,
+                (None, _) if caught_up.contains(partition) => ReadFrontier::CaughtUp(as_of_ms),
                 (None, _) => continue,
             };
             self.own.insert(*partition, frontier);
@@ -166,11 +176,18 @@ impl ExchangeAlignment {
     }
 
     /// After a poll that read nothing: each of `tasks` in `caught_up` with
-    /// nothing read since its last batch has nothing waiting.
-    pub(super) fn nothing_read(&mut self, tasks: &[i32], caught_up: &BTreeSet<i32>) {
+    /// nothing read since its last batch had nothing waiting at `as_of_ms`
+    /// (when its plan asked for the latest offsets).
+    pub(super) fn nothing_read(
+        &mut self,
+        tasks: &[i32],
+        caught_up: &BTreeSet<i32>,
+        as_of_ms: Option<i64>,
+    ) {
         for partition in tasks {
             if caught_up.contains(partition) && !self.batch_reads.contains_key(partition) {
-                self.own.insert(*partition, ReadFrontier::CaughtUp);
+                self.own
+                    .insert(*partition, ReadFrontier::CaughtUp(as_of_ms));
             }
         }
     }
@@ -261,7 +278,8 @@ impl ExchangeAlignment {
 
     /// How far every task partition here is read: the record timestamp up
     /// to which others' progress may be counted (`i64::MAX` when all are
-    /// caught up); `None` while a task has read nothing, or none runs.
+    /// caught up as of an unknown time); `None` while a task has read
+    /// nothing, or none runs.
     fn frontier(&self, tasks: &[i32]) -> Option<i64> {
         if self.ungated {
             return Some(i64::MAX);
@@ -273,7 +291,10 @@ impl ExchangeAlignment {
         for partition in tasks {
             match self.own.get(partition)? {
                 ReadFrontier::ReadUntil(ms) => frontier = frontier.min(*ms),
-                ReadFrontier::CaughtUp => {}
+                // Rows appended after its plan may still come: progress
+                // published after that may be of rows arrived after them.
+                ReadFrontier::CaughtUp(Some(ms)) => frontier = frontier.min(*ms),
+                ReadFrontier::CaughtUp(None) => {}
             }
         }
         Some(frontier)
@@ -334,7 +355,7 @@ mod tests {
     }
 
     fn committed(alignment: &mut ExchangeAlignment, tasks: &[i32], caught_up: &[i32]) {
-        alignment.batch_committed(tasks, &caught_up.iter().copied().collect());
+        alignment.batch_committed(tasks, &caught_up.iter().copied().collect(), None);
     }
 
     #[test]
@@ -455,10 +476,32 @@ mod tests {
         reads(&mut alignment, 1, 100);
         committed(&mut alignment, &[0, 1], &[]);
         alignment.offer(vec![("t/5".to_string(), progress(1_000, 500))]);
-        alignment.nothing_read(&[0, 1], &BTreeSet::from([0]));
+        alignment.nothing_read(&[0, 1], &BTreeSet::from([0]), None);
         assert!(alignment.countable(&[0, 1]).is_empty(), "1 was not planned");
-        alignment.nothing_read(&[0, 1], &BTreeSet::from([0, 1]));
+        alignment.nothing_read(&[0, 1], &BTreeSet::from([0, 1]), None);
         assert_eq!(alignment.countable(&[0, 1])["t/5"], 1_000);
+    }
+
+    /// An idle instance counts the others' progress only of rows read
+    /// before its last plan asked for its partitions' latest offsets: a
+    /// burst written to every partition at once (read by another instance
+    /// first) waits for this instance's share of it to be planned.
+    #[test]
+    fn caught_up_counts_only_progress_read_before_the_plan() {
+        let mut alignment = ExchangeAlignment::default();
+        alignment.nothing_read(&[0], &BTreeSet::from([0]), Some(1_000));
+        alignment.offer(vec![
+            ("t/1".to_string(), progress(5_000, 900)),
+            ("t/1".to_string(), progress(9_000, 1_200)),
+        ]);
+        assert_eq!(alignment.countable(&[0])["t/1"], 5_000, "the burst waits");
+        // The next plan finds the burst in partition 0: read, then caught
+        // up again as of a later plan.
+        reads(&mut alignment, 0, 1_150);
+        alignment.batch_committed(&[0], &BTreeSet::new(), Some(1_100));
+        assert_eq!(alignment.countable(&[0])["t/1"], 5_000);
+        alignment.batch_committed(&[0], &BTreeSet::from([0]), Some(1_300));
+        assert_eq!(alignment.countable(&[0])["t/1"], 9_000);
     }
 
     #[test]

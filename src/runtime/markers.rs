@@ -10,10 +10,25 @@
 //! default the minimum), and rows themselves do not move it. A marker
 //! follows the rows it covers in each partition, so a row is late only if
 //! its own input partition was out of order by more than the delay.
+//!
+//! Under Spark's query-wide watermark (`watermark_scope: query`) a stream's
+//! watermark is its largest event time over every partition, and a row must
+//! only meet the event times of rows that arrived before it. The writer
+//! that reads a partition is the one that knows how far it has read: its
+//! task keeps a watermark counting the other partitions' progress (this
+//! instance's, and the others' through the watermark exchange) only as far
+//! as it has read its own (see `exchange_alignment`), and its markers carry,
+//! for its partition, that stream maximum rather than the partition's own.
+//! The reader takes, per stream, the smallest of those reports
+//! ([`crate::watermark::WatermarkTracker::with_aligned_inputs`]): a writer
+//! with a backlog still to write (after downtime, or one slower than the
+//! rest) holds the watermark until its rows are written, instead of the
+//! others' progress dropping them as late.
 
 use crate::error::{Error, Result};
 use crate::record::Record;
 use crate::time::TimestampMicros;
+use std::collections::BTreeMap;
 
 /// The header that makes a record a marker rather than a row.
 pub const WATERMARK_MARKER_HEADER: &str = "tidemark-watermark";
@@ -35,7 +50,9 @@ pub const WATERMARK_MARKER_HEADER: &str = "tidemark-watermark";
 pub struct WatermarkMarker {
     /// The input partition (`topic/partition`) the progress is of.
     pub origin: String,
-    /// The largest event time it has delivered, in microseconds.
+    /// The largest event time it has delivered, in microseconds; under
+    /// the query scope, its stream's largest as far as the writer reading
+    /// it may count it (see the module's documentation).
     pub max_event_time: TimestampMicros,
     /// Every input partition of the writing stage: under the `min` policy
     /// one that has reported nothing yet holds the watermark at its start.
@@ -62,4 +79,32 @@ impl WatermarkMarker {
             .any(|(name, _)| name == WATERMARK_MARKER_HEADER)
             .then(|| Self::decode(record.value.as_deref().unwrap_or_default()))
     }
+}
+
+/// What a repartition writer under the query scope forwards in its markers
+/// at a commit: for each input partition it is assigned (`assigned`, as
+/// `(topic, partition)`; silent ones too), the largest event time of its
+/// stream that the partition's task counts (see the module's
+/// documentation). Only assigned ones: another instance's partition of the
+/// same number (a union's other topic) is reported by its own writer.
+pub(super) fn forwarded_stream_maxima(
+    tasks: &BTreeMap<i32, super::task::Task>,
+    assigned: &[(String, i32)],
+    inputs: &super::inputs::Inputs,
+    source: &dyn super::Source,
+) -> BTreeMap<String, TimestampMicros> {
+    let mut forwarded = BTreeMap::new();
+    for (topic, partition) in assigned {
+        let input = inputs.get(inputs.input_of(topic));
+        let Some(watermark) = tasks.get(partition).and_then(|t| t.watermark.as_ref()) else {
+            continue;
+        };
+        if !input.watermarked {
+            continue;
+        }
+        if let Some(t) = watermark.stream_max_event_time(input.stream.as_deref()) {
+            forwarded.insert(source.watermark_input(topic, *partition), t);
+        }
+    }
+    forwarded
 }

@@ -145,6 +145,17 @@ pub trait Source: Send {
     fn partitions_caught_up(&self) -> std::collections::BTreeSet<i32> {
         Default::default()
     }
+    /// When (wall clock, epoch milliseconds) the last plan asked for the
+    /// latest offsets: [`Source::partitions_caught_up`] holds nothing
+    /// appended after it. `None`: not known, taken as now.
+    fn caught_up_as_of_ms(&self) -> Option<i64> {
+        None
+    }
+    /// The `(topic, partition)`s this member reads now (Kafka: its
+    /// assignment), silent ones too; empty when the source does not say.
+    fn assigned_inputs(&self) -> Vec<(String, i32)> {
+        Vec::new()
+    }
     /// Records behind the end of the input, if known (consumer lag).
     fn lag(&self) -> Option<i64> {
         None

@@ -16,7 +16,9 @@ use crate::operators::KeyRange;
 use crate::operators::OutputMode;
 use crate::record::Record;
 use crate::row::Row;
+use crate::time::TimestampMicros;
 use crate::topology::NodeDescription;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -230,6 +232,9 @@ struct TriggerLoop<'a> {
     watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
     /// Another instance's progress would move a watermark: a batch is due.
     others_moved_watermark: bool,
+    /// A repartition writer under the query scope: what its markers last
+    /// carried (a batch is due when that would change, records or not).
+    last_forwarded: BTreeMap<String, TimestampMicros>,
     /// Interactive queries' requests, answered between polls.
     state: StateService,
     stores: Vec<StoreDescription>,
@@ -282,6 +287,7 @@ impl<'a> TriggerLoop<'a> {
             open_batch: None,
             watermark_exchange,
             others_moved_watermark: false,
+            last_forwarded: BTreeMap::new(),
             state,
             stores: describe_stores(&builder),
             builder,
@@ -350,7 +356,9 @@ impl<'a> TriggerLoop<'a> {
         let (batch, get_batch_ms) = self.poll()?;
         self.exhausted |= batch.exhausted;
         if batch.records.is_empty() && self.watermark_exchange.is_some() {
-            self.tasks.nothing_read(&self.source.partitions_caught_up());
+            let as_of_ms = self.source.caught_up_as_of_ms();
+            self.tasks
+                .nothing_read(&self.source.partitions_caught_up(), as_of_ms);
         }
         // Under Spark's query-wide watermark a partition held back while its
         // task restores would find the watermark moved past its rows by the
@@ -456,8 +464,8 @@ impl<'a> TriggerLoop<'a> {
             max_records: self.builder.max_records_per_batch,
             available_now: self.cadence.available_now,
             return_early: real_time,
-            // A repartition writer has no watermark of its own but plans
-            // too: the reader's watermark comes from what it wrote.
+            // A repartition writer plans too: the reader's watermark comes
+            // from what it wrote.
             plan_offsets: !real_time && self.query_wide_watermark(),
         };
         let started = Instant::now();
@@ -500,7 +508,26 @@ impl<'a> TriggerLoop<'a> {
         };
         let batch_id = self.batch_id;
         let replay_due = self.replaying.take_if(|b| *b == batch_id).is_some();
-        has_records || watermark_pending || timers_due || real_time || replay_due
+        // A writer whose own partitions are silent still tells the readers
+        // how far the stream went: they wait for its report.
+        let forward_due = !has_records
+            && self
+                .forwarded_stream_maxima()
+                .is_some_and(|f| f != self.last_forwarded);
+        has_records || watermark_pending || timers_due || real_time || replay_due || forward_due
+    }
+
+    /// What a repartition writer under the query scope forwards in its
+    /// markers now (see `markers`); `None` for any other query.
+    fn forwarded_stream_maxima(&self) -> Option<BTreeMap<String, TimestampMicros>> {
+        self.builder.forwards_stream_maxima.then(|| {
+            super::markers::forwarded_stream_maxima(
+                self.tasks.tasks(),
+                &self.source.assigned_inputs(),
+                &self.router.inputs,
+                &*self.source,
+            )
+        })
     }
 
     /// Runs one poll's records through the tasks, ends the batch in every
@@ -571,6 +598,9 @@ impl<'a> TriggerLoop<'a> {
     fn commit(&mut self, open: &OpenBatch) -> Result<CommitOutcome> {
         let state_operators = state_progress(&mut self.tasks, &mut self.backend);
         let started = Instant::now();
+        // What the markers carry: the stream's maxima under the query
+        // scope (see `markers`), else each partition's own progress.
+        let forwarded = self.forwarded_stream_maxima();
         let targets = CommitTargets {
             source: &mut *self.source,
             sink: &mut *self.sink,
@@ -579,7 +609,8 @@ impl<'a> TriggerLoop<'a> {
             backend: &mut self.backend,
         };
         let event_time_progress = &open.event_time_progress;
-        let outcome = commit_batch(self.batch_id, &mut self.tasks, event_time_progress, targets)?;
+        let marked = forwarded.as_ref().unwrap_or(event_time_progress);
+        let outcome = commit_batch(self.batch_id, &mut self.tasks, marked, targets)?;
         if let CommitOutcome::Aborted { replay_bounded } = outcome {
             if let Some(alignment) = self.tasks.alignment_mut() {
                 alignment.batch_aborted();
@@ -591,11 +622,15 @@ impl<'a> TriggerLoop<'a> {
             }
             return Ok(outcome);
         }
+        if let Some(forwarded) = forwarded {
+            self.last_forwarded = forwarded;
+        }
         if let Some(exchange) = self.watermark_exchange.as_mut() {
             let caught_up = self.source.partitions_caught_up();
-            let known = self
-                .tasks
-                .share_committed_progress(event_time_progress, &caught_up);
+            let as_of_ms = self.source.caught_up_as_of_ms();
+            let known =
+                self.tasks
+                    .share_committed_progress(event_time_progress, &caught_up, as_of_ms);
             // Advisory: another instance's watermark waits for it, nothing
             // is lost if it fails.
             if let Err(e) = exchange.publish(&known) {
@@ -754,6 +789,75 @@ mod tests {
         assert_eq!(starts, vec!["2026-01-01T10:00:00Z"], "{:?}", sink.rows);
         assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
         assert_eq!(summary.input_records, 2, "markers are not input rows");
+    }
+
+    /// Records what each commit hands the sink as event-time progress
+    /// (what a repartition sink turns into markers).
+    #[derive(Default)]
+    struct ProgressSink(Arc<std::sync::Mutex<Vec<BTreeMap<String, TimestampMicros>>>>);
+
+    impl Sink for ProgressSink {
+        fn describe(&self) -> String {
+            "progress".into()
+        }
+        fn write(&mut self, _batch_id: u64, _rows: &[Row]) -> Result<()> {
+            Ok(())
+        }
+        fn commit(&mut self, _batch_id: u64) -> Result<()> {
+            Ok(())
+        }
+        fn event_time_progress(&mut self, progress: &BTreeMap<String, TimestampMicros>) {
+            self.0.lock().unwrap().push(progress.clone());
+        }
+    }
+
+    /// A repartition writer under the query scope hands its markers, for
+    /// each partition it is assigned (silent ones too, not one it is not),
+    /// the stream's largest event time (the reader takes the smallest
+    /// report); other writers, each partition's own.
+    #[test]
+    fn a_query_scope_writer_forwards_its_streams_maximum_for_each_assigned_partition() {
+        use crate::record::{Record, SourcePosition};
+        let row = |partition, offset, t: &str| Record {
+            value: Some(format!(r#"{{"k": "a", "t": "2026-01-01T{t}:00Z"}}"#).into_bytes()),
+            position: SourcePosition::new("in", partition, offset),
+            ..Default::default()
+        };
+        let at = |t: &str| crate::time::parse_rfc3339(&format!("2026-01-01T{t}:00Z")).unwrap();
+        let run = |forwards: bool, assigned: &[i32]| {
+            let mut source = VecSource::record_batches(vec![
+                vec![row(0, 0, "10:10"), row(1, 0, "10:00")],
+                vec![row(1, 1, "10:20")],
+            ])
+            .assigned(assigned.iter().map(|p| ("in", *p)));
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut sink = ProgressSink(seen.clone());
+            let mut writer = Query::builder("writer")
+                .event_time("t")
+                .watermark("1 minute")
+                .unwrap()
+                .trigger(Trigger::AvailableNow);
+            writer.forwards_stream_maxima = forwards;
+            writer.build().unwrap().run(&mut source, &mut sink).unwrap();
+            let seen = seen.lock().unwrap().clone();
+            seen
+        };
+        let both = |p0: &str, p1: &str| {
+            BTreeMap::from([("in/0".to_string(), at(p0)), ("in/1".to_string(), at(p1))])
+        };
+        let assigned = |t: &str| {
+            let all = [0, 1, 2].map(|p| (format!("in/{p}"), at(t)));
+            BTreeMap::from(all)
+        };
+        let forwarded = run(true, &[0, 1, 2]);
+        assert_eq!(forwarded[0], assigned("10:10"), "silent in/2 reports too");
+        assert_eq!(forwarded[1], assigned("10:20"));
+        let mut not_1 = assigned("10:20");
+        not_1.remove("in/1");
+        assert_eq!(run(true, &[0, 2])[1], not_1, "in/1 is another's to report");
+        let own = run(false, &[0, 1, 2]);
+        assert_eq!(own[0], both("10:10", "10:00"));
+        assert_eq!(own[1], BTreeMap::from([("in/1".to_string(), at("10:20"))]));
     }
 
     #[test]

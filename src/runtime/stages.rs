@@ -517,8 +517,10 @@ impl QueryBuilder {
     }
 
     /// A writer stage's settings: the query's event time, trigger and
-    /// batch size, no watermark (the reader's applies), append mode, and
-    /// no steps yet.
+    /// batch size, append mode, and no steps yet. The reader's watermark
+    /// applies; under the query scope the writer keeps one too, to count
+    /// every partition's progress as far as it has read its own, and
+    /// forwards it in its markers (see `markers`).
     fn writer_settings(&self, name: &str) -> QueryBuilder {
         let mut writer = super::Query::builder(name)
             .watermark_policy(self.policy)
@@ -532,6 +534,10 @@ impl QueryBuilder {
         writer.idle_timeout = self.idle_timeout;
         writer.event_time_extractor = self.event_time_extractor.clone();
         writer.keyed_by = self.keyed_by.clone();
+        if self.scope == crate::watermark::WatermarkScope::Query && self.watermark.is_some() {
+            writer.watermark = self.watermark;
+            writer.forwards_stream_maxima = true;
+        }
         writer
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::operators::{BatchContext, Operator};
 use crate::row::Row;
 use crate::time::TimestampMicros;
-use crate::watermark::WatermarkTracker;
+use crate::watermark::{WatermarkScope, WatermarkTracker};
 use arrow_array::RecordBatch;
 use std::time::Duration;
 
@@ -72,6 +72,11 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
                 builder.idle_timeout.map(|t| t.as_micros() as i64),
             )
             .with_scope(builder.scope);
+            if builder.watermark_from_markers && builder.scope == WatermarkScope::Query {
+                // The writers' markers carry their streams' maxima as far
+                // as each writer may count them (`forwards_stream_maxima`).
+                tracker = tracker.with_aligned_inputs();
+            }
             let streams = builder
                 .side_inputs
                 .iter()

@@ -38,6 +38,9 @@ pub(super) struct TaskManager {
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
+    /// A repartition writer under the query scope: every assigned
+    /// partition has a task (see `new_partitions`).
+    starts_every_assigned: bool,
     /// The largest event time counted per input partition: this instance's
     /// committed progress and what the watermark exchange let it count of
     /// the others'. A task started later (or after every task was dropped)
@@ -74,6 +77,7 @@ impl TaskManager {
             sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
+            starts_every_assigned: builder.forwards_stream_maxima,
             counted_progress: BTreeMap::new(),
             alignment: None,
             joining_running: false,
@@ -98,11 +102,12 @@ impl TaskManager {
     }
 
     /// After a poll that read nothing: the partitions the source's plan
-    /// found with nothing waiting hold nothing back.
-    pub(super) fn nothing_read(&mut self, caught_up: &BTreeSet<i32>) {
+    /// (asked at `as_of_ms`) found with nothing waiting hold nothing back
+    /// of what arrived before it.
+    pub(super) fn nothing_read(&mut self, caught_up: &BTreeSet<i32>, as_of_ms: Option<i64>) {
         let running: Vec<i32> = self.tasks.keys().copied().collect();
         if let Some(alignment) = self.alignment.as_mut() {
-            alignment.nothing_read(&running, caught_up);
+            alignment.nothing_read(&running, caught_up, as_of_ms);
         }
     }
 
@@ -193,7 +198,15 @@ impl TaskManager {
                     .push(checkpoint.clone()),
             }
         }
-        let new_partitions = self.new_partitions(batch);
+        let assigned: Vec<i32> = match self.starts_every_assigned {
+            true => source
+                .assigned_inputs()
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect(),
+            false => Vec::new(),
+        };
+        let new_partitions = self.new_partitions(batch, &assigned);
         self.start(builder, new_partitions, backend)?;
         self.await_restores(builder, source, hold_allowed)?;
         metrics::gauge!("tidemark_tasks_restoring").set(self.restoring.len() as f64);
@@ -228,7 +241,11 @@ impl TaskManager {
     /// its task at once too, records or not: after a restart its watermark
     /// may already have moved, and the no-data batch that evicts (and
     /// writes closed windows, outer join rows) must not wait for new input.
-    fn new_partitions(&self, batch: &SourceBatch) -> BTreeSet<i32> {
+    /// A repartition writer under the query scope starts every `assigned`
+    /// partition's: each reports its stream's progress, silent or not (see
+    /// `markers`), and one handed over with a backlog is known as such only
+    /// at its assignment (it catches up, see `exchange_alignment`).
+    fn new_partitions(&self, batch: &SourceBatch, assigned: &[i32]) -> BTreeSet<i32> {
         let resumed = batch
             .restored_checkpoints
             .iter()
@@ -239,6 +256,7 @@ impl TaskManager {
             .iter()
             .map(|r| r.position.partition)
             .chain(resumed)
+            .chain(assigned.iter().copied())
             .filter(|p| !self.tasks.contains_key(p) && !self.restoring.contains_key(p))
             .collect()
     }
@@ -276,11 +294,15 @@ impl TaskManager {
             .is_some_and(|a| a.task_started(partition, self.joining_running, handed_over));
         // Under the query-wide scope a new task starts from what the
         // instance's other tasks know of every partition; one catching up
-        // from its checkpoint alone.
+        // from its checkpoint alone, and so does a repartition reader's:
+        // its partition's markers follow its rows, and a backlog handed
+        // over must meet them in that order, not the running tasks' newer
+        // ones.
+        let from_others = !catching_up && !builder.watermark_from_markers;
         if let Some(w) = task
             .watermark
             .as_mut()
-            .filter(|w| w.scope() == WatermarkScope::Query && !catching_up)
+            .filter(|w| w.scope() == WatermarkScope::Query && from_others)
         {
             let alignment = self.alignment.as_ref();
             let in_step = |p: &i32| !alignment.is_some_and(|a| a.is_catching_up(*p));
@@ -518,12 +540,13 @@ impl TaskManager {
         &mut self,
         progress: &BTreeMap<String, TimestampMicros>,
         caught_up: &BTreeSet<i32>,
+        as_of_ms: Option<i64>,
     ) -> BTreeMap<String, PartitionProgress> {
         merge_max(&mut self.counted_progress, progress);
         let running: Vec<i32> = self.tasks.keys().copied().collect();
         match self.alignment.as_mut() {
             Some(alignment) => {
-                alignment.batch_committed(&running, caught_up);
+                alignment.batch_committed(&running, caught_up, as_of_ms);
                 alignment.progress_to_publish(progress)
             }
             None => BTreeMap::new(),

@@ -20,6 +20,8 @@ pub struct VecSource {
     /// How many of the next commits abort the batch, as a fenced
     /// transaction does.
     commits_to_abort: usize,
+    /// What [`Source::assigned_inputs`] reports.
+    assigned: Vec<(String, i32)>,
 }
 
 impl VecSource {
@@ -62,6 +64,16 @@ impl VecSource {
     /// several, one per topic.
     pub fn restoring(mut self, checkpoints: impl IntoIterator<Item = (i32, String)>) -> Self {
         self.restore = checkpoints.into_iter().collect();
+        self
+    }
+
+    /// Reports `inputs` (`(topic, partition)`) as this member's
+    /// assignment, silent partitions too, as Kafka does.
+    pub fn assigned<'t>(mut self, inputs: impl IntoIterator<Item = (&'t str, i32)>) -> Self {
+        self.assigned = inputs
+            .into_iter()
+            .map(|(topic, partition)| (topic.to_string(), partition))
+            .collect();
         self
     }
 
@@ -120,6 +132,9 @@ impl Source for VecSource {
     }
     fn offsets(&self) -> serde_json::Value {
         serde_json::json!({"input": {"0": self.offset}})
+    }
+    fn assigned_inputs(&self) -> Vec<(String, i32)> {
+        self.assigned.clone()
     }
 }
 

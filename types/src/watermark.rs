@@ -81,6 +81,13 @@ pub struct WatermarkTracker {
     /// Not read from a checkpoint: the configuration's applies.
     #[serde(skip)]
     scope: WatermarkScope,
+    /// Under the query scope, each input reports its whole stream's
+    /// largest event time as far as its reader may count it (a repartition
+    /// writer's markers): a stream's maximum is then the smallest of its
+    /// inputs', so that a writer with rows still to write holds it back.
+    /// Configuration, not read from a checkpoint.
+    #[serde(skip)]
+    aligned_inputs: bool,
     #[serde(with = "checkpoint_inputs")]
     inputs: BTreeMap<String, InputProgress>,
     /// Streams expected to deliver: under `min`, one that has delivered
@@ -105,6 +112,7 @@ impl WatermarkTracker {
             policy,
             idle_timeout_micros,
             scope: WatermarkScope::Partition,
+            aligned_inputs: false,
             inputs: BTreeMap::new(),
             expected_streams: Vec::new(),
             in_effect: 0,
@@ -121,6 +129,36 @@ impl WatermarkTracker {
     /// Over which inputs a stream's watermark is taken.
     pub fn scope(&self) -> WatermarkScope {
         self.scope
+    }
+
+    /// The tracker of a repartition reader under the query scope, whose
+    /// inputs each report their stream's largest event time as far as
+    /// their writer counts it: a stream's maximum is the smallest reported,
+    /// and an input registered but not reported yet holds its stream back
+    /// (its writer has not written yet: every writer task reports, silent
+    /// partitions too). With an idle timeout, an input idle that long
+    /// takes no part.
+    pub fn with_aligned_inputs(mut self) -> Self {
+        self.aligned_inputs = true;
+        self
+    }
+
+    /// The largest event time any input of `stream` (`None`: the unnamed
+    /// main stream) delivered: what a repartition writer reports for its
+    /// own partitions under the query scope (see
+    /// [`WatermarkTracker::with_aligned_inputs`]). `None` before one did.
+    pub fn stream_max_event_time(&self, stream: Option<&str>) -> Option<TimestampMicros> {
+        self.delivered()
+            .filter(|p| p.stream.as_deref() == stream)
+            .map(|p| p.max_event_time)
+            .max()
+    }
+
+    /// The inputs that delivered a row (not only registered).
+    fn delivered(&self) -> impl Iterator<Item = &InputProgress> {
+        self.inputs
+            .values()
+            .filter(|p| p.max_event_time != TimestampMicros::MIN)
     }
 
     /// Records that `input` delivered a row with `event_time` at
@@ -192,8 +230,8 @@ impl WatermarkTracker {
             let w = p.watermark(self.delay_micros).max(0);
             let slot = seen.entry(stream.clone()).or_insert(w);
             *slot = match self.scope {
-                WatermarkScope::Partition => (*slot).min(w),
-                WatermarkScope::Query => (*slot).max(w),
+                WatermarkScope::Query if !self.aligned_inputs => (*slot).max(w),
+                _ => (*slot).min(w),
             };
         }
         out.extend(seen);
@@ -286,22 +324,30 @@ impl WatermarkTracker {
             Some(timeout) => processing_time - p.last_active_processing_time < timeout,
             None => true,
         };
-        // (maximum over every partition that delivered, any still active)
-        let mut per_stream: BTreeMap<Option<&str>, (TimestampMicros, bool)> = BTreeMap::new();
-        for p in self
+        // Per stream: the maximum over every partition that delivered, any
+        // still active; with aligned inputs, the minimum over the active,
+        // one not reported yet (`MIN`) holding it.
+        let mut per_stream: BTreeMap<Option<&str>, (Option<TimestampMicros>, bool)> =
+            BTreeMap::new();
+        let counted = self
             .inputs
             .values()
-            .filter(|p| p.max_event_time != TimestampMicros::MIN)
-        {
-            let w = p.watermark(self.delay_micros);
-            let slot = per_stream.entry(p.stream.as_deref()).or_insert((w, false));
-            slot.0 = slot.0.max(w);
-            slot.1 |= is_active(p);
+            .filter(|p| self.aligned_inputs || p.max_event_time != TimestampMicros::MIN);
+        for p in counted {
+            let (w, active) = (p.watermark(self.delay_micros), is_active(p));
+            let slot = per_stream.entry(p.stream.as_deref()).or_default();
+            slot.1 |= active;
+            slot.0 = match (slot.0, self.aligned_inputs) {
+                (kept, true) if !active => kept,
+                (None, _) => Some(w),
+                (Some(s), true) => Some(s.min(w)),
+                (Some(s), false) => Some(s.max(w)),
+            };
         }
         let per_stream: BTreeMap<Option<&str>, TimestampMicros> = per_stream
             .into_iter()
             .filter(|(_, (_, active))| *active)
-            .map(|(stream, (w, _))| (stream, w))
+            .filter_map(|(stream, (w, _))| Some((stream, w?)))
             .collect();
         // Never delivered (an idle stream that did is left out instead).
         let silent_stream = self.expected_streams.iter().any(|s| {
@@ -514,6 +560,50 @@ mod tests {
         restored.restore(&saved);
         assert_eq!(restored.scope(), WatermarkScope::Partition);
         assert_eq!(restored.in_effect(), 40 * MIN);
+    }
+
+    /// Behind a repartition under the query scope each writer reports its
+    /// stream's maximum as far as it may count it: the stream's is the
+    /// smallest report, so a writer with rows still to write (its report
+    /// behind, or none yet) holds the watermark; an input idle past the
+    /// timeout takes no part. A writer's tracker gives each stream's
+    /// maximum.
+    #[test]
+    fn aligned_inputs_take_the_smallest_report_of_their_stream() {
+        let aligned = |idle| {
+            WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, idle)
+                .with_scope(WatermarkScope::Query)
+                .with_aligned_inputs()
+        };
+        let mut wm = aligned(None);
+        wm.register("in/2", 0);
+        wm.observe("in/0", 60 * MIN, 0);
+        wm.observe("in/1", 20 * MIN, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 0, "in/2's writer has not reported");
+        wm.observe("in/2", 70 * MIN, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 10 * MIN, "in/1's writer holds it");
+        wm.observe("in/1", 60 * MIN, 0);
+        wm.finish_batch(0);
+        assert_eq!(wm.in_effect(), 50 * MIN);
+
+        let mut idle = aligned(Some(5 * MIN));
+        idle.observe("in/0", 20 * MIN, 0);
+        idle.observe("in/1", 60 * MIN, 10 * MIN);
+        idle.finish_batch(10 * MIN);
+        assert_eq!(idle.in_effect(), 50 * MIN, "in/0 is idle");
+
+        let mut writer = WatermarkTracker::new(10 * MIN, WatermarkPolicy::Min, None)
+            .with_scope(WatermarkScope::Query);
+        writer.observe_stream("a/0", Some("a"), None, 20 * MIN, 0);
+        writer.observe_stream("a/1", Some("a"), None, 30 * MIN, 0);
+        writer.observe_stream("b/0", Some("b"), None, 5 * MIN, 0);
+        writer.observe("main/0", 7 * MIN, 0);
+        writer.register("main/1", 0);
+        let maxima = [Some("a"), Some("b"), None, Some("c")]
+            .map(|stream| writer.stream_max_event_time(stream));
+        assert_eq!(maxima, [Some(30 * MIN), Some(5 * MIN), Some(7 * MIN), None]);
     }
 
     /// A repartition reader's tracker holds every input partition upstream:

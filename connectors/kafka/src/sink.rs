@@ -250,8 +250,10 @@ impl KafkaSink {
     }
 
     /// Makes this the writing side of a repartition topic with `partitions`
-    /// partitions: at each commit, every input in `origins` that delivered
-    /// rows in the batch gets a [`WatermarkMarker`] in every partition.
+    /// partitions: at each commit, every input in `origins` whose progress
+    /// grew in the batch ([`Sink::event_time_progress`]: its own, or under
+    /// the query scope its stream's as far as its writer counts it) gets a
+    /// [`WatermarkMarker`] in every partition.
     pub fn with_watermark_markers(mut self, origins: Vec<String>, partitions: i32) -> Self {
         self.markers = Some(MarkerState {
             origins,

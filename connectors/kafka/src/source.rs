@@ -213,6 +213,9 @@ pub struct KafkaSource {
     plan_stalled: bool,
     /// The partitions the last plan reads to their latest offset.
     caught_up: BTreeSet<i32>,
+    /// When the last plan asked for the latest offsets (epoch ms): what
+    /// was appended after it is not in [`Self::caught_up`]'s plan.
+    planned_at_ms: Option<i64>,
 }
 
 /// How long a planned batch may take to reach its end offsets before it
@@ -311,6 +314,7 @@ impl KafkaSource {
             paused_at_plan: HashMap::default(),
             plan_stalled: false,
             caught_up: BTreeSet::new(),
+            planned_at_ms: None,
         })
     }
 
@@ -652,10 +656,16 @@ impl KafkaSource {
         if partitions.is_empty() {
             return Ok(None);
         }
+        // Asked before the offsets: a record appended while they are
+        // listed may be left out, never one appended before.
+        let asked_at_ms = tidemark::time::now_micros() / 1_000;
         let mut latest = match &self.end_offsets {
             Some(ends) => ends.clone(),
             None => self.list_offsets(&partitions, Offset::End)?,
         };
+        // An available-now end was fixed at start: what came later is not
+        // this run's to read.
+        self.planned_at_ms = self.end_offsets.is_none().then_some(asked_at_ms);
         latest.retain(|(topic, partition), _| {
             partitions
                 .iter()
@@ -1316,6 +1326,14 @@ impl Source for KafkaSource {
 
     fn partitions_caught_up(&self) -> BTreeSet<i32> {
         self.caught_up.clone()
+    }
+
+    fn caught_up_as_of_ms(&self) -> Option<i64> {
+        self.planned_at_ms
+    }
+
+    fn assigned_inputs(&self) -> Vec<(String, i32)> {
+        self.assigned()
     }
 
     fn lag(&self) -> Option<i64> {
