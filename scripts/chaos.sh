@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The long chaos soak (#15): three exactly-once replicas, a producer
+# The long chaos soak (#15, #43): three exactly-once replicas, a producer
 # throughout, KILLS random SIGKILLs (default 100), a broker restart, a
 # replica added and one stopped, then an available-now run; every window
-# must be written exactly once, into a Kafka topic and (a second soak, run
-# after the first) into one Delta table all replicas commit to. Prints a
-# report line `chaos: ...` per soak.
+# must be written exactly once, into a Kafka topic and (another soak) into
+# one Delta table all replicas commit to; each with dynamic members sharing
+# a state directory and with static members (TIDEMARK_INSTANCE_ID, a state
+# directory each). Prints a report line `chaos: ...` per soak.
 #
-#   scripts/chaos.sh [KILLS] [SEED]
+#   scripts/chaos.sh [KILLS] [SEED] [FILTER]
+#
+# FILTER picks soaks by test name (`static`, `delta`, ...; default all four).
 #
 # Uses the broker scripts/kafka.sh manages (started here if it is not
 # running), as the test suite does; the short version (6 kills) runs in
@@ -21,4 +24,4 @@ if [[ -z "${KAFKA_BOOTSTRAP:-}" ]]; then
 fi
 export CHAOS_KILLS="${1:-100}"
 [[ -n "${2:-}" ]] && export CHAOS_SEED="$2"
-exec cargo test --workspace --test chaos -- --nocapture
+exec cargo test --workspace --test chaos -- --nocapture ${3:+"$3"}

@@ -7,6 +7,13 @@
 //! second soak) one Delta table all replicas commit to, read back by the
 //! Python `deltalake` package.
 //!
+//! Each soak runs twice over: with dynamic members (replicas sharing one
+//! state directory, each taking an instance slot in it) and with static
+//! members, the deployment Kafka Streams users are told to use: each
+//! replica its own `TIDEMARK_INSTANCE_ID` (so `group.instance.id`) and its
+//! own state directory, a killed one restarted on both, taking its
+//! partitions back without a rebalance.
+//!
 //! `CHAOS_KILLS` sets the number of kills (default 6, the short version CI
 //! runs); `CHAOS_SEED` replays a run's random choices (printed at the
 //! start); `TIDEMARK_TEST_LOG_DIR` keeps every process's stderr there
@@ -23,6 +30,8 @@ use tidemark_integration_tests::*;
 const PARTITIONS: i32 = 6;
 const REPLICAS: usize = 3;
 const CHUNKS: i64 = 10;
+/// The chunk after which the broker restarts.
+const RESTART_CHUNK: i64 = 5;
 
 /// xorshift64*: enough randomness for choosing victims and moments, and
 /// reproducible from the printed seed without another dependency.
@@ -54,7 +63,7 @@ static ONE_SOAK_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restart_and_rebalances() {
     let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    soak(Output::Kafka);
+    soak(Output::Kafka, Membership::Dynamic);
 }
 
 /// The same soak into one Delta table that every replica commits to, read
@@ -62,7 +71,21 @@ fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restar
 #[test]
 fn replicas_write_every_window_exactly_once_into_one_delta_table_through_the_same_chaos() {
     let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    soak(Output::Delta);
+    soak(Output::Delta, Membership::Dynamic);
+}
+
+/// The Kafka soak with static members, each on its own state directory.
+#[test]
+fn static_members_write_every_window_exactly_once_through_random_kills_and_a_broker_restart() {
+    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    soak(Output::Kafka, Membership::Static);
+}
+
+/// The Delta soak with static members, each on its own state directory.
+#[test]
+fn static_members_write_every_window_exactly_once_into_one_delta_table_through_the_same_chaos() {
+    let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    soak(Output::Delta, Membership::Static);
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -71,7 +94,59 @@ enum Output {
     Delta,
 }
 
-fn soak(sink: Output) {
+/// How the replicas belong to the consumer group.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Membership {
+    /// No instance id: dynamic members sharing one state directory, each
+    /// taking an instance slot in it.
+    Dynamic,
+    /// `TIDEMARK_INSTANCE_ID=r<n>` per replica (static membership), each on
+    /// its own state directory `state-r<n>`; a killed replica restarts with
+    /// both.
+    Static,
+}
+
+/// The replicas of a soak: each process and the instance id it runs as.
+struct Replicas {
+    membership: Membership,
+    file: std::path::PathBuf,
+    running: Vec<(Replica, Option<String>)>,
+    /// Instance ids given so far (the next replica added takes a new one).
+    named: usize,
+}
+
+impl Replicas {
+    fn start(membership: Membership, file: &std::path::Path, count: usize) -> Self {
+        let mut replicas = Replicas {
+            membership,
+            file: file.to_path_buf(),
+            running: Vec::new(),
+            named: 0,
+        };
+        for _ in 0..count {
+            replicas.add();
+        }
+        replicas
+    }
+
+    /// Starts one more replica, under a new instance id when static.
+    fn add(&mut self) {
+        let id = (self.membership == Membership::Static).then(|| format!("r{}", self.named));
+        self.named += 1;
+        let replica = start_replica_as(&self.file, id.as_deref());
+        self.running.push((replica, id));
+    }
+
+    /// SIGKILLs replica `victim` and starts it again as the same instance.
+    fn kill_and_restart(&mut self, victim: usize) {
+        let (replica, id) = &mut self.running[victim];
+        replica.child.kill().unwrap(); // SIGKILL, at whatever it was doing
+        replica.child.wait().unwrap();
+        *replica = start_replica_as(&self.file, id.as_deref());
+    }
+}
+
+fn soak(sink: Output, membership: Membership) {
     let managed_broker = broker_restartable();
     let kills = env_number("CHAOS_KILLS", 6);
     let seed = env_number(
@@ -82,7 +157,7 @@ fn soak(sink: Output) {
             .as_nanos() as u64
             | 1,
     );
-    eprintln!("chaos: {sink:?} CHAOS_KILLS={kills} CHAOS_SEED={seed}");
+    eprintln!("chaos: {sink:?} {membership:?} CHAOS_KILLS={kills} CHAOS_SEED={seed}");
     let mut chaos = Chaos(seed);
     let (input, group) = (unique("chaos-in"), unique("chaos-app"));
     let output = match sink {
@@ -99,37 +174,55 @@ fn soak(sink: Output) {
     if sink == Output::Delta {
         use_delta_sink(&file);
     }
-    let mut replicas: Vec<Replica> = (0..REPLICAS).map(|_| start_replica(&file)).collect();
+    if membership == Membership::Static {
+        state_dir_per_instance(&file);
+    }
+    let mut replicas = Replicas::start(membership, &file, REPLICAS);
 
     let started = Instant::now();
     let (mut killed, mut added, mut stopped, mut broker_restarts) = (0, 0, 0, 0);
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let plain = plain();
     for chunk in 0..CHUNKS {
-        produce_seconds(&input, PARTITIONS, chunk * 60, (chunk + 1) * 60);
+        if chunk == RESTART_CHUNK + 1 && managed_broker {
+            // Its first second of partition 0 went out before the restart.
+            produce_seconds_to(&plain, &input, &[0], chunk * 60 + 1, (chunk + 1) * 60);
+            produce_seconds_to(&plain, &input, &all[1..], chunk * 60, (chunk + 1) * 60);
+        } else {
+            produce_seconds(&input, PARTITIONS, chunk * 60, (chunk + 1) * 60);
+        }
         let kills_now =
             kills * (chunk as u64 + 1) / CHUNKS as u64 - kills * chunk as u64 / CHUNKS as u64;
         for _ in 0..kills_now {
             std::thread::sleep(Duration::from_millis(chaos.next(1500)));
-            let victim = chaos.next(replicas.len() as u64) as usize;
-            let r = &mut replicas[victim];
-            r.child.kill().unwrap(); // SIGKILL, at whatever the replica was doing
-            r.child.wait().unwrap();
-            replicas[victim] = start_replica(&file);
+            let victim = chaos.next(replicas.running.len() as u64) as usize;
+            replicas.kill_and_restart(victim);
             killed += 1;
         }
         std::thread::sleep(Duration::from_millis(500 + chaos.next(1000)));
         match chunk {
             3 => {
-                replicas.push(start_replica(&file));
+                replicas.add();
                 added += 1;
             }
-            5 if managed_broker => {
+            RESTART_CHUNK if managed_broker => {
+                // Idle first, long enough for every task to vouch for its
+                // local files with a checkpoint (5 s after its last
+                // commit); then one event, so that the restart catches a
+                // batch that wrote to one task only and aborts it: the
+                // other tasks' checkpoints must not outlive the abort
+                // (#43).
+                std::thread::sleep(Duration::from_secs(7));
+                produce_seconds_to(&plain, &input, &[0], (chunk + 1) * 60, (chunk + 1) * 60 + 1);
+                std::thread::sleep(Duration::from_millis(chaos.next(300)));
                 assert!(kafka_script("stop"), "stopping the broker");
                 std::thread::sleep(Duration::from_secs(3));
                 assert!(kafka_script("start"), "starting the broker again");
                 broker_restarts += 1;
             }
             7 => {
-                let mut leaving = replicas.remove(chaos.next(replicas.len() as u64) as usize);
+                let leaving = chaos.next(replicas.running.len() as u64) as usize;
+                let (mut leaving, _) = replicas.running.remove(leaving);
                 interrupt(&mut leaving.child);
                 stopped += 1;
             }
@@ -138,7 +231,7 @@ fn soak(sink: Output) {
     }
     let phase = |name: &str| eprintln!("chaos: {name} at {:.0} s", started.elapsed().as_secs_f64());
     phase("faults done");
-    for r in &mut replicas {
+    for (r, _) in &mut replicas.running {
         assert!(
             r.child.try_wait().unwrap().is_none(),
             "a replica exited by itself"
@@ -147,8 +240,9 @@ fn soak(sink: Output) {
     }
 
     phase("replicas stopped");
-    // A replica killed (SIGKILL) without leaving the group keeps its
-    // partitions until its 6 s session timeout, and an available-now run
+    // A replica killed (SIGKILL) without leaving the group, and a static
+    // member even when stopped cleanly, keeps its partitions until its 6 s
+    // session timeout, and an available-now run
     // ends once the partitions it was given are caught up. Started sooner,
     // the final run could finish without those partitions.
     std::thread::sleep(Duration::from_secs(8));

@@ -22,6 +22,7 @@
 
 use crate::instance::InstanceIdentity;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
@@ -47,10 +48,6 @@ pub struct PipelineRunner {
     /// The progress of the stage writing the sink, for the web page.
     history: tidemark_serve::ProgressHistory,
 }
-
-/// How long a run must last for its failure to start a new streak of
-/// backoffs.
-const FAILURE_STREAK_RESET: Duration = Duration::from_secs(60);
 
 /// How long a stage may keep failing before the run gives up, unless the
 /// pipeline says otherwise (`task_timeout`; Kafka Streams'
@@ -116,7 +113,12 @@ impl PipelineRunner {
         let co_partitioned = !crate::join_needs_repartition(&self.file)?;
         let topology = self.file.topology(co_partitioned)?;
         if self.file.source.kind == tidemark::pipeline::SourceKind::Kafka {
-            crate::ensure_repartition_topics(&self.file, &topology)?;
+            // A broker restarting as this process starts is waited for, as
+            // a running stage waits for it, not the end of the run.
+            let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);
+            retry_transient("start", &self.stop, timeout, &Progress::default(), || {
+                crate::ensure_repartition_topics(&self.file, &topology)
+            })?;
         }
         let _server = crate::serving::start(&self.file, &topology, &self.state)?;
         let _ui = crate::serving::start_ui(&self.file, &self.history)?;
@@ -141,7 +143,8 @@ impl PipelineRunner {
         identity: &Arc<InstanceIdentity>,
     ) -> Result<RunSummary> {
         let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);
-        retry_transient(name, &self.stop, timeout, || {
+        let committed = Progress::default();
+        retry_transient(name, &self.stop, timeout, &committed, || {
             // The stage is planned afresh for each run: its operators and
             // connectors are built anew from the file.
             let stage = self
@@ -149,11 +152,16 @@ impl PipelineRunner {
                 .topology(co_partitioned)?
                 .stages
                 .swap_remove(index);
-            self.run_once(stage, identity)
+            self.run_once(stage, identity, committed.clone())
         })
     }
 
-    fn run_once(&self, stage: Stage, identity: &Arc<InstanceIdentity>) -> Result<RunSummary> {
+    fn run_once(
+        &self,
+        stage: Stage,
+        identity: &Arc<InstanceIdentity>,
+        committed: Progress,
+    ) -> Result<RunSummary> {
         let serves_state = stage.output == StageOutput::Sink;
         let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
         let (progress, name) = (self.progress.clone(), stage.name.clone());
@@ -165,6 +173,7 @@ impl PipelineRunner {
         };
         let query = query
             .on_progress(move |p: &QueryProgress| {
+                committed.batch_committed();
                 if let Some(history) = &history {
                     history.record(p);
                 }
@@ -228,25 +237,29 @@ pub(crate) fn run_stages(
 
 /// Calls `run` until it succeeds, fails for good, or `stop` is stopped,
 /// backing off between transient failures (500 ms doubling to 32 s; a run
-/// that lasted a minute starts a new streak). A streak of failures longer
+/// that committed a batch, as `progress` counts, starts a new streak). A
+/// streak of failures longer
 /// than `give_up_after` is the run's failure: the process reports it
 /// (`tidemark run` exits non-zero) instead of warning for ever.
-pub(crate) fn retry_transient(
+pub(crate) fn retry_transient<T>(
     stage: &str,
     stop: &StopHandle,
     give_up_after: Duration,
-    mut run: impl FnMut() -> Result<RunSummary>,
-) -> Result<RunSummary> {
+    progress: &Progress,
+    mut run: impl FnMut() -> Result<T>,
+) -> Result<T> {
     let mut failures = 0u32;
     let mut failing_since: Option<Instant> = None;
     loop {
-        let started = Instant::now();
+        let committed_before = progress.committed();
         match run() {
             Ok(summary) => return Ok(summary),
             Err(e) if is_transient(&e) && !stop.is_stopped() => {
-                // A run that lasted is a fresh start: a failure hours later
-                // is not the seventh in a row.
-                if started.elapsed() > FAILURE_STREAK_RESET {
+                // A run that committed a batch is a fresh start: a failure
+                // hours later is not the seventh in a row. One that only
+                // lasted is not (a batch failing the same way every few
+                // minutes would otherwise restart for ever).
+                if progress.committed() != committed_before {
                     failures = 0;
                     failing_since = None;
                 }
@@ -267,6 +280,23 @@ pub(crate) fn retry_transient(
     }
 }
 
+/// Counts the batches a stage committed, across its rebuilds: what tells
+/// [`retry_transient`] that a failed run had made progress.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Progress(Arc<AtomicU64>);
+
+impl Progress {
+    /// One more batch committed.
+    pub(crate) fn batch_committed(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Batches committed so far.
+    pub(crate) fn committed(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Whether rebuilding the query may succeed: configuration and expression
 /// errors will fail the same way again.
 pub fn is_transient(error: &Error) -> bool {
@@ -284,28 +314,42 @@ mod tests {
         let stop = StopHandle::default();
         let mut attempts = 0;
         let started = Instant::now();
-        let e = retry_transient("s", &stop, Duration::from_millis(1500), || {
-            attempts += 1;
-            Err(Error::Source("broker down".into()))
-        })
-        .unwrap_err();
+        let none = Progress::default();
+        let e =
+            retry_transient::<RunSummary>("s", &stop, Duration::from_millis(1500), &none, || {
+                attempts += 1;
+                Err(Error::Source("broker down".into()))
+            })
+            .unwrap_err();
         assert!(matches!(e, Error::Source(_)), "{e}");
         assert!(attempts >= 2, "{attempts}");
         assert!(started.elapsed() >= Duration::from_millis(1500));
-        // One failure after a run that went well for longer than the
+        // A failure after a run that committed batches for longer than the
         // timeout is retried, not the end of the run.
         let mut attempts = 0;
-        let summary = retry_transient("s", &stop, Duration::from_millis(100), || {
+        let progress = Progress::default();
+        let summary = retry_transient("s", &stop, Duration::from_millis(100), &progress, || {
             attempts += 1;
-            if attempts == 1 {
+            if attempts <= 2 {
                 std::thread::sleep(Duration::from_millis(300));
-                return Err(Error::Source("one broker blip".into()));
+                progress.batch_committed();
+                return Err(Error::Source("a broker blip".into()));
             }
             Ok(RunSummary::default())
         });
         assert!(summary.is_ok(), "{summary:?}");
+        // Runs that last but commit nothing (a batch that fails the same
+        // way each time) are one streak, however long each run is.
         let mut attempts = 0;
-        retry_transient("s", &stop, Duration::from_secs(60), || {
+        retry_transient::<RunSummary>("s", &stop, Duration::from_millis(100), &none, || {
+            attempts += 1;
+            std::thread::sleep(Duration::from_millis(300));
+            Err(Error::Source("the same failure again".into()))
+        })
+        .unwrap_err();
+        assert_eq!(attempts, 2, "the streak began at the first failure");
+        let mut attempts = 0;
+        retry_transient::<RunSummary>("s", &stop, Duration::from_secs(60), &none, || {
             attempts += 1;
             Err(Error::config("source.topic", "no such topic"))
         })

@@ -45,7 +45,7 @@
 
 use crate::from_pipeline::{check_co_partitioned, repartition_sink, stage_source_config};
 use crate::kafka::{KafkaSource, KafkaSourceConfig};
-use crate::runner::{retry_transient, run_stages};
+use crate::runner::{retry_transient, run_stages, Progress};
 use std::sync::Arc;
 use std::time::Duration;
 use tidemark::error::Result;
@@ -126,17 +126,31 @@ impl TopologyRunner {
                 .into_iter()
                 .flat_map(|(_, t)| t),
         );
-        crate::from_pipeline::prepare_topology(&self.input.cluster, &inputs, &topology)?;
+        // A broker restarting as this starts is waited for, not the end.
+        retry_transient(
+            "start",
+            &self.stop,
+            self.task_timeout,
+            &Progress::default(),
+            || crate::from_pipeline::prepare_topology(&self.input.cluster, &inputs, &topology),
+        )?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, trigger, &self.stop, |index| {
-            retry_transient(&names[index], &self.stop, self.task_timeout, || {
-                let stage = (self.query)()?.into_topology().stages.swap_remove(index);
-                self.run_once(stage)
-            })
+            let committed = Progress::default();
+            retry_transient(
+                &names[index],
+                &self.stop,
+                self.task_timeout,
+                &committed,
+                || {
+                    let stage = (self.query)()?.into_topology().stages.swap_remove(index);
+                    self.run_once(stage, committed.clone())
+                },
+            )
         })
     }
 
-    fn run_once(&self, stage: Stage) -> Result<RunSummary> {
+    fn run_once(&self, stage: Stage, committed: Progress) -> Result<RunSummary> {
         let mut config = self.input.clone();
         match &stage.input {
             StageInput::Source => {}
@@ -163,7 +177,9 @@ impl TopologyRunner {
                 repartition_sink(&self.input.cluster, topic, keys, &own_topics, None)?
             }
         };
-        let mut builder = stage.query;
+        let mut builder = stage
+            .query
+            .on_progress(move |_: &tidemark::progress::QueryProgress| committed.batch_committed());
         if builder.forwards_stream_maxima() {
             // A writer under the query scope counts the other instances'
             // progress, shared on a topic of its own.

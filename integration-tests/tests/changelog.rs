@@ -274,3 +274,59 @@ fn a_task_closed_after_an_aborted_batch_leaves_no_local_checkpoint() {
         "no checkpoint vouches for the aborted write"
     );
 }
+
+/// A batch that aborts without writing to a task (static members keep
+/// their partitions through an abort, so every task of the instance takes
+/// this path) leaves no checkpoint file behind: the task's store reopens
+/// empty and restores the whole changelog, and a process killed before
+/// that restore reaches the disk must find no file at its next start.
+/// Before, the file of the last commit stayed; the next start trusted the
+/// empty local store and replayed only the changelog after the file's
+/// offsets — every key last written before them lost, while the offsets of
+/// the rows that built it stayed committed (#43: windows one record short).
+#[test]
+fn a_batch_aborted_without_writing_a_task_leaves_no_checkpoint_for_its_fresh_restore() {
+    use tidemark::runtime::StateBackend;
+    use tidemark_connectors::state_backend::{ChangelogConfig, RocksDbStateBackend};
+
+    let app = unique("state-abort-idle-app");
+    let dir = tempfile::tempdir().unwrap();
+    let backend = || {
+        let changelog = ChangelogConfig {
+            cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap()),
+            partitions: 1,
+            replication: 1,
+        };
+        RocksDbStateBackend::new(dir.path(), &app, 32 << 20, 8 << 20, Some(changelog)).unwrap()
+    };
+    let mut first = backend();
+    let mut store = first.open(0, "counts").unwrap();
+    store.put(b"early", b"1").unwrap();
+    store.flush().unwrap();
+    first.commit().unwrap();
+    first.batch_committed().unwrap();
+    first.between_batches().unwrap();
+    let checkpoint = dir.path().join(&app).join("0").join(".checkpoint");
+    assert!(checkpoint.exists(), "a committed task is checkpointed");
+    // The next batch aborts without writing this task; the runtime drops
+    // its stores and reopens them, which restores afresh.
+    drop(store);
+    first.batch_aborted().unwrap();
+    let restore = first.open_deferred(0, "counts").unwrap();
+    assert!(
+        !checkpoint.exists(),
+        "the checkpoint of the last commit outlived the abort"
+    );
+    // The process dies (SIGKILL) before the restore ran: nothing closes
+    // the task (dropping the backend writes no checkpoint).
+    drop(restore);
+    drop(first);
+
+    let mut again = backend();
+    let store = again.open(0, "counts").unwrap();
+    assert_eq!(
+        store.get(b"early").unwrap().as_deref(),
+        Some(&b"1"[..]),
+        "a key written before the abort is restored"
+    );
+}

@@ -33,14 +33,18 @@ use std::collections::BTreeMap;
 use super::fault_injection::{arm, crash_point, fail_point};
 
 /// How a commit ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum CommitOutcome {
     /// Every step committed.
     Committed,
     /// A step reported the batch aborted; the source rewound and the batch
     /// runs again with its id. `replay_bounded`: over exactly the input it
     /// had (the source bounds its next batch at the aborted one's end).
-    Aborted { replay_bounded: bool },
+    /// `reason`: why it aborted.
+    Aborted {
+        replay_bounded: bool,
+        reason: String,
+    },
 }
 
 /// Everything a batch commits to.
@@ -87,7 +91,10 @@ pub(super) fn commit_batch(
             if let Some(backend) = targets.backend.as_mut() {
                 backend.batch_aborted()?;
             }
-            Ok(CommitOutcome::Aborted { replay_bounded })
+            Ok(CommitOutcome::Aborted {
+                replay_bounded,
+                reason,
+            })
         }
         Err(other) => Err(other),
     }

@@ -11,6 +11,7 @@ mod markers;
 mod output;
 mod query;
 mod reporter;
+pub mod retry;
 mod router;
 pub(crate) mod stages;
 mod state_query;

@@ -6,6 +6,7 @@ use super::builder::QueryBuilder;
 use super::commit::{commit_batch, CommitOutcome, CommitTargets};
 use super::inputs::Inputs;
 use super::reporter::{state_progress, CommittedBatch, OpenBatch, PollOutcome, ProgressReporter};
+use super::retry::Backoff;
 use super::router::{BatchScope, RecordRouter};
 use super::state_query::{store_description, StateHolder};
 use super::task_manager::{Backend, TaskManager};
@@ -238,7 +239,17 @@ struct TriggerLoop<'a> {
     /// Interactive queries' requests, answered between polls.
     state: StateService,
     stores: Vec<StoreDescription>,
+    /// Waits before replaying an aborted batch, longer after each abort in
+    /// a row: a broker restarting aborts every try at once.
+    abort_backoff: Backoff,
 }
+
+/// The wait before the first replay of an aborted batch, and its cap.
+const ABORT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
+/// Aborts of one batch in a row after which the query is rebuilt instead
+/// of replaying the batch in place once more.
+const MAX_ABORTS_IN_A_ROW: u32 = 5;
 
 impl<'a> TriggerLoop<'a> {
     fn new(query: Query, source: &'a mut dyn Source, sink: &'a mut dyn Sink) -> Self {
@@ -291,6 +302,7 @@ impl<'a> TriggerLoop<'a> {
             state,
             stores: describe_stores(&builder),
             builder,
+            abort_backoff: ABORT_BACKOFF,
         }
     }
 
@@ -611,17 +623,15 @@ impl<'a> TriggerLoop<'a> {
         let event_time_progress = &open.event_time_progress;
         let marked = forwarded.as_ref().unwrap_or(event_time_progress);
         let outcome = commit_batch(self.batch_id, &mut self.tasks, marked, targets)?;
-        if let CommitOutcome::Aborted { replay_bounded } = outcome {
-            if let Some(alignment) = self.tasks.alignment_mut() {
-                alignment.batch_aborted();
-            }
-            if replay_bounded {
-                // The replay must hold the whole of the aborted input: no
-                // partition is held back while its task restores.
-                self.replaying = Some(self.batch_id);
-            }
+        if let CommitOutcome::Aborted {
+            replay_bounded,
+            reason,
+        } = &outcome
+        {
+            self.after_abort(*replay_bounded, reason)?;
             return Ok(outcome);
         }
+        self.abort_backoff.succeeded();
         if let Some(forwarded) = forwarded {
             self.last_forwarded = forwarded;
         }
@@ -650,6 +660,48 @@ impl<'a> TriggerLoop<'a> {
         self.summary.bad_records += open.bad_records;
         self.batch_id += 1;
         Ok(outcome)
+    }
+
+    /// After an abort: the replay runs over exactly the aborted input when
+    /// `replay_bounded`, after a wait that grows with each abort in a row;
+    /// the [`MAX_ABORTS_IN_A_ROW`]th ends the run with an error instead, for
+    /// the runner to rebuild the query (see there).
+    fn after_abort(&mut self, replay_bounded: bool, reason: &str) -> Result<()> {
+        if let Some(alignment) = self.tasks.alignment_mut() {
+            alignment.batch_aborted();
+        }
+        if replay_bounded {
+            // The replay must hold the whole of the aborted input: no
+            // partition is held back while its task restores.
+            self.replaying = Some(self.batch_id);
+        }
+        let wait = self.abort_backoff.failed();
+        let aborts = self.abort_backoff.failures();
+        if aborts >= MAX_ABORTS_IN_A_ROW {
+            // What aborts every replay in place (a consumer that lost its
+            // membership for good, a producer in a state no abort clears)
+            // is not mended by one more: the stage is rebuilt with new
+            // clients, and a cause that outlasts that too ends the run at
+            // `task_timeout`.
+            return Err(Error::Sink(format!(
+                "batch {} aborted {aborts} times in a row; the query is rebuilt from the last commit. The last reason: {reason}",
+                self.batch_id
+            )));
+        }
+        tracing::debug!(
+            batch_id = self.batch_id,
+            wait_ms = wait.as_millis() as u64,
+            aborts_in_a_row = aborts,
+            "waiting before the replay"
+        );
+        let replay_at = Instant::now() + wait;
+        while let Some(rest) = replay_at.checked_duration_since(Instant::now()) {
+            if rest.is_zero() || self.stop.is_stopped() {
+                break;
+            }
+            self.answer_state_requests(Some(rest));
+        }
+        Ok(())
     }
 
     /// A source returns early only when it has nothing more: wait out the
@@ -1154,6 +1206,40 @@ mod tests {
         assert_eq!(sink.committed, vec![0, 0, 1]);
         assert_eq!(sink.batch_ids, vec![1]);
         assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
+    }
+
+    /// A batch aborted in place five times in a row ends the run (for the
+    /// runner to rebuild it with new clients, up to `task_timeout`) rather
+    /// than replay it for ever; four aborts are replayed through.
+    #[test]
+    fn a_batch_aborted_five_times_in_a_row_ends_the_run_instead_of_replaying_for_ever() {
+        let events =
+            || VecSource::json_batches(vec![vec![r#"{"t": "2026-01-01T00:10:00Z", "k": "a"}"#]]);
+        let query = || {
+            counting(
+                "aborts",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            )
+            .build()
+            .unwrap()
+        };
+        let mut source = events().aborting_commits(4);
+        query()
+            .run(&mut source, &mut CollectSink::default())
+            .unwrap();
+        assert_eq!(source.committed(), 1, "the fifth try committed");
+        let mut source = events().aborting_commits(MAX_ABORTS_IN_A_ROW as usize);
+        let error = query()
+            .run(&mut source, &mut CollectSink::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("batch 0 aborted 5 times in a row")
+                && error.contains("a test aborts this commit"),
+            "{error}"
+        );
+        assert_eq!(source.committed(), 0);
     }
 
     #[test]

@@ -72,9 +72,21 @@ pub fn produce_seconds_with(
     from: i64,
     to: i64,
 ) {
+    let all: Vec<i32> = (0..partitions).collect();
+    produce_seconds_to(base, input, &all, from, to)
+}
+
+/// [`produce_seconds_with`] to the partitions `partitions` only.
+pub fn produce_seconds_to(
+    base: &rdkafka::ClientConfig,
+    input: &str,
+    partitions: &[i32],
+    from: i64,
+    to: i64,
+) {
     let start = tidemark::time::parse_rfc3339("2026-01-01T10:00:00Z").unwrap();
     let records: Vec<_> = (from..to)
-        .flat_map(|i| (0..partitions).map(move |p| (i, p)))
+        .flat_map(|i| partitions.iter().map(move |p| (i, *p)))
         .map(|(i, p)| {
             let id = format!("p{p}-{}", i % KEYS);
             let t = tidemark::time::format_rfc3339(start + i * 1_000_000);
@@ -437,6 +449,19 @@ pub fn use_delta_sink(file: &std::path::Path) {
     );
     assert_ne!(text, delta, "the pipeline's sink is `unused`");
     std::fs::write(file, delta).unwrap();
+}
+
+/// Gives each instance of the pipeline `file` (from [`write_pipeline`]) a
+/// state directory of its own, `state-<TIDEMARK_INSTANCE_ID>` (`state-none`
+/// for a process without an id), as replicas on separate machines have.
+pub fn state_dir_per_instance(file: &std::path::Path) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let own = text.replace(
+        "state: {dir: state,",
+        "state: {dir: \"state-${TIDEMARK_INSTANCE_ID:-none}\",",
+    );
+    assert_ne!(text, own, "the pipeline keeps its state in `state`");
+    std::fs::write(file, own).unwrap();
 }
 
 /// A port free on 127.0.0.1 now (the OS's pick), for a process's listener.

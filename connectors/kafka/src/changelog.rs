@@ -11,6 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
+use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
 use tidemark_state::{ChangelogChunk, ChangelogRecord, ChangelogWriter, StateError};
 
 /// The changelog topic of `store` in `application_id`.
@@ -202,6 +203,9 @@ pub fn restore_changelog(
     let (mut last_report, mut last_progress) = (started, started);
     let mut next = start;
     let (mut polls, mut idle, mut progress_seen_at) = (0u32, false, start);
+    // A broker restarting answers every poll with an error at once.
+    let mut error_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut error_warning = RepeatedWarning::new(WARNING_INTERVAL);
     while next < high {
         polls = polls.wrapping_add(1);
         // The clock is read every 1,024 records (and after an empty poll):
@@ -230,12 +234,16 @@ pub fn restore_changelog(
         }
         (next, idle) = match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
+                error_backoff.succeeded();
                 chunk.push(m.key().unwrap_or_default(), m.payload());
                 restored += 1;
                 (next.max(m.offset() + 1), false)
             }
             Some(Err(e)) => {
-                tracing::warn!(error = %e, topic, partition, "restore consumer error; retrying");
+                if let Some(times) = error_warning.occurred() {
+                    tracing::warn!(error = %e, topic, partition, times, "restore consumer error; retrying");
+                }
+                error_backoff.wait_after_failure(None);
                 (next, true)
             }
             // Transaction markers and aborted records take offsets without

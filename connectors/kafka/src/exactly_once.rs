@@ -19,6 +19,7 @@ use rdkafka::TopicPartitionList;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
+use tidemark::runtime::retry::Backoff;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -142,10 +143,11 @@ impl SharedTransactions {
         t.begin()?;
         let offsets_sent = if offsets.count() > 0 {
             let (producer, offsets) = (t.producer.clone(), offsets.clone());
-            within(TIMEOUT + GIVE_UP_AFTER, move || {
-                producer.send_offsets_to_transaction(&offsets, &group, TIMEOUT)
-            })
-            .ok_or_else(|| t.give_up("sending the batch's offsets to its transaction"))?
+            let group = Arc::new(group);
+            t.call_retrying(
+                "sending the batch's offsets to its transaction",
+                move || producer.send_offsets_to_transaction(&offsets, &group, TIMEOUT),
+            )?
         } else {
             Ok(())
         };
@@ -160,10 +162,9 @@ impl SharedTransactions {
         let result = match offsets_sent {
             Ok(()) => {
                 let producer = t.producer.clone();
-                within(TIMEOUT + GIVE_UP_AFTER, move || {
+                t.call_retrying("committing the transaction", move || {
                     producer.commit_transaction(TIMEOUT)
-                })
-                .ok_or_else(|| t.give_up("committing the transaction"))?
+                })?
             }
             Err(e) => Err(e),
         };
@@ -247,6 +248,37 @@ impl Transactions {
                 "aborting the transaction failed, the producer must be recreated: {e}"
             ))
         })
+    }
+
+    /// Calls the transactional `call` (on a thread of its own, see
+    /// [`within`]) and again, after a wait, while librdkafka calls its
+    /// error retriable and [`TIMEOUT`] has not passed: a broker restarting
+    /// or a coordinator moving answers so, and librdkafka's contract is to
+    /// repeat the call — an abort then fails (the commit may be under way)
+    /// and costs the whole query's rebuild. The outer error: the call did
+    /// not return in time and the producer is given up.
+    fn call_retrying(
+        &mut self,
+        what: &str,
+        call: impl Fn() -> rdkafka::error::KafkaResult<()> + Send + Sync + 'static,
+    ) -> Result<rdkafka::error::KafkaResult<()>> {
+        let call = Arc::new(call);
+        let started = std::time::Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            let attempt = call.clone();
+            let result = within(TIMEOUT + GIVE_UP_AFTER, move || attempt())
+                .ok_or_else(|| self.give_up(what))?;
+            match &result {
+                Err(rdkafka::error::KafkaError::Transaction(e))
+                    if e.is_retriable() && started.elapsed() < TIMEOUT =>
+                {
+                    tracing::warn!(what, error = %e, "a transactional call failed; calling it again");
+                    backoff.wait_after_failure(None);
+                }
+                _ => return Ok(result),
+            }
+        }
     }
 
     /// Gives the producer up after `what` did not return in time; the

@@ -198,9 +198,29 @@ impl TaskCheckpointGuard {
     }
 
     /// A batch aborted and the task's stores were dropped (see
-    /// [`ABANDONED`]): only a restore makes the local files trusted again.
-    pub(crate) fn abandon(&self) {
+    /// [`ABANDONED`]): only a restore makes the local files trusted again,
+    /// and the checkpoint file a commit left must go now. The stores reopen
+    /// empty and restore from the changelog's start: a process killed (or
+    /// a query rebuilt after an error) before that restore is on disk would
+    /// otherwise find the file at its next start, trust the part-restored
+    /// files and replay only the changelog after the offsets the file
+    /// names — every key last written before them lost, while the offsets
+    /// of the rows that built it stay committed (#43: static members keep
+    /// their partitions through an abort, so their tasks took this path).
+    pub(crate) fn abandon(&self) -> Result<()> {
         self.state.store(ABANDONED, Ordering::SeqCst);
+        self.discard_file()
+    }
+
+    /// Removes the checkpoint file, if any: the task's local files are
+    /// about to change outside a guarded write (a store dropped to be
+    /// restored afresh).
+    pub(crate) fn discard_file(&self) -> Result<()> {
+        match std::fs::remove_file(&self.file) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", self.file.display()), e)),
+        }
     }
 
     /// The batch that wrote last committed.
@@ -373,7 +393,7 @@ mod tests {
         guard.restore_finished();
         guard.batch_committed();
         assert!(guard.clean() && guard.checkpoint_due(Duration::ZERO));
-        guard.abandon();
+        guard.abandon().unwrap();
         guard.batch_committed();
         assert!(!guard.clean(), "another task's commit vouches for nothing");
         assert!(!guard.checkpoint_due(Duration::ZERO));
@@ -382,5 +402,32 @@ mod tests {
         guard.restore_finished();
         guard.batch_committed();
         assert!(guard.clean());
+    }
+
+    #[test]
+    fn an_aborted_batch_removes_the_checkpoint_a_commit_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = guard(&dir);
+        guard.bind_directory(dir.path()).unwrap();
+        guard.restored("a", 10);
+        guard.restore_started();
+        guard.restore_finished();
+        guard.batch_committed();
+        assert!(guard.checkpoint_due(Duration::ZERO));
+        guard
+            .write(&LocalCheckpoint::from([("a".into(), 10)]))
+            .unwrap();
+        assert!(dir.path().join(CHECKPOINT_FILE).exists());
+        // The next batch wrote nothing before it aborted: no guarded write
+        // removed the file, yet the stores are dropped and restored afresh.
+        guard.abandon().unwrap();
+        assert!(
+            !dir.path().join(CHECKPOINT_FILE).exists(),
+            "a checkpoint outlived the abort: a kill during the fresh restore would trust it"
+        );
+        assert_eq!(
+            take_local_checkpoint(&dir.path().join(CHECKPOINT_FILE)),
+            LocalCheckpoint::new()
+        );
     }
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::record::{Record, SourcePosition};
+use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
 use tidemark::runtime::{BatchRequest, Source, SourceBatch};
 
 /// Settings of a [`KafkaSource`].
@@ -216,7 +217,17 @@ pub struct KafkaSource {
     /// When the last plan asked for the latest offsets (epoch ms): what
     /// was appended after it is not in [`Self::caught_up`]'s plan.
     planned_at_ms: Option<i64>,
+    /// Waits between consumer errors and failed plans while the cluster
+    /// is unreachable, so that a broker restart is not a busy loop.
+    error_backoff: Backoff,
+    /// The consumer's repeated errors, logged once per interval.
+    consumer_error_warning: RepeatedWarning,
+    /// The batch plan's repeated failures, logged once per interval.
+    plan_error_warning: RepeatedWarning,
 }
+
+/// The first wait after a consumer error or a failed plan, and its cap.
+const ERROR_BACKOFF: Backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
 /// How long a planned batch may take to reach its end offsets before it
 /// ends with what it has (a broker gone, records deleted under it, an end
@@ -309,6 +320,9 @@ impl KafkaSource {
             topic_names: Vec::new(),
             replaying: false,
             unknown_topic_since: None,
+            error_backoff: ERROR_BACKOFF,
+            consumer_error_warning: RepeatedWarning::new(WARNING_INTERVAL),
+            plan_error_warning: RepeatedWarning::new(WARNING_INTERVAL),
             plan: None,
             carried: CarriedRecords::default(),
             paused_at_plan: HashMap::default(),
@@ -463,6 +477,22 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// An error when librdkafka calls the consumer failed for good: a
+    /// static member whose session timed out while the broker was away
+    /// rejoins under its `group.instance.id` and is fenced as its own
+    /// predecessor (`FENCED_INSTANCE_ID`); such a consumer answers every
+    /// poll with an error, reads nothing again and fails every commit. The
+    /// stage must be rebuilt with a new consumer, which the runner does.
+    fn fail_if_consumer_failed(&self) -> Result<()> {
+        match self.consumer.client().fatal_error() {
+            Some((code, reason)) => Err(Error::Source(format!(
+                "the consumer of {:?} failed for good ({code:?}: {reason}); it is recreated",
+                self.config.topics
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Polls until the group assigned partitions to this member.
@@ -944,13 +974,19 @@ impl Source for KafkaSource {
         if may_plan {
             match self.plan_batch(request.max_records) {
                 Ok(plan) => {
+                    self.error_backoff.succeeded();
                     // Nothing waits: plan once the first record arrives.
                     may_plan = plan.is_none();
                     self.plan = plan;
                 }
                 Err(error) => {
-                    // A broker restarting: no batch this time round.
-                    tracing::warn!(%error, "planning the batch's end offsets failed; retrying");
+                    // A broker restarting: no batch this time round, and a
+                    // wait before the next try.
+                    if let Some(times) = self.plan_error_warning.occurred() {
+                        tracing::warn!(%error, times, "planning the batch's end offsets failed; retrying");
+                    }
+                    self.error_backoff
+                        .wait_after_failure(Some(request.deadline));
                     unplannable = true;
                 }
             }
@@ -1009,14 +1045,20 @@ impl Source for KafkaSource {
                     if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
                         return Err(fatal);
                     }
+                    self.fail_if_consumer_failed()?;
                     if is_unknown_topic(&e) {
                         self.unknown_topic_since.get_or_insert_with(Instant::now);
                     }
                     self.check_unknown_topics()?;
-                    tracing::warn!(error = %e, "Kafka consumer error; retrying");
+                    if let Some(times) = self.consumer_error_warning.occurred() {
+                        tracing::warn!(error = %e, times, "Kafka consumer error; retrying");
+                    }
+                    self.error_backoff
+                        .wait_after_failure(Some(request.deadline));
                     continue;
                 }
                 Ok(m) => {
+                    self.error_backoff.succeeded();
                     if self.held.contains_key(&m.partition()) {
                         // Fetched before the pause took effect; read again
                         // after the release.
@@ -1044,7 +1086,9 @@ impl Source for KafkaSource {
                         self.plan = match self.plan_batch(request.max_records) {
                             Ok(plan) => plan,
                             Err(error) => {
-                                tracing::warn!(%error, "planning the batch's end offsets failed; it takes what the polls return");
+                                if let Some(times) = self.plan_error_warning.occurred() {
+                                    tracing::warn!(%error, times, "planning the batch's end offsets failed; it takes what the polls return");
+                                }
                                 self.caught_up.clear();
                                 None
                             }
@@ -1237,6 +1281,7 @@ impl Source for KafkaSource {
     }
 
     fn rewind(&mut self) -> Result<bool> {
+        self.fail_if_consumer_failed()?;
         let assigned = self.assigned();
         // Partitions paused past a plan's end are read again from their
         // commit too (the seeks below).

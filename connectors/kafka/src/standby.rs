@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
+use tidemark::runtime::retry::{RepeatedWarning, WARNING_INTERVAL};
 use tidemark_state::{MemoryBudget, StateStore, TaskDb};
 
 /// A key's new value, `None` for a tombstone.
@@ -34,6 +35,9 @@ pub(crate) struct Standbys {
     warm: HashMap<i32, (TaskDb, BTreeMap<String, i64>)>,
     /// Records applied, for logs and tests.
     applied: u64,
+    /// The consumer's errors while the cluster is unreachable, logged once
+    /// per interval.
+    error_warning: RepeatedWarning,
 }
 
 impl Standbys {
@@ -59,6 +63,7 @@ impl Standbys {
             stores: BTreeMap::new(),
             warm: HashMap::new(),
             applied: 0,
+            error_warning: RepeatedWarning::new(WARNING_INTERVAL),
         })
     }
 
@@ -155,7 +160,13 @@ impl Standbys {
                             m.payload().map(<[u8]>::to_vec),
                         ));
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "standby consumer error"),
+                Some(Err(e)) => {
+                    if let Some(times) = self.error_warning.occurred() {
+                        tracing::warn!(error = %e, times, "standby consumer error");
+                    }
+                    // The broker is likely down: try again next trigger.
+                    break;
+                }
                 None => break,
             }
         }

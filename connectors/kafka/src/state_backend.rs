@@ -214,13 +214,18 @@ impl StateBackend for RocksDbStateBackend {
                     .local_checkpoints
                     .get_mut(&partition)
                     .and_then(|c| c.remove(name));
-                let local = match from {
-                    Some(_) => db.store(name)?,
-                    None => db.fresh_store(name)?,
-                };
                 let guard = self.guards.get(&partition).cloned().ok_or_else(|| {
                     Error::Source(format!("task {partition}: no checkpoint guard"))
                 })?;
+                let local = match from {
+                    Some(_) => db.store(name)?,
+                    None => {
+                        // Dropped outside the guard's writes: no checkpoint
+                        // file may vouch for the task from here on.
+                        guard.discard_file()?;
+                        db.fresh_store(name)?
+                    }
+                };
                 let local = GuardedStore::new(local, guard.clone());
                 self.opened
                     .entry(partition)
@@ -334,7 +339,7 @@ impl StateBackend for RocksDbStateBackend {
 
     fn batch_aborted(&mut self) -> Result<()> {
         for guard in self.guards.values() {
-            guard.abandon();
+            guard.abandon()?;
         }
         Ok(())
     }
@@ -373,6 +378,8 @@ impl StateBackend for RocksDbStateBackend {
         let file = db.path().join(CHECKPOINT_FILE);
         drop(db);
         let Some(checkpoint) = checkpoint else {
+            // Nor one left from before: the next start restores in full.
+            guard.discard_file()?;
             tracing::info!(partition, "local state closed without a checkpoint");
             return Ok(());
         };

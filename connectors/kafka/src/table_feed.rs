@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::record::{Record, SourcePosition};
+use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
 use tidemark::runtime::TableFeed;
 
 /// Reads every partition of `topic` from the beginning, outside any
@@ -89,6 +90,9 @@ impl TableFeed for KafkaTableFeed {
         }
         let deadline = Instant::now() + CATCH_UP_LIMIT;
         let mut records = Vec::new();
+        // A broker restarting answers every poll with an error at once.
+        let mut error_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut error_warning = RepeatedWarning::new(WARNING_INTERVAL);
         while ends.iter().any(|(p, end)| self.next[p] < *end) {
             if Instant::now() > deadline {
                 return Err(Error::Source(format!(
@@ -112,7 +116,10 @@ impl TableFeed for KafkaTableFeed {
                     });
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, topic = %self.topic, "global table consumer error; retrying")
+                    if let Some(times) = error_warning.occurred() {
+                        tracing::warn!(error = %e, topic = %self.topic, times, "global table consumer error; retrying");
+                    }
+                    error_backoff.wait_after_failure(Some(deadline));
                 }
                 // Transaction markers take offsets without records.
                 None => {

@@ -15,6 +15,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
+use tidemark::runtime::retry::{RepeatedWarning, WARNING_INTERVAL};
 use tidemark::runtime::{PartitionProgress, WatermarkExchange};
 
 /// Shares input partitions' progress between the instances of a query
@@ -23,6 +24,9 @@ pub struct KafkaWatermarkExchange {
     producer: ThreadedProducer<DefaultProducerContext>,
     consumer: BaseConsumer,
     topic: String,
+    /// The consumer's errors while the cluster is unreachable, logged once
+    /// per interval.
+    read_warning: RepeatedWarning,
 }
 
 /// The header that carries how far the partition was read (decimal
@@ -63,6 +67,7 @@ impl KafkaWatermarkExchange {
             producer,
             consumer,
             topic: topic.to_string(),
+            read_warning: RepeatedWarning::new(WARNING_INTERVAL),
         })
     }
 }
@@ -91,8 +96,18 @@ impl WatermarkExchange for KafkaWatermarkExchange {
     fn collect(&mut self) -> Result<Vec<(String, PartitionProgress)>> {
         let mut collected = Vec::new();
         while let Some(message) = self.consumer.poll(Duration::ZERO) {
-            let message =
-                message.map_err(|e| Error::Source(format!("reading `{}`: {e}", self.topic)))?;
+            // A broker restarting: what is not read now is read at a later
+            // collect (the exchange is advisory; waiting for it only holds
+            // the watermark back), so the query goes on without it.
+            let message = match message {
+                Ok(message) => message,
+                Err(e) => {
+                    if let Some(times) = self.read_warning.occurred() {
+                        tracing::warn!(topic = %self.topic, error = %e, times, "reading the watermark exchange failed; read again at the next batch");
+                    }
+                    break;
+                }
+            };
             let key = message.key().and_then(|k| std::str::from_utf8(k).ok());
             let read_until = message.headers().and_then(|headers| {
                 headers
