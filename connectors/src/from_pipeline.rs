@@ -667,13 +667,17 @@ pub(crate) fn prepare_topology(
     topology: &Topology,
 ) -> Result<()> {
     let regrouping = topology.unpartitioned_grouping();
-    if !topology.is_repartitioned() && regrouping.is_none() {
+    let distinct = topology.unpartitioned_distinct();
+    if !topology.is_repartitioned() && regrouping.is_none() && distinct.is_none() {
         return Ok(());
     }
     let mut widest = 1;
     // A pattern subscription's topics are not known here.
     for topic in inputs.iter().filter(|t| !t.starts_with('^')) {
         widest = widest.max(crate::kafka::partition_count(cluster, topic)?);
+    }
+    if let Some(stage) = distinct {
+        refuse_unpartitioned_distinct(stage, inputs, widest)?;
     }
     for (topic, keyed) in topology.repartition_topics() {
         crate::kafka::ensure_topic(cluster, topic, if keyed { widest } else { 1 })?;
@@ -693,6 +697,29 @@ pub(crate) fn prepare_topology(
         }
         _ => Ok(()),
     }
+}
+
+/// Refuses `stage`'s `distinct` (see [`Topology::unpartitioned_distinct`])
+/// unless it reads one partition: the input topics `inputs` have at most
+/// `widest` partitions (a pattern subscription, any number), a repartition
+/// topic without keys one.
+fn refuse_unpartitioned_distinct(stage: &Stage, inputs: &[String], widest: i32) -> Result<()> {
+    let (reads_one, read) = match &stage.input {
+        StageInput::Repartition { keys, topic } => (keys.is_empty() || widest == 1, topic.clone()),
+        _ => (
+            widest == 1 && !inputs.iter().any(|t| t.starts_with('^')),
+            inputs.join(", "),
+        ),
+    };
+    if reads_one {
+        return Ok(());
+    }
+    Err(Error::config(
+        "steps[].distinct",
+        format!(
+            "`distinct` keeps one of each row per partition, and `{read}` has more than one partition whose records are not keyed by columns of the row (no `source.keyed_by`, or a step before `distinct` drops or rewrites them): the same row in two partitions would come out twice. Set `source.keyed_by` to the columns the records are keyed by, or use `dedup: {{keys: [..]}}` with the columns that identify a row (it is repartitioned by them)"
+        ),
+    ))
 }
 
 /// Whether `file`'s stream join or union reads Kafka topics that are not

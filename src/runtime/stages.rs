@@ -266,6 +266,29 @@ impl Topology {
             }
         })
     }
+
+    /// The first stage with a `distinct` whose rows are not partitioned by
+    /// any of their columns: its input is not keyed by columns (no
+    /// `keyed_by`, or keyed by an empty list), or a step before it drops
+    /// or rewrites them. `distinct` keeps one of each row per task, so on
+    /// an input of more than one partition the same row arriving in two
+    /// partitions would be emitted twice: such a stage must read a single
+    /// partition (see `Stage::input`).
+    pub fn unpartitioned_distinct(&self) -> Option<&Stage> {
+        self.stages.iter().find(|stage| {
+            let query = &stage.query;
+            query.steps.iter().enumerate().any(|(at, step)| {
+                step.shape == StepShape::Distinct && {
+                    let before = query.steps[..at].iter().map(|s| &s.shape);
+                    let partitioned_by = query
+                        .keyed_by
+                        .as_ref()
+                        .and_then(|keyed| partition_columns_after(keyed, before));
+                    partitioned_by.is_none_or(|columns| columns.is_empty())
+                }
+            })
+        })
+    }
 }
 
 impl QueryBuilder {
