@@ -302,6 +302,13 @@ pub struct SourceSpec {
     /// kafka: `earliest` (default) or `latest` when the group has no offset.
     #[serde(default)]
     pub starting_offsets: Option<StartingOffsets>,
+    /// kafka: Spark's `failOnDataLoss`. A committed offset the partition
+    /// no longer holds (records deleted by retention or by hand, a topic
+    /// made again) fails the run naming it (default `true`); `false` reads
+    /// on from the earliest offset with a warning, counting the records
+    /// skipped (`tidemark_source_records_lost_total`).
+    #[serde(default = "default_fail_on_data_loss")]
+    pub fail_on_data_loss: bool,
     /// `json` (default) or `avro`.
     #[serde(default)]
     pub format: Format,
@@ -641,6 +648,10 @@ pub struct JoinedInput<'a> {
     pub schema: &'a SchemaSpec,
     /// The join's keys on the main stream.
     pub keys: &'a [JoinKeyYaml],
+}
+
+fn default_fail_on_data_loss() -> bool {
+    true
 }
 
 fn default_join_type() -> crate::operators::JoinType {

@@ -309,7 +309,8 @@ fn build_source(
             properties,
         },
         &stage.input,
-    ))?;
+    ))?
+    .fail_on_data_loss(src.fail_on_data_loss);
     Ok(match transactions {
         Some(t) => Box::new(source.with_transactions(t.clone())),
         None => Box::new(source),

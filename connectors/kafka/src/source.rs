@@ -224,6 +224,8 @@ pub struct KafkaSource {
     consumer_error_warning: RepeatedWarning,
     /// The batch plan's repeated failures, logged once per interval.
     plan_error_warning: RepeatedWarning,
+    /// Spark's `failOnDataLoss` (see [`KafkaSource::fail_on_data_loss`]).
+    fail_on_data_loss: bool,
 }
 
 /// The first wait after a consumer error or a failed plan, and its cap.
@@ -323,6 +325,7 @@ impl KafkaSource {
             error_backoff: ERROR_BACKOFF,
             consumer_error_warning: RepeatedWarning::new(WARNING_INTERVAL),
             plan_error_warning: RepeatedWarning::new(WARNING_INTERVAL),
+            fail_on_data_loss: true,
             plan: None,
             carried: CarriedRecords::default(),
             paused_at_plan: HashMap::default(),
@@ -479,6 +482,61 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// Spark's `failOnDataLoss`: when a partition's committed offset is
+    /// one it no longer holds (records deleted by retention or by hand, a
+    /// topic made again), `true` (the default) fails the run with an error
+    /// naming the topic, partition, committed and earliest offsets; `false`
+    /// reads on from the earliest offset with a warning and counts the
+    /// records skipped (`tidemark_source_records_lost_total`). Without the
+    /// check the consumer's `auto.offset.reset` moved on in silence.
+    pub fn fail_on_data_loss(mut self, fail: bool) -> Self {
+        self.fail_on_data_loss = fail;
+        self
+    }
+
+    /// Checks each `committed` offset against the records its partition
+    /// holds (see [`KafkaSource::fail_on_data_loss`]).
+    fn check_data_loss(&self, committed: &TopicPartitionList) -> Result<()> {
+        for e in committed.elements() {
+            let Some(offset) = e.offset().to_raw().filter(|o| *o >= 0) else {
+                continue;
+            };
+            let (topic, partition) = (e.topic(), e.partition());
+            let (earliest, latest) = self
+                .consumer
+                .fetch_watermarks(topic, partition, Duration::from_secs(10))
+                .map_err(|e| {
+                    Error::Source(format!(
+                        "offsets held by `{topic}` partition {partition}: {e}"
+                    ))
+                })?;
+            if (earliest..=latest).contains(&offset) {
+                continue;
+            }
+            let what = format!(
+                "`{topic}` partition {partition}: the committed offset {offset} is not among the offsets the partition holds (earliest {earliest}, latest {latest}): records were deleted (retention, or by hand) or the topic was made again"
+            );
+            if self.fail_on_data_loss {
+                return Err(Error::config(
+                    "source.fail_on_data_loss",
+                    format!("{what}. Set `source.fail_on_data_loss: false` to read on from the earliest offset"),
+                ));
+            }
+            let lost = u64::try_from(earliest - offset).unwrap_or(0);
+            tracing::warn!(
+                topic,
+                partition,
+                committed = offset,
+                earliest,
+                lost,
+                "{what}; reading on from the earliest offset (source.fail_on_data_loss: false)"
+            );
+            metrics::counter!("tidemark_source_records_lost_total", "topic" => topic.to_string())
+                .increment(lost);
+        }
+        Ok(())
+    }
+
     /// An error when librdkafka calls the consumer failed for good: a
     /// static member whose session timed out while the broker was away
     /// rejoins under its `group.instance.id` and is fenced as its own
@@ -558,6 +616,7 @@ impl KafkaSource {
         let committed = self
             .committed_offsets(assigned)
             .map_err(|e| Error::Source(format!("reading the committed checkpoints: {e}")))?;
+        self.check_data_loss(&committed)?;
         // Every topic of a task partition keeps its own copy, written when
         // that topic last moved: one copy may be batches older than
         // another. All are handed back; the task keeps the newest.
