@@ -298,9 +298,13 @@ impl Progress {
 }
 
 /// Whether rebuilding the query may succeed: configuration and expression
-/// errors will fail the same way again.
+/// errors, and output the broker refuses for good, will fail the same way
+/// again.
 pub fn is_transient(error: &Error) -> bool {
-    !matches!(error, Error::Config { .. } | Error::Expression { .. })
+    !matches!(
+        error,
+        Error::Config { .. } | Error::Expression { .. } | Error::Undeliverable { .. }
+    )
 }
 
 #[cfg(test)]

@@ -55,6 +55,19 @@ pub enum Error {
     /// query replays from the last commit without restarting its clients.
     #[error("batch aborted, replaying from the last commit: {0}")]
     BatchAborted(String),
+    /// Output no retry can deliver: the broker (or the client) refuses a
+    /// record or a topic for good — a record over the topic's size limit, a
+    /// missing write ACL, an unkeyed record into a compacted topic. The run
+    /// ends with it rather than replay the batch for ever.
+    #[error("cannot deliver to `{topic}` partition {partition}: {reason}")]
+    Undeliverable {
+        /// The topic refused.
+        topic: String,
+        /// Its partition (-1: not chosen yet).
+        partition: i32,
+        /// The broker's or librdkafka's reason.
+        reason: String,
+    },
     /// State could not be read or written.
     #[error("state error: {0}")]
     State(#[from] StateError),

@@ -115,11 +115,15 @@ impl BatchTopic {
                 // batch, though librdkafka enqueued the records after it:
                 // its replay writes them again, as at-least-once allows.
                 err => {
-                    return Err(Error::Sink(format!(
-                        "producing to `{}`: {}",
-                        self.name,
-                        rdkafka::error::RDKafkaErrorCode::from(err)
-                    )))
+                    let code = rdkafka::error::RDKafkaErrorCode::from(err);
+                    if crate::producer::is_permanent_delivery_error(code) {
+                        return Err(Error::Undeliverable {
+                            topic: self.name.clone(),
+                            partition: pending[failed].partition,
+                            reason: code.to_string(),
+                        });
+                    }
+                    return Err(Error::Sink(format!("producing to `{}`: {code}", self.name)));
                 }
             }
         }

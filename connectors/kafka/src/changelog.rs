@@ -78,7 +78,11 @@ impl KafkaChangelogWriter {
         }
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60))
             .map_err(|e| Error::Sink(format!("flushing changelogs: {e}")))?;
-        match self.tracker.take_failures().first() {
+        let failures = self.tracker.take_failures();
+        if let Some(permanent) = crate::producer::permanent_failure(&failures) {
+            return Err(permanent);
+        }
+        match failures.first() {
             Some(e) => Err(Error::Sink(format!(
                 "changelog record not acknowledged: {e}"
             ))),

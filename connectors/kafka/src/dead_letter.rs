@@ -124,7 +124,11 @@ impl KafkaDeadLetter {
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
             Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
         })?;
-        if let Some(first) = self.tracker.take_failures().first() {
+        let failures = self.tracker.take_failures();
+        if let Some(permanent) = crate::producer::permanent_failure(&failures) {
+            return Err(permanent);
+        }
+        if let Some(first) = failures.first() {
             return Err(Error::Sink(format!(
                 "dead-letter topic `{}`: {first}",
                 self.topic

@@ -11,7 +11,7 @@
 
 use crate::connection::KafkaConnection;
 use crate::instance::InstanceIdentity;
-use crate::producer::{send_with_backpressure, DeliveryTracker};
+use crate::producer::{send_with_backpressure, DeliveryFailure, DeliveryTracker};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -115,8 +115,14 @@ impl SharedTransactions {
     {
         let mut t = self.lock();
         t.begin()?;
-        send_with_backpressure(&t.producer, record)
-            .map_err(|e| Error::Sink(format!("transactional send: {e}")))
+        let (topic, partition) = (record.topic, record.partition.unwrap_or(-1));
+        send_with_backpressure(&t.producer, record).map_err(|e| {
+            let failure = DeliveryFailure::new(topic, partition, &e);
+            match failure.is_permanent() {
+                true => failure.undeliverable(),
+                false => Error::Sink(format!("transactional send: {e}")),
+            }
+        })
     }
 
     /// The tracker of this producer's deliveries.
@@ -183,11 +189,16 @@ impl SharedTransactions {
                 );
                 let reason = match (result, failure) {
                     (Err(e), _) => e.to_string(),
-                    (_, Some(f)) => f.clone(),
+                    (_, Some(f)) => f.to_string(),
                     _ => unreachable!("one of the two failed"),
                 };
                 let aborted = t.producer.abort_transaction(TIMEOUT);
                 t.open = false;
+                // A record the broker refuses for good fails every replay
+                // the same way: the run ends, naming it.
+                if let Some(permanent) = crate::producer::permanent_failure(&failures) {
+                    return Err(permanent);
+                }
                 if fatal || aborted.is_err() {
                     return Err(Error::Sink(format!(
                         "transaction failed, the producer must be recreated: {reason}"

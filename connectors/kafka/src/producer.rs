@@ -3,20 +3,98 @@
 //! watches the in-flight count, and a send that waits out a full queue.
 
 use crate::connection::KafkaConnection;
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::error::Result;
+use tidemark::error::{Error, Result};
+
+/// A record the broker (or librdkafka) did not take.
+#[derive(Debug, Clone)]
+pub(crate) struct DeliveryFailure {
+    topic: String,
+    partition: i32,
+    code: Option<RDKafkaErrorCode>,
+    reason: String,
+}
+
+impl std::fmt::Display for DeliveryFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` partition {}: {}",
+            self.topic, self.partition, self.reason
+        )
+    }
+}
+
+impl DeliveryFailure {
+    /// A record of `topic`/`partition` refused with `error`.
+    pub(crate) fn new(topic: &str, partition: i32, error: &KafkaError) -> Self {
+        DeliveryFailure {
+            topic: topic.to_string(),
+            partition,
+            code: error.rdkafka_error_code(),
+            reason: error.to_string(),
+        }
+    }
+
+    /// Whether no retry can deliver it: the record or the topic is refused
+    /// for good, not for a while (a broker away, a leader moving, a
+    /// timeout are for retrying).
+    pub(crate) fn is_permanent(&self) -> bool {
+        self.code.is_some_and(is_permanent_delivery_error)
+    }
+
+    /// The batch's error for this failure: [`Error::Undeliverable`].
+    pub(crate) fn undeliverable(&self) -> Error {
+        Error::Undeliverable {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            reason: self.reason.clone(),
+        }
+    }
+}
+
+/// Whether a delivery refused with `code` would be refused again: a record
+/// over the topic's or the client's size limit, a write the cluster's ACLs
+/// or policies refuse, a record the topic cannot take (an unkeyed one into
+/// a compacted topic is `INVALID_RECORD`).
+pub(crate) fn is_permanent_delivery_error(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as Code;
+    matches!(
+        code,
+        Code::MessageSizeTooLarge
+            | Code::MessageBatchTooLarge
+            | Code::InvalidMessageSize
+            | Code::InvalidRecord
+            | Code::InvalidRequiredAcks
+            | Code::UnsupportedForMessageFormat
+            | Code::PolicyViolation
+            | Code::TopicAuthorizationFailed
+            | Code::ClusterAuthorizationFailed
+            | Code::TransactionalIdAuthorizationFailed
+    )
+}
+
+/// The error of the first failure of `failures` that no retry can mend.
+pub(crate) fn permanent_failure(failures: &[DeliveryFailure]) -> Option<Error> {
+    failures
+        .iter()
+        .find(|f| f.is_permanent())
+        .map(DeliveryFailure::undeliverable)
+}
 
 /// Collects delivery failures reported by the producer's thread, and how
 /// far the acknowledged records of the topics asked for reach.
 #[derive(Clone, Default)]
 pub(crate) struct DeliveryTracker {
-    failures: Arc<Mutex<Vec<String>>>,
+    failures: Arc<Mutex<Vec<DeliveryFailure>>>,
     written_ends: Arc<WrittenEnds>,
 }
 
@@ -30,7 +108,7 @@ struct WrittenEnds {
 }
 
 impl DeliveryTracker {
-    pub(crate) fn take_failures(&self) -> Vec<String> {
+    pub(crate) fn take_failures(&self) -> Vec<DeliveryFailure> {
         std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
@@ -67,11 +145,11 @@ impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
-            Err((e, _)) => self
+            Err((e, m)) => self
                 .failures
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(e.to_string()),
+                .push(DeliveryFailure::new(m.topic(), m.partition(), e)),
             Ok(m) if self.written_ends.any.load(Ordering::Acquire) => {
                 if let Some(partitions) = self.written_ends.lock().get_mut(m.topic()) {
                     let end = partitions.entry(m.partition()).or_insert(0);

@@ -419,6 +419,9 @@ impl Sink for KafkaSink {
             Error::Sink(format!("batch {batch_id}: flushing `{}`: {e}", self.topic))
         })?;
         let failures = self.tracker.take_failures();
+        if let Some(permanent) = crate::producer::permanent_failure(&failures) {
+            return Err(permanent);
+        }
         if let Some(first) = failures.first() {
             return Err(Error::Sink(format!(
                 "batch {batch_id}: {} record(s) to `{}` not acknowledged: {first}",
