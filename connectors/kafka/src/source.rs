@@ -53,11 +53,47 @@ struct SourceContext {
     /// Set when `revoked_unhandled` gains partitions: the poll loop looks
     /// at the log only then, not under its lock after every record.
     revoked_pending: Arc<AtomicBool>,
+    /// Whether the group runs the cooperative protocol (every configured
+    /// assignor is `cooperative-sticky`), as librdkafka decides it.
+    cooperative: bool,
 }
 
 impl ClientContext for SourceContext {}
 
 impl ConsumerContext for SourceContext {
+    /// rust-rdkafka's rebalance, but with the protocol taken from the
+    /// configuration: its default asks librdkafka's
+    /// `rd_kafka_rebalance_protocol()`, which, called from the rebalance
+    /// callback while the consumer closes, can wait for ever
+    /// (confluentinc/librdkafka#4041). Seen here: a static member stopped
+    /// with Ctrl-C right after it started never exited, its main thread
+    /// inside the consumer's drop.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: rdkafka::types::RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        use rdkafka::types::RDKafkaRespErr as Code;
+        let assign = err == Code::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        let rebalance = match err {
+            Code::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            Code::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(rdkafka::error::KafkaError::Rebalance(other.into())),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let applied = match (assign, self.cooperative) {
+            (true, true) => consumer.incremental_assign(tpl),
+            (true, false) => consumer.assign(tpl),
+            (false, true) => consumer.incremental_unassign(tpl),
+            (false, false) => consumer.unassign(),
+        };
+        if let Err(error) = applied {
+            tracing::warn!(%error, assign, "applying a rebalance");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
@@ -295,11 +331,15 @@ impl KafkaSource {
             );
         let log = Arc::new(Mutex::new(RebalanceLog::default()));
         let revoked_pending = Arc::new(AtomicBool::new(false));
+        let cooperative = client
+            .get("partition.assignment.strategy")
+            .is_some_and(|s| s.split(',').all(|a| a.trim() == "cooperative-sticky"));
         let consumer: BaseConsumer<SourceContext> = connection.create(
             &client,
             SourceContext {
                 log: log.clone(),
                 revoked_pending: revoked_pending.clone(),
+                cooperative,
             },
             "source consumer",
         )?;
