@@ -47,8 +47,9 @@ fn produce_rows(input: &str, scattered: bool) {
     produce_each_with(&plain(), input, &records);
 }
 
-#[test]
-fn distinct_on_records_not_keyed_by_columns_of_two_partitions_is_refused() {
+/// Runs the `distinct` pipeline (`keyed_by` its extra source lines) to its
+/// end over [`produce_rows`]; returns the run and the output topic.
+fn run_distinct(scattered: bool, keyed_by: &str) -> (std::process::Output, String) {
     let (input, output, app) = (
         unique("distinct-in"),
         unique("distinct-out"),
@@ -56,11 +57,16 @@ fn distinct_on_records_not_keyed_by_columns_of_two_partitions_is_refused() {
     );
     create_topic(&input, 2);
     create_topic(&output, 1);
-    produce_rows(&input, true);
+    produce_rows(&input, scattered);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pipeline.yaml");
-    std::fs::write(&file, pipeline(&app, &input, &output, "")).unwrap();
-    let run = run_to_end(&file);
+    std::fs::write(&file, pipeline(&app, &input, &output, keyed_by)).unwrap();
+    (run_to_end(&file), output)
+}
+
+#[test]
+fn distinct_on_records_not_keyed_by_columns_of_two_partitions_is_refused() {
+    let (run, output) = run_distinct(true, "");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success(), "a wrong answer was run: {stderr}");
     assert!(
@@ -75,19 +81,7 @@ fn distinct_on_records_not_keyed_by_columns_of_two_partitions_is_refused() {
 
 #[test]
 fn distinct_on_records_keyed_by_a_column_keeps_one_of_each_row() {
-    let (input, output, app) = (
-        unique("distinct-in"),
-        unique("distinct-out"),
-        unique("distinct"),
-    );
-    create_topic(&input, 2);
-    create_topic(&output, 1);
-    produce_rows(&input, false);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pipeline.yaml");
-    let keyed = "\n  keyed_by: [id]";
-    std::fs::write(&file, pipeline(&app, &input, &output, keyed)).unwrap();
-    let run = run_to_end(&file);
+    let (run, output) = run_distinct(false, "\n  keyed_by: [id]");
     assert!(
         run.status.success(),
         "{}",

@@ -522,6 +522,26 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// A poll's error: what no retry mends fails the batch (refused access,
+    /// a topic that does not exist, a consumer failed for good); anything
+    /// else is warned about (once per interval) and waited out, at most
+    /// until the batch's `deadline` (see [`Backoff::wait_after_failure`]).
+    fn consumer_error(&mut self, e: &rdkafka::error::KafkaError, deadline: Instant) -> Result<()> {
+        if let Some(fatal) = fatal_consumer_error(e, &self.config.topics) {
+            return Err(fatal);
+        }
+        self.fail_if_consumer_failed()?;
+        if is_unknown_topic(e) {
+            self.unknown_topic_since.get_or_insert_with(Instant::now);
+        }
+        self.check_unknown_topics()?;
+        if let Some(times) = self.consumer_error_warning.occurred() {
+            tracing::warn!(error = %e, times, "Kafka consumer error; retrying");
+        }
+        self.error_backoff.wait_after_failure(Some(deadline));
+        Ok(())
+    }
+
     /// Spark's `failOnDataLoss`: when a partition's committed offset is
     /// one it no longer holds (records deleted by retention or by hand, a
     /// topic made again), `true` (the default) fails the run with an error
@@ -1141,19 +1161,7 @@ impl Source for KafkaSource {
             };
             match polled {
                 Err(e) => {
-                    if let Some(fatal) = fatal_consumer_error(&e, &self.config.topics) {
-                        return Err(fatal);
-                    }
-                    self.fail_if_consumer_failed()?;
-                    if is_unknown_topic(&e) {
-                        self.unknown_topic_since.get_or_insert_with(Instant::now);
-                    }
-                    self.check_unknown_topics()?;
-                    if let Some(times) = self.consumer_error_warning.occurred() {
-                        tracing::warn!(error = %e, times, "Kafka consumer error; retrying");
-                    }
-                    self.error_backoff
-                        .wait_after_failure(Some(request.deadline));
+                    self.consumer_error(&e, request.deadline)?;
                     continue;
                 }
                 Ok(m) => {
