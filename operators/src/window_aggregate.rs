@@ -333,9 +333,12 @@ impl WindowAggregate {
                 entries.push((expiry_key(end, &key), None));
             }
             for key in self.fixed.take_dirty() {
-                let value = self.fixed.key_state(&key).map(|(key_values, windows)| {
-                    encode_key_state(key_values, windows, &self.aggregates)
-                });
+                let value = match self.fixed.key_state(&key) {
+                    Some((key_values, windows)) => {
+                        Some(encode_key_state(key_values, windows, &self.aggregates)?)
+                    }
+                    None => None,
+                };
                 entries.push((state_key(&key), value));
             }
         }
@@ -390,7 +393,7 @@ impl WindowAggregate {
         }
         let (mut any_late, mut accepted) = (false, false);
         for window in windows.iter().copied() {
-            if window.end <= ctx.late_threshold && self.mode != OutputMode::Complete {
+            if window.end <= ctx.late_threshold && self.drops_late_rows() {
                 any_late = true;
                 self.late_in_batch
                     .insert((window.end, window.start, key_buffer.clone()));
@@ -429,6 +432,15 @@ impl WindowAggregate {
         }
         // Dropped from every window: the late-data side output gets it.
         Ok(any_late && !accepted)
+    }
+
+    /// Whether rows behind the late threshold are dropped. Spark's
+    /// tumbling and sliding aggregations keep every row in complete mode
+    /// (`StateStoreSaveExec` has no late filter there), but its session
+    /// aggregation filters late rows in every output mode
+    /// (`SessionWindowStateStoreRestoreExec`).
+    fn drops_late_rows(&self) -> bool {
+        self.mode != OutputMode::Complete || self.window.is_session()
     }
 
     fn state_rows(&self) -> usize {
