@@ -210,7 +210,7 @@ fn signed_micros(text: &str) -> Result<i64> {
     };
     let d = crate::duration::parse_duration(rest)
         .map_err(|e| Error::config("join.between", e.to_string()))?;
-    Ok(sign * d.as_micros() as i64)
+    Ok(sign * tidemark_types::duration::micros(d))
 }
 
 /// What a join matches on and what it outputs.

@@ -94,7 +94,7 @@ impl FrontierSpec {
         let delay = crate::duration::parse_duration(delay)
             .map_err(|e| Error::config("frontier.delay", e.to_string()))?;
         Ok(FrontierSpec {
-            delay_micros: delay.as_micros() as i64,
+            delay_micros: tidemark_types::duration::micros(delay),
             alias: Arc::from(alias.unwrap_or("__frontier")),
             basis: FrontierBasis::ProcessingTime,
         })
@@ -167,7 +167,7 @@ impl RollingMeasure {
                 "a range must be longer than zero",
             ));
         }
-        self.range_micros = Some(d.as_micros() as i64);
+        self.range_micros = Some(tidemark_types::duration::micros(d));
         Ok(self)
     }
 
@@ -693,16 +693,23 @@ impl RollingWindow {
 
     /// The store entries that write `key`'s state, or delete it, with its
     /// index entry; keeps the stored counts.
-    fn stored_changes(&mut self, key: &[u8], entries: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+    fn stored_changes(
+        &mut self,
+        key: &[u8],
+        entries: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<()> {
         let (old, new) = match self.keys.get_mut(key) {
             Some(state) => {
+                // Encoded first: a failure leaves the key dirty and its
+                // stored counts untouched.
+                let bytes = self.spec.encode_stored(state)?;
                 state.dirty = false;
                 let new = Stored {
                     timer: state.timer,
                     events: state.events.len(),
                 };
                 let old = state.stored.replace(new);
-                entries.push((state_key(key), Some(self.spec.encode_stored(state))));
+                entries.push((state_key(key), Some(bytes)));
                 (old, Some(new))
             }
             None => match self.forgotten.remove(key) {
@@ -710,7 +717,7 @@ impl RollingWindow {
                     entries.push((state_key(key), None));
                     (Some(old), None)
                 }
-                None => return,
+                None => return Ok(()),
             },
         };
         let (old_timer, new_timer) = (old.and_then(|o| o.timer), new.and_then(|n| n.timer));
@@ -726,6 +733,7 @@ impl RollingWindow {
             (self.stored_keys + new.is_some() as u64).saturating_sub(old.is_some() as u64);
         self.stored_events = (self.stored_events + new.map_or(0, |n| n.events) as u64)
             .saturating_sub(old.map_or(0, |o| o.events) as u64);
+        Ok(())
     }
 
     /// Keys and events held: the store's counts, with the changes not
@@ -815,7 +823,7 @@ impl RollingWindow {
             state.timer = self.spec.next_change(&state);
             entries.push((key.clone(), None));
             self.keys.insert(key.clone(), Box::new(state));
-            self.stored_changes(&key, &mut entries);
+            self.stored_changes(&key, &mut entries)?;
         }
         entries.push(self.counts_entry());
         store.write_batch(&entries)?;
@@ -1012,7 +1020,7 @@ impl RollingSpec {
         values
     }
 
-    fn encode_state(&self, state: &KeyState) -> Vec<u8> {
+    fn encode_state(&self, state: &KeyState) -> Result<Vec<u8>> {
         let mut out = vec![1u8];
         out.extend((state.key_values.len() as u16).to_le_bytes());
         for v in &state.key_values {
@@ -1032,7 +1040,7 @@ impl RollingSpec {
             let bytes = self.measures[i]
                 .aggregate
                 .function
-                .encode(&state.lifetime[slot]);
+                .encode(&state.lifetime[slot])?;
             out.extend((bytes.len() as u32).to_le_bytes());
             out.extend(bytes);
         }
@@ -1046,12 +1054,12 @@ impl RollingSpec {
                 put_value(v, &mut out);
             }
         }
-        out
+        Ok(out)
     }
 
     /// A key's state as stored: the timer its index entry is under (a
     /// flag, then 8 bytes), then [`Self::encode_state`].
-    fn encode_stored(&self, state: &KeyState) -> Vec<u8> {
+    fn encode_stored(&self, state: &KeyState) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         match state.timer {
             Some(t) => {
@@ -1060,8 +1068,8 @@ impl RollingSpec {
             }
             None => out.push(0),
         }
-        out.extend(self.encode_state(state));
-        out
+        out.extend(self.encode_state(state)?);
+        Ok(out)
     }
 
     /// A key read back from the store: what the store holds for it, and
@@ -1109,7 +1117,10 @@ impl RollingSpec {
         }
         let events = r.u32()? as usize;
         let entered = r.u32()? as usize;
-        let mut list = VecDeque::with_capacity(events);
+        // The count comes from stored bytes: a corrupt one must fail the
+        // read below, not ask for terabytes here (each event takes at least
+        // its 8-byte time).
+        let mut list = VecDeque::with_capacity(events.min(r.0.len() / 8));
         for _ in 0..events {
             let time = r.i64()?;
             let inputs = (0..self.measures.len())
@@ -1302,7 +1313,7 @@ impl Operator for RollingWindow {
         }
         let mut entries = Vec::with_capacity(dirty.len() * 3 + 1);
         for key in &dirty {
-            self.stored_changes(key, &mut entries);
+            self.stored_changes(key, &mut entries)?;
         }
         self.rows_updated += dirty.len() as u64;
         entries.push(self.counts_entry());
@@ -1446,8 +1457,29 @@ mod tests {
         }
         for (key, bytes) in states {
             let (state, _) = op.spec.decode_stored(&bytes).unwrap();
-            store.put(&key[1..], &op.spec.encode_state(&state)).unwrap();
+            store
+                .put(&key[1..], &op.spec.encode_state(&state).unwrap())
+                .unwrap();
         }
+    }
+
+    /// A stored event count far beyond the bytes that follow (a corrupt
+    /// changelog record) is a clean error: the read does not reserve room
+    /// for that many events first, which would abort the process.
+    #[test]
+    fn a_corrupt_event_count_is_an_error_not_an_allocation() {
+        let store = SharedStore::default();
+        let op = sum_and_max(&store, None, FrontierSpec::default());
+        let mut bytes = op
+            .spec
+            .encode_state(&op.spec.new_key(vec![Value::from("a")]))
+            .unwrap();
+        let at = bytes.len() - 8;
+        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let Err(error) = op.spec.decode_state(&bytes) else {
+            panic!("a corrupt event count read as state");
+        };
+        assert!(error.to_string().contains("corrupt"), "{error}");
     }
 
     /// `sum(v)` over 10 seconds and `max(v)` over 5 by `k`, on `store`.

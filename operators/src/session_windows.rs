@@ -425,7 +425,7 @@ impl SessionState {
                 .sessions
                 .iter()
                 .map(|s| (s.window, s.accumulators.as_slice()));
-            let value = encode_key_state(&group.key_values, windows, aggregates);
+            let value = encode_key_state(&group.key_values, windows, aggregates)?;
             entries.push((state_key(&key), Some(value)));
         }
         let count = (self.open as u64).to_le_bytes().to_vec();

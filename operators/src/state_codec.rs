@@ -190,7 +190,7 @@ pub(crate) fn encode_key_state<'a>(
     key_values: &[Value],
     windows: impl Iterator<Item = (TimeWindow, &'a [Accumulator])>,
     aggregates: &[AggregateSpec],
-) -> Vec<u8> {
+) -> Result<Vec<u8>> {
     let mut out = vec![VERSION];
     out.extend((key_values.len() as u16).to_le_bytes());
     for v in key_values {
@@ -203,12 +203,12 @@ pub(crate) fn encode_key_state<'a>(
         out.extend(w.end.to_le_bytes());
         out.extend((accumulators.len() as u16).to_le_bytes());
         for (spec, acc) in aggregates.iter().zip(accumulators) {
-            let bytes = spec.function.encode(acc);
+            let bytes = spec.function.encode(acc)?;
             out.extend((bytes.len() as u32).to_le_bytes());
             out.extend(bytes);
         }
     }
-    out
+    Ok(out)
 }
 
 /// A key's values and windows decoded.
@@ -304,7 +304,8 @@ mod tests {
                 &[Value::from("k")],
                 std::iter::once((window, &accs[..])),
                 &aggs,
-            );
+            )
+            .unwrap();
             {
                 let at = flip % valid.len();
                 valid[at] ^= 0xA5;
@@ -335,7 +336,7 @@ mod tests {
             Value::Double(1.5),
         ];
         let w = TimeWindow { start: 10, end: 20 };
-        let bytes = encode_key_state(&key, std::iter::once((w, accs.as_slice())), &aggs);
+        let bytes = encode_key_state(&key, std::iter::once((w, accs.as_slice())), &aggs).unwrap();
         let (k, windows) = decode_key_state(&bytes, &aggs).unwrap();
         assert_eq!(k, key);
         assert_eq!(windows[0].0, w);

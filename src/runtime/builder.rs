@@ -770,7 +770,7 @@ impl QueryBuilder {
         let keys = keys.iter().map(|k| Arc::from(k.as_ref())).collect();
         self.deduplicate(crate::operators::DedupSpec::WithinWatermark {
             keys,
-            delay_micros: delay.as_micros() as i64,
+            delay_micros: tidemark_types::duration::micros(delay),
         })
     }
 

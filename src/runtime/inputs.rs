@@ -65,7 +65,7 @@ impl Inputs {
                 Input {
                     event_time: stream.event_time.clone(),
                     stream: Some(stream.name.clone()),
-                    delay: stream.watermark.map(|d| d.as_micros() as i64),
+                    delay: stream.watermark.map(tidemark_types::duration::micros),
                     table: false,
                     watermarked: true,
                 }

@@ -508,7 +508,7 @@ impl QueryBuilder {
             self.marker_streams.push(super::builder::MarkerStream {
                 topics: side.stream.topics.clone(),
                 stream: side.stream.name.clone(),
-                delay: side.stream.watermark.map(|d| d.as_micros() as i64),
+                delay: side.stream.watermark.map(tidemark_types::duration::micros),
             });
         }
         writer.main_stream = self.main_stream.clone();

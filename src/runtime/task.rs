@@ -67,9 +67,9 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
         sink_commit: None,
         watermark: builder.watermark.map(|d| {
             let mut tracker = WatermarkTracker::new(
-                d.as_micros() as i64,
+                tidemark_types::duration::micros(d),
                 builder.policy,
-                builder.idle_timeout.map(|t| t.as_micros() as i64),
+                builder.idle_timeout.map(tidemark_types::duration::micros),
             )
             .with_scope(builder.scope);
             if builder.watermark_from_markers && builder.scope == WatermarkScope::Query {

@@ -129,7 +129,7 @@ trait ErasedAggregator: Send + Sync {
     fn merge(&self, acc: &mut Accumulator, other: &Accumulator);
     fn finish(&self, acc: &Accumulator) -> Value;
     fn clone_acc(&self, acc: &Accumulator) -> Accumulator;
-    fn encode(&self, acc: &Accumulator) -> Vec<u8>;
+    fn encode(&self, acc: &Accumulator) -> Result<Vec<u8>>;
     fn decode(&self, bytes: &[u8]) -> Result<Accumulator>;
 }
 
@@ -163,10 +163,11 @@ impl<A: Aggregator> ErasedAggregator for A {
             None => ErasedAggregator::zero(self),
         }
     }
-    fn encode(&self, acc: &Accumulator) -> Vec<u8> {
-        acc.downcast_ref::<A::Acc>()
-            .and_then(|a| serde_json::to_vec(a).ok())
-            .unwrap_or_default()
+    fn encode(&self, acc: &Accumulator) -> Result<Vec<u8>> {
+        let acc = acc.downcast_ref::<A::Acc>().ok_or_else(|| {
+            Error::Internal("an accumulator of another aggregate function".into())
+        })?;
+        serde_json::to_vec(acc).map_err(|e| Error::Internal(format!("cannot encode: {e}")))
     }
     fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
         let acc: A::Acc = serde_json::from_slice(bytes)
@@ -314,9 +315,17 @@ impl AggregateFn {
     pub fn clone_acc(&self, acc: &Accumulator) -> Accumulator {
         self.inner.clone_acc(acc)
     }
-    /// The accumulator's bytes, for checkpoints and changelogs.
-    pub fn encode(&self, acc: &Accumulator) -> Vec<u8> {
-        self.inner.encode(acc)
+    /// The accumulator's bytes, for checkpoints and changelogs. An
+    /// accumulator its serializer refuses (a user aggregate's state with,
+    /// say, a map keyed by a non-string) is an [`Error::Internal`] naming
+    /// the function, never empty bytes that would restore as nothing.
+    pub fn encode(&self, acc: &Accumulator) -> Result<Vec<u8>> {
+        self.inner.encode(acc).map_err(|e| match e {
+            Error::Internal(reason) => {
+                Error::Internal(format!("the state of aggregate `{}`: {reason}", self.name))
+            }
+            other => other,
+        })
     }
     /// An accumulator from its bytes.
     pub fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
@@ -727,6 +736,41 @@ mod tests {
     };
     use proptest::prelude::*;
 
+    /// A user aggregate whose state its serializer refuses (JSON maps need
+    /// string keys) fails the checkpoint with an internal error naming the
+    /// function, instead of writing empty bytes that would restore as an
+    /// empty group.
+    #[test]
+    fn an_accumulator_that_cannot_be_encoded_is_an_error_naming_the_function() {
+        struct ByPair;
+        impl Aggregator for ByPair {
+            type Acc = std::collections::HashMap<(i64, i64), i64>;
+            fn zero(&self) -> Self::Acc {
+                Default::default()
+            }
+            fn reduce(&self, acc: &mut Self::Acc, input: &Value) {
+                if let Value::Long(x) = input {
+                    *acc.entry((*x, *x)).or_default() += 1;
+                }
+            }
+            fn merge(&self, acc: &mut Self::Acc, other: &Self::Acc) {
+                for (k, v) in other {
+                    *acc.entry(*k).or_default() += v;
+                }
+            }
+            fn finish(&self, acc: &Self::Acc) -> Value {
+                Value::Long(acc.len() as i64)
+            }
+        }
+        let f = AggregateFn::custom("by_pair", ByPair);
+        let mut acc = f.zero();
+        f.reduce(&mut acc, &Value::Long(7));
+        match f.encode(&acc) {
+            Err(Error::Internal(reason)) => assert!(reason.contains("by_pair"), "{reason}"),
+            other => panic!("expected an internal error, got {other:?}"),
+        }
+    }
+
     /// A double for `v`: sevenths, and the doubles that compare oddly
     /// (NaN, -0.0) at the ends of the range.
     fn float(v: i8) -> f64 {
@@ -841,7 +885,7 @@ mod tests {
                             Value::Double(d) => format!("{:x}", d.to_bits()),
                             other => format!("{other:?}"),
                         };
-                        prop_assert_eq!(f.encode(a), f.encode(b), "{} over {:?}", name, column);
+                        prop_assert_eq!(f.encode(a).unwrap(), f.encode(b).unwrap(), "{} over {:?}", name, column);
                         prop_assert_eq!(bits(a), bits(b), "{} over {:?}", name, column);
                     }
                 }
@@ -886,7 +930,9 @@ mod tests {
             }
             (
                 f.finish(&acc),
-                f.decode(&f.encode(&acc)).map(|a| f.finish(&a)).unwrap(),
+                f.decode(&f.encode(&acc).unwrap())
+                    .map(|a| f.finish(&a))
+                    .unwrap(),
             )
         };
         assert_eq!(run("max_by", &rows).0, Value::Str("b".into()));
@@ -972,7 +1018,7 @@ mod tests {
                 (merged - sequential).abs() < 1e-9,
                 "{name}: {merged} vs {sequential}"
             );
-            let round_trip = f.decode(&f.encode(&a)).unwrap();
+            let round_trip = f.decode(&f.encode(&a).unwrap()).unwrap();
             assert_eq!(f.finish(&round_trip), f.finish(&a));
         }
     }

@@ -51,8 +51,25 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
             .and_then(|m| total_micros.checked_add(m))
             .ok_or_else(|| invalid("too large".into()))?;
     }
-    let micros = u64::try_from(total_micros).map_err(|_| invalid("too large".into()))?;
-    Ok(Duration::from_micros(micros))
+    // Durations become signed microseconds next to timestamps: refuse what
+    // would not fit rather than wrap to a negative delay or size.
+    let micros = i64::try_from(total_micros).map_err(|_| invalid("too large".into()))?;
+    Ok(Duration::from_micros(micros.unsigned_abs()))
+}
+
+/// A duration in signed microseconds, the unit of event time: a duration
+/// too long for an `i64` (about 292,000 years, reachable only through
+/// `Duration::MAX`-like values from Rust) saturates at `i64::MAX` instead of
+/// wrapping to a negative delay.
+///
+/// ```
+/// use std::time::Duration;
+/// use tidemark_types::duration::micros;
+/// assert_eq!(micros(Duration::from_millis(1500)), 1_500_000);
+/// assert_eq!(micros(Duration::MAX), i64::MAX);
+/// ```
+pub fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 fn unit_in_micros(unit: &str) -> std::result::Result<u128, String> {
@@ -135,6 +152,11 @@ mod tests {
         assert!(parse_duration("10").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5 seconds").is_err());
+        // Fits a u64 of microseconds but not the signed microseconds event
+        // time is counted in: refused, not wrapped to a negative duration.
+        let err = parse_duration("16000000 weeks").unwrap_err().to_string();
+        assert!(err.contains("too large"), "{err}");
+        assert!(parse_duration("15000000 weeks").is_ok());
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub enum Error {
         /// The broker's or librdkafka's reason.
         reason: String,
     },
+    /// An internal invariant failed: a bug in tidemark or in a user's
+    /// aggregate (an accumulator that cannot be encoded). Running again
+    /// would fail the same way, so the run ends with it, never retried.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// State could not be read or written.
     #[error("state error: {0}")]
     State(#[from] StateError),

@@ -126,8 +126,14 @@ impl Aggregator for ApproxPercentile {
         }
     }
     fn merge(&self, acc: &mut KllAcc, other: &KllAcc) {
-        // Both sketches come from this aggregator, so their k agree.
-        let _ = acc.0.merge(&other.0);
+        // KLL merges sketches of any k; it refuses only another m (both
+        // sketches are built or decoded with the default m: decoding
+        // refuses any other) or a combined weight past u64::MAX. The
+        // trait's merge cannot fail, so that impossible case is logged
+        // loudly rather than dropped without a word.
+        if let Err(e) = acc.0.merge(&other.0) {
+            tracing::error!(error = %e, "approx_percentile: sketches could not be merged");
+        }
     }
     fn finish(&self, acc: &KllAcc) -> Value {
         match acc.0.quantile(self.percentage, SearchCriteria::Inclusive) {
@@ -154,7 +160,7 @@ mod tests {
             f.reduce(&mut b, &Value::Long(i + 2500));
         }
         f.merge(&mut a, &b);
-        let Value::Long(n) = f.finish(&f.decode(&f.encode(&a)).unwrap()) else {
+        let Value::Long(n) = f.finish(&f.decode(&f.encode(&a).unwrap()).unwrap()) else {
             panic!()
         };
         assert!((n - 7500).abs() < 7500 / 10, "{n}");
