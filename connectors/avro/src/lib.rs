@@ -142,7 +142,9 @@ impl AvroDecoder {
         let schema = self.schema(id).map_err(|lookup| match lookup {
             SchemaLookup::Unknown(reason) => bad(position, "<schema id>", reason),
             SchemaLookup::Unavailable(reason) => Error::Source(reason),
-            SchemaLookup::Refused(reason) => Error::config("schema_registry", reason),
+            SchemaLookup::Refused(reason) | SchemaLookup::Unusable(reason) => {
+                Error::config("schema_registry", reason)
+            }
         })?;
         let reader = SchemaReader::try_new(schema.clone(), |schema| {
             GenericDatumReader::builder(schema).build()

@@ -76,6 +76,7 @@ impl SubjectNameStrategy {
 }
 
 /// Why a schema could not be had by id.
+#[derive(Debug)]
 pub enum SchemaLookup {
     /// The registry does not know the id: the record is bad.
     Unknown(String),
@@ -83,13 +84,31 @@ pub enum SchemaLookup {
     Unavailable(String),
     /// The registry refused the client (credentials): a configuration error.
     Refused(String),
+    /// The registry answered with something that is not a usable schema
+    /// (not JSON, no `schema`, a schema that does not parse, schema
+    /// references): the registry or its address is wrong, not the record,
+    /// and asking again answers the same — a configuration error.
+    Unusable(String),
 }
+
+/// Tries of an id the registry answers "not found" (40403) for before the
+/// record is called bad: a schema registered a moment ago may not have
+/// reached the registry node asked yet.
+const UNKNOWN_ID_ATTEMPTS: u32 = 3;
+/// The wait after the first "not found"; doubled after each.
+const UNKNOWN_ID_BACKOFF: Duration = Duration::from_millis(200);
+/// How long an id found unknown is answered unknown without asking again:
+/// a stream of records with a bad id must not cost a round of requests
+/// (and their waits) each.
+const UNKNOWN_ID_TTL: Duration = Duration::from_secs(60);
 
 /// A client of one registry.
 pub struct RegistryClient {
     url: String,
     agent: ureq::Agent,
     authorization: Option<String>,
+    /// Ids found unknown, when, and why (see [`UNKNOWN_ID_TTL`]).
+    unknown: std::sync::Mutex<std::collections::HashMap<u32, (std::time::Instant, String)>>,
 }
 
 impl fmt::Debug for RegistryClient {
@@ -155,6 +174,7 @@ impl RegistryClient {
             url: config.url.trim_end_matches('/').to_string(),
             agent: agent.build(),
             authorization,
+            unknown: Default::default(),
         })
     }
 
@@ -172,8 +192,49 @@ impl RegistryClient {
         }
     }
 
-    /// The schema registered with `id`.
+    /// The schema registered with `id`. An id the registry does not know
+    /// is asked again ([`UNKNOWN_ID_ATTEMPTS`] times in all, backing off)
+    /// before it is called unknown, and then remembered as unknown for
+    /// [`UNKNOWN_ID_TTL`].
     pub fn schema_by_id(&self, id: u32) -> std::result::Result<AvroSchema, SchemaLookup> {
+        if let Some(reason) = self.known_unknown(id) {
+            return Err(SchemaLookup::Unknown(reason));
+        }
+        let mut wait = UNKNOWN_ID_BACKOFF;
+        for attempt in 1.. {
+            match self.fetch_schema(id) {
+                Err(SchemaLookup::Unknown(_)) if attempt < UNKNOWN_ID_ATTEMPTS => {
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                }
+                Err(SchemaLookup::Unknown(reason)) => {
+                    self.unknown
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id, (std::time::Instant::now(), reason.clone()));
+                    return Err(SchemaLookup::Unknown(reason));
+                }
+                answer => return answer,
+            }
+        }
+        unreachable!("the loop returns by its last attempt")
+    }
+
+    /// Why `id` was found unknown, if it was within [`UNKNOWN_ID_TTL`].
+    fn known_unknown(&self, id: u32) -> Option<String> {
+        let mut unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        match unknown.get(&id) {
+            Some((at, reason)) if at.elapsed() < UNKNOWN_ID_TTL => Some(reason.clone()),
+            Some(_) => {
+                unknown.remove(&id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// One request for the schema registered with `id`.
+    fn fetch_schema(&self, id: u32) -> std::result::Result<AvroSchema, SchemaLookup> {
         let response = match self.request("GET", &format!("/schemas/ids/{id}")).call() {
             Ok(response) => response,
             Err(ureq::Error::Status(404, response)) => {
@@ -210,14 +271,26 @@ impl RegistryClient {
                 )))
             }
         };
-        let body: serde_json::Value = response.into_json().map_err(|e| {
-            SchemaLookup::Unavailable(format!("schema id {id}: registry answer is not JSON: {e}"))
-        })?;
-        let text = body.get("schema").and_then(|s| s.as_str()).ok_or_else(|| {
-            SchemaLookup::Unavailable(format!("schema id {id}: registry answer has no `schema`"))
-        })?;
+        let unusable = |what: String| {
+            SchemaLookup::Unusable(format!(
+                "schema id {id}: {what} (is `schema_registry` a Confluent-compatible registry's address?)"
+            ))
+        };
+        let body: serde_json::Value = response
+            .into_json()
+            .map_err(|e| unusable(format!("the registry's answer is not JSON: {e}")))?;
+        if body["references"].as_array().is_some_and(|r| !r.is_empty()) {
+            return Err(SchemaLookup::Unusable(format!(
+                "schema id {id} refers to other schemas ({}), which tidemark does not resolve yet: register the writer's schema with its types inlined",
+                body["references"]
+            )));
+        }
+        let text = body
+            .get("schema")
+            .and_then(|s| s.as_str())
+            .ok_or_else(|| unusable("the registry's answer has no `schema` text".into()))?;
         AvroSchema::parse_str(text)
-            .map_err(|e| SchemaLookup::Unknown(format!("schema id {id}: {e}")))
+            .map_err(|e| unusable(format!("the registry's schema does not parse: {e}")))
     }
 
     /// Registers `schema` under `subject` (or finds it registered there)
@@ -437,6 +510,14 @@ mod tests {
                 404,
                 r#"{"error_code": 40403, "message": "Schema not found"}"#,
             ),
+            (
+                404,
+                r#"{"error_code": 40403, "message": "Schema not found"}"#,
+            ),
+            (
+                404,
+                r#"{"error_code": 40403, "message": "Schema not found"}"#,
+            ),
             (503, r#"{"error_code": 50003}"#),
             (401, r#"{"error_code": 401}"#),
         ]);
@@ -462,13 +543,75 @@ mod tests {
             Err(SchemaLookup::Unknown(_))
         ));
         assert!(matches!(
-            client.schema_by_id(7),
+            client.schema_by_id(8),
             Err(SchemaLookup::Unavailable(_))
         ));
-        match client.schema_by_id(7) {
+        match client.schema_by_id(8) {
             Err(SchemaLookup::Refused(reason)) => assert!(!reason.contains("pw1234"), "{reason}"),
             _ => panic!("a 401 is a refusal"),
         }
+    }
+
+    /// Registry faults are never bad records: garbage answers are a
+    /// configuration error, a "not found" is asked again before a record is
+    /// called bad (and then remembered), schema references are refused
+    /// clearly.
+    #[test]
+    fn garbage_is_a_configuration_error_and_not_found_is_retried_then_cached() {
+        let schema_text = r#"{"schema": "{\"type\":\"record\",\"name\":\"Order\",\"fields\":[{\"name\":\"a\",\"type\":\"long\"}]}"}"#;
+        let not_found = r#"{"error_code": 40403, "message": "Schema not found"}"#;
+        let fake = FakeRegistry::serve(vec![
+            (200, "<html>a login page</html>"),
+            (200, r#"{"id": 3}"#),
+            (200, r#"{"schema": "{\"type\": \"nonsense\"}"}"#),
+            (
+                200,
+                r#"{"schema": "{\"type\":\"record\",\"name\":\"A\",\"fields\":[{\"name\":\"b\",\"type\":\"B\"}]}", "references": [{"name": "B", "subject": "b", "version": 1}]}"#,
+            ),
+            // Found at the third try: registered a moment ago.
+            (404, not_found),
+            (404, not_found),
+            (200, schema_text),
+            // Unknown for good: three tries, then remembered.
+            (404, not_found),
+            (404, not_found),
+            (404, not_found),
+        ]);
+        let client = RegistryClient::new(&RegistryConfig {
+            url: fake.url.clone(),
+            properties: Default::default(),
+        })
+        .unwrap();
+        for id in [1, 2, 3, 4] {
+            match client.schema_by_id(id) {
+                Err(SchemaLookup::Unusable(reason)) => {
+                    assert!(reason.contains(&format!("schema id {id}")), "{reason}");
+                    if id == 4 {
+                        assert!(reason.contains("refers to other schemas"), "{reason}");
+                    }
+                }
+                Err(other) => panic!("id {id}: {other:?}"),
+                Ok(_) => panic!("id {id}: a schema from a garbage answer"),
+            }
+        }
+        assert!(client.schema_by_id(5).is_ok(), "found at the third try");
+        assert!(matches!(
+            client.schema_by_id(6),
+            Err(SchemaLookup::Unknown(_))
+        ));
+        let asked = fake.seen.try_iter().count();
+        assert_eq!(asked, 10, "every scripted answer was asked for");
+        // Remembered: no request, the same answer.
+        assert!(matches!(
+            client.schema_by_id(6),
+            Err(SchemaLookup::Unknown(_))
+        ));
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            fake.seen.try_iter().count(),
+            0,
+            "an unknown id is not asked again at once"
+        );
     }
 
     #[test]
