@@ -205,10 +205,60 @@ fn topic_name(names: &mut Vec<Arc<str>>, topic: &str) -> Arc<str> {
 /// the consumer's position, nothing having been handed out).
 type ResumePoint = ((String, i32), Option<i64>);
 
+/// How long a closing source waits for its partitions to be revoked
+/// after it unsubscribed (see `KafkaSource::release_assignment`).
+const UNSUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a closing consumer may take before the source stops waiting
+/// for it (see the `Drop` impl).
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
+
+impl Drop for KafkaSource {
+    /// Closes the consumer without letting librdkafka's close hang the
+    /// caller: it can wait for ever inside an assign or unassign called
+    /// from the rebalance callback it runs while closing
+    /// (confluentinc/librdkafka#4884; seen here: a static member stopped
+    /// with Ctrl-C after a chaos soak never exited). A dynamic member first
+    /// gives its partitions back (unsubscribe, then nothing assigned:
+    /// the workaround librdkafka#4527 gives), which also lets the group
+    /// rebalance at once; a static member keeps them, as KIP-345 means it
+    /// to. Then the consumer closes on a thread of its own; one still
+    /// closing after [`CLOSE_WAIT`] is left to it, with a warning, and the
+    /// process goes on (or exits, which ends that thread).
+    fn drop(&mut self) {
+        if !self.config.properties.contains_key("group.instance.id") {
+            self.release_assignment();
+        }
+        // SAFETY: taken once, here, and never used after: `self` is being
+        // dropped and no method runs after `drop`.
+        let consumer = unsafe { std::mem::ManuallyDrop::take(&mut self.consumer) };
+        let (closed, closing) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("tidemark-consumer-close".into())
+            .spawn(move || {
+                drop(consumer);
+                let _ = closed.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                if closing.recv_timeout(CLOSE_WAIT).is_err() {
+                    tracing::warn!(
+                        topics = ?self.config.topics,
+                        "the consumer did not finish closing within {CLOSE_WAIT:?}: left to close on its own"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "no thread to close the consumer on"),
+        }
+    }
+}
+
 /// Reads Kafka topics as a member of a consumer group.
 pub struct KafkaSource {
     config: KafkaSourceConfig,
-    consumer: BaseConsumer<SourceContext>,
+    /// Dropped by hand, on a thread of its own and for a bounded time (see
+    /// the `Drop` impl).
+    consumer: std::mem::ManuallyDrop<BaseConsumer<SourceContext>>,
     log: Arc<Mutex<RebalanceLog>>,
     /// Shared with the consumer's context: see `SourceContext`.
     revoked_pending: Arc<AtomicBool>,
@@ -349,7 +399,7 @@ impl KafkaSource {
             .map_err(|e| Error::Source(format!("subscribing to {topics:?}: {e}")))?;
         Ok(KafkaSource {
             config,
-            consumer,
+            consumer: std::mem::ManuallyDrop::new(consumer),
             log,
             revoked_pending,
             next_offsets: HashMap::default(),
@@ -603,6 +653,36 @@ impl KafkaSource {
     /// predecessor (`FENCED_INSTANCE_ID`); such a consumer answers every
     /// poll with an error, reads nothing again and fails every commit. The
     /// stage must be rebuilt with a new consumer, which the runner does.
+    /// Gives the member's partitions back before the consumer closes:
+    /// unsubscribes, then polls (its revocation handled by the rebalance
+    /// callback as at any rebalance) until nothing is assigned, for at
+    /// most [`UNSUBSCRIBE_WAIT`]. librdkafka's close can otherwise wait for
+    /// ever inside an assign or unassign called from the rebalance callback
+    /// it runs while closing (confluentinc/librdkafka#4884, #4527): seen
+    /// here as a replica stopped with Ctrl-C that never exited. This is
+    /// the workaround that thread gives (unsubscribe, wait for no
+    /// assignment, then close).
+    fn release_assignment(&mut self) {
+        if self.consumer.client().fatal_error().is_some() {
+            return;
+        }
+        self.consumer.unsubscribe();
+        let deadline = Instant::now() + UNSUBSCRIBE_WAIT;
+        while Instant::now() < deadline {
+            match self.consumer.assignment() {
+                Ok(assigned) if assigned.count() > 0 => {}
+                _ => return,
+            }
+            // Records still fetched are dropped: their offsets were not
+            // committed, the next owner reads them.
+            let _ = self.consumer.poll(Duration::from_millis(50));
+        }
+        tracing::warn!(
+            topics = ?self.config.topics,
+            "partitions still assigned when the consumer closes"
+        );
+    }
+
     fn fail_if_consumer_failed(&self) -> Result<()> {
         match self.consumer.client().fatal_error() {
             Some((code, reason)) => Err(Error::Source(format!(
