@@ -54,6 +54,10 @@ pub enum DeltaWriteMode {
     },
 }
 
+/// Commit latencies a [`DeltaSink`] keeps for
+/// [`DeltaSink::take_commit_micros`] at most.
+pub const MAX_COMMIT_LATENCIES: usize = 4096;
+
 /// Settings of a [`DeltaSink`].
 #[derive(Debug, Clone)]
 pub struct DeltaSinkConfig {
@@ -261,9 +265,24 @@ impl DeltaSink {
         })
     }
 
-    /// Commit latencies in microseconds since the last call.
+    /// Commit latencies in microseconds since the last call (the most
+    /// recent [`MAX_COMMIT_LATENCIES`] of them).
     pub fn take_commit_micros(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.commit_micros)
+    }
+
+    /// Records one commit's latency for [`Self::take_commit_micros`] and as
+    /// the `tidemark_delta_commit_seconds` histogram. Bounded: a sink whose
+    /// latencies nobody takes (every sink outside a benchmark) must not
+    /// grow by one entry per commit for as long as it runs.
+    fn record_commit_latency(&mut self, started: Instant) {
+        let elapsed = started.elapsed();
+        metrics::histogram!("tidemark_delta_commit_seconds").record(elapsed.as_secs_f64());
+        if self.commit_micros.len() >= MAX_COMMIT_LATENCIES {
+            self.commit_micros.drain(..MAX_COMMIT_LATENCIES / 2);
+        }
+        self.commit_micros
+            .push(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
     }
 
     /// The table's Arrow schema.
@@ -455,8 +474,7 @@ impl DeltaSink {
             Ok::<_, Error>(version)
         })?;
         self.commits += 1;
-        self.commit_micros
-            .push(started.elapsed().as_micros() as u64);
+        self.record_commit_latency(started);
         metrics::counter!("tidemark_delta_commits_total").increment(1);
         tracing::debug!(version, batch_id = ?txn_version, "Delta commit");
         if let Some(keys) = upsert_keys {

@@ -189,8 +189,7 @@ pub(super) fn publish(sink: &mut DeltaSink, batch_id: u64) -> Result<()> {
     }
     let started = Instant::now();
     commit_unpublished(sink, &staged, Some(batch_id))?;
-    sink.commit_micros
-        .push(started.elapsed().as_micros() as u64);
+    sink.record_commit_latency(started);
     for s in &staged {
         remove_staged(sink, &s.name);
     }

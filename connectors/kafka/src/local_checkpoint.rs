@@ -25,16 +25,17 @@ pub(crate) type LocalCheckpoint = std::collections::BTreeMap<String, i64>;
 
 /// Reads and deletes the task's checkpoint file: from now on the local
 /// files change, and a crash before the next clean close must not trust
-/// them. Missing or unreadable: empty.
-pub(crate) fn take_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
+/// them. Missing or unreadable: empty. A file that cannot be removed is an
+/// error: it would vouch for files about to change.
+pub(crate) fn take_local_checkpoint(file: &std::path::Path) -> Result<LocalCheckpoint> {
     let Ok(text) = std::fs::read_to_string(file) else {
-        return LocalCheckpoint::new();
+        return Ok(LocalCheckpoint::new());
     };
-    let _ = std::fs::remove_file(file);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
+    remove_durably(file).map_err(|e| Error::io(format!("removing {}", file.display()), e))?;
+    Ok(serde_json::from_str(&text).unwrap_or_else(|e| {
         tracing::warn!(file = %file.display(), error = %e, "unreadable local checkpoint ignored");
         LocalCheckpoint::new()
-    })
+    }))
 }
 
 /// Reads a checkpoint file without deleting it; missing or unreadable:
@@ -46,16 +47,45 @@ pub(crate) fn read_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
         .unwrap_or_default()
 }
 
-/// Writes the checkpoint file atomically (temporary file, then rename).
+/// Writes the checkpoint file atomically and durably: a temporary file,
+/// synced, renamed over the old one, then the directory synced. Without
+/// the syncs a power loss could leave an empty or missing file beside
+/// RocksDB files that moved on (its own writes are flushed and synced).
 pub(crate) fn write_local_checkpoint(
     file: &std::path::Path,
     checkpoint: &LocalCheckpoint,
 ) -> Result<()> {
     let text = serde_json::to_string(checkpoint).map_err(|e| Error::Source(e.to_string()))?;
     let temporary = file.with_extension("tmp");
-    std::fs::write(&temporary, text)
-        .and_then(|_| std::fs::rename(&temporary, file))
-        .map_err(|e| Error::io(format!("writing {}", file.display()), e))
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut out = std::fs::File::create(&temporary)?;
+        out.write_all(text.as_bytes())?;
+        out.sync_all()?;
+        std::fs::rename(&temporary, file)?;
+        sync_directory_of(file)
+    };
+    write().map_err(|e| Error::io(format!("writing {}", file.display()), e))
+}
+
+/// Removes the checkpoint file durably (the directory synced after), so
+/// that a power loss cannot bring back a file that no longer tells the
+/// truth about the local files. Missing is fine.
+fn remove_durably(file: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_file(file) {
+        Ok(()) => sync_directory_of(file),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Syncs the directory holding `file`: a rename or removal in it is on
+/// disk once this returns.
+fn sync_directory_of(file: &std::path::Path) -> std::io::Result<()> {
+    match file.parent() {
+        Some(dir) => std::fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
 }
 
 /// Where a task's local files stand against its changelogs, so that a
@@ -106,16 +136,10 @@ impl TaskCheckpointGuard {
     /// Called before any write reaches the local files.
     fn before_write(&self, store: &str) -> std::result::Result<(), StateError> {
         if self.state.swap(DIRTY, Ordering::SeqCst) == VOUCHED {
-            match std::fs::remove_file(&self.file) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(StateError::Backend {
-                        store: store.to_string(),
-                        reason: format!("removing {}: {e}", self.file.display()),
-                    })
-                }
-            }
+            remove_durably(&self.file).map_err(|e| StateError::Backend {
+                store: store.to_string(),
+                reason: format!("removing {}: {e}", self.file.display()),
+            })?;
         }
         Ok(())
     }
@@ -216,11 +240,8 @@ impl TaskCheckpointGuard {
     /// about to change outside a guarded write (a store dropped to be
     /// restored afresh).
     pub(crate) fn discard_file(&self) -> Result<()> {
-        match std::fs::remove_file(&self.file) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(format!("removing {}", self.file.display()), e)),
-        }
+        remove_durably(&self.file)
+            .map_err(|e| Error::io(format!("removing {}", self.file.display()), e))
     }
 
     /// The batch that wrote last committed.
@@ -426,7 +447,7 @@ mod tests {
             "a checkpoint outlived the abort: a kill during the fresh restore would trust it"
         );
         assert_eq!(
-            take_local_checkpoint(&dir.path().join(CHECKPOINT_FILE)),
+            take_local_checkpoint(&dir.path().join(CHECKPOINT_FILE)).unwrap(),
             LocalCheckpoint::new()
         );
     }

@@ -149,7 +149,7 @@ impl RocksDbStateBackend {
                 partition,
                 Arc::new(TaskCheckpointGuard::new(checkpoint_file.clone())),
             );
-            take_local_checkpoint(&checkpoint_file)
+            take_local_checkpoint(&checkpoint_file)?
         } else {
             LocalCheckpoint::new()
         };
