@@ -3,9 +3,10 @@
 # throughout, KILLS random SIGKILLs (default 100), a broker restart, a
 # replica added and one stopped, then an available-now run; every window
 # must be written exactly once, into a Kafka topic and (another soak) into
-# one Delta table all replicas commit to; each with dynamic members sharing
-# a state directory and with static members (TIDEMARK_INSTANCE_ID, a state
-# directory each). Prints a report line `chaos: ...` per soak.
+# one Delta table all replicas commit to; each with replicas sharing a
+# state directory (static members by their slot's id into Kafka, dynamic
+# members into Delta) and with static members named by TIDEMARK_INSTANCE_ID
+# (a state directory each). Prints a report line `chaos: ...` per soak.
 #
 #   scripts/chaos.sh [KILLS] [SEED] [FILTER]
 #

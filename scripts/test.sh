@@ -2,6 +2,13 @@
 # Runs every check a change must pass: installs what is missing, starts a real
 # Apache Kafka broker when KAFKA_BOOTSTRAP is unset, then fmt, clippy and all
 # tests. `.ci/run` calls exactly this.
+#
+#   scripts/test.sh                          every check
+#   scripts/test.sh --repeat N ARGS...       `cargo test ARGS...` N times in a
+#                                            row against the broker, stopping at
+#                                            the first failure (flaky tests:
+#                                            e.g. --repeat 5 -p tidemark-cli
+#                                            --test watermark_scope)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -34,6 +41,17 @@ echo "KAFKA_BOOTSTRAP=$KAFKA_BOOTSTRAP"
 # failure after the fact.
 export TIDEMARK_TEST_LOG_DIR="${TIDEMARK_TEST_LOG_DIR:-$CARGO_TARGET_DIR/test-logs/$(date +%Y%m%dT%H%M%S)}"
 echo "TIDEMARK_TEST_LOG_DIR=$TIDEMARK_TEST_LOG_DIR"
+
+if [[ "${1:-}" == "--repeat" ]]; then
+  runs="${2:?usage: scripts/test.sh --repeat N CARGO_TEST_ARGS...}"
+  shift 2
+  for ((run = 1; run <= runs; run++)); do
+    step "run $run of $runs: cargo test $*"
+    cargo test "$@" || { echo "failed on run $run of $runs: cargo test $*"; exit 1; }
+  done
+  echo "passed $runs runs in a row: cargo test $*"
+  exit 0
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

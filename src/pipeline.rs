@@ -309,6 +309,15 @@ pub struct SourceSpec {
     /// skipped (`tidemark_source_records_lost_total`).
     #[serde(default = "default_fail_on_data_loss")]
     pub fail_on_data_loss: bool,
+    /// kafka: static group membership (KIP-345, Kafka Streams'
+    /// `group.instance.id`). With a stable instance identity — a state
+    /// directory's instance slot or `TIDEMARK_INSTANCE_ID` — the consumer
+    /// joins as a static member (default `true`): a replica restarted within
+    /// `session.timeout.ms` gets its partitions back without a rebalance.
+    /// `false` joins as a dynamic member, which leaves the group at once on
+    /// a clean stop; a `group.instance.id` in `properties` wins over both.
+    #[serde(default = "default_static_membership")]
+    pub static_membership: bool,
     /// `json` (default) or `avro`.
     #[serde(default)]
     pub format: Format,
@@ -353,6 +362,11 @@ pub struct SourceSpec {
     /// temporary name such as `.x`, `_x`, `x.tmp` or `x.part` is never read).
     #[serde(default)]
     pub settle_delay: Option<DurationSpec>,
+    /// files: read a symbolic link in the directory as the file it points
+    /// to (default `false`: links are left alone, so that none can make the
+    /// source read a file outside its directory).
+    #[serde(default)]
+    pub follow_symlinks: Option<bool>,
 }
 
 /// Where a new consumer group starts.
@@ -545,7 +559,7 @@ impl JoinYaml {
             (Some([lower, upper]), None, None) => JoinTimeCondition::between(lower, upper),
             (None, Some([lower, upper]), None) => JoinTimeCondition::bounds(lower, upper),
             (None, None, Some(w)) => Ok(JoinTimeCondition::Window {
-                size_micros: w.0.as_micros() as i64,
+                size_micros: tidemark_types::duration::micros(w.0),
             }),
             (None, None, None) => Ok(JoinTimeCondition::None),
             _ => Err(Error::config(
@@ -651,6 +665,10 @@ pub struct JoinedInput<'a> {
 }
 
 fn default_fail_on_data_loss() -> bool {
+    true
+}
+
+fn default_static_membership() -> bool {
     true
 }
 
@@ -1251,7 +1269,7 @@ pub struct MetricsSpec {
 }
 
 /// `serve:`: interactive queries over HTTP.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeSpec {
     /// The address to listen on (`host:port`; port 0 picks a free one).
@@ -1260,6 +1278,21 @@ pub struct ServeSpec {
     /// found by them through the consumer group; default: `listen`.
     #[serde(default)]
     pub advertised: Option<String>,
+    /// When set (write `${VAR}` to keep it out of the file), every request
+    /// but the health probes must carry `Authorization: Bearer <token>`;
+    /// the instances of one query share it. Masked wherever shown.
+    #[serde(default)]
+    pub auth_token: Option<String>,
+}
+
+impl fmt::Debug for ServeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeSpec")
+            .field("listen", &self.listen)
+            .field("advertised", &self.advertised)
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl ServeSpec {
@@ -1270,11 +1303,25 @@ impl ServeSpec {
 }
 
 /// `ui:`: the live web page.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UiSpec {
     /// The address to listen on (`host:port`).
     pub listen: String,
+    /// When set, the page and its API ask for `Authorization: Bearer
+    /// <token>` (for a page reached through a proxy that adds it). Masked
+    /// wherever shown.
+    #[serde(default)]
+    pub auth_token: Option<String>,
+}
+
+impl fmt::Debug for UiSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UiSpec")
+            .field("listen", &self.listen)
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// A pipeline-file error with its place in the file.
@@ -1787,6 +1834,7 @@ impl PipelineFile {
             ("source.pattern", src.pattern.is_some()),
             ("source.start", src.start.is_some()),
             ("source.settle_delay", src.settle_delay.is_some()),
+            ("source.follow_symlinks", src.follow_symlinks.is_some()),
         ];
         if src.kind != SourceKind::Files {
             if let Some((key, _)) = files_keys.iter().find(|(_, set)| *set) {
@@ -1814,6 +1862,17 @@ impl PipelineFile {
         let changelog = self.state_spec().and_then(|s| s.changelog).unwrap_or(false);
         if self.files_checkpoint().is_some() && changelog {
             return err("state.changelog", "a files source keeps its state on local disk, versioned with its checkpoint: leave `changelog` unset or false");
+        }
+        if let Some(state) = self.state_spec().filter(|s| s.num_standby_replicas > 0) {
+            // Standbys are copies fed by the changelog (the default with a
+            // Kafka source): without one there is nothing to copy.
+            let has_changelog = state.changelog.unwrap_or(src.kind == SourceKind::Kafka);
+            if !has_changelog {
+                return err(
+                    "state.num_standby_replicas",
+                    "standby replicas are kept warm from the state's changelog topics: with a Kafka source leave `state.changelog` unset or true, or set `num_standby_replicas: 0`",
+                );
+            }
         }
         Ok(())
     }
@@ -1988,7 +2047,7 @@ impl PipelineFile {
                     let mut frontier = crate::operators::FrontierSpec::default();
                     if let Some(f) = &r.frontier {
                         if let Some(d) = f.delay {
-                            frontier.delay_micros = d.0.as_micros() as i64;
+                            frontier.delay_micros = tidemark_types::duration::micros(d.0);
                         }
                         if let Some(a) = &f.alias {
                             frontier.alias = a.as_str().into();
@@ -2725,5 +2784,31 @@ sink: {kind: kafka, topic: out}
         let url_only = "name: r\nschema_registry: http://r:8081\nsource: {kind: kafka, topic: t}\nsink: {kind: stdout}\n";
         let file = PipelineFile::parse(url_only).unwrap();
         assert_eq!(file.schema_registry.unwrap().url, "http://r:8081");
+    }
+
+    /// The HTTP services' tokens never show in `Debug` either.
+    #[test]
+    fn serve_and_ui_tokens_are_masked() {
+        let text = "name: t\nsource: {kind: kafka, topic: t}\nsink: {kind: stdout}\nserve: {listen: \"127.0.0.1:1\", auth_token: \"${TOKEN}\"}\nui: {listen: \"127.0.0.1:2\", auth_token: \"${TOKEN}\"}\n";
+        let lookup = |name: &str| (name == "TOKEN").then(|| "hunter2-token".to_string());
+        let file = PipelineFile::parse_with_env(text, &lookup).unwrap();
+        assert_eq!(
+            file.serve.as_ref().unwrap().auth_token.as_deref(),
+            Some("hunter2-token")
+        );
+        let shown = format!("{file:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    /// Standby replicas are fed by the changelog: asked for without one,
+    /// the file is refused naming the setting.
+    #[test]
+    fn standbys_without_a_changelog_are_refused() {
+        let text = |changelog: &str| {
+            format!("name: s\nsource: {{kind: kafka, topic: t}}\nsink: {{kind: stdout}}\nstate: {{dir: st, num_standby_replicas: 1{changelog}}}\n")
+        };
+        let e = PipelineFile::parse(&text(", changelog: false")).unwrap_err();
+        assert!(e.message.contains("state.num_standby_replicas"), "{e}");
+        PipelineFile::parse(&text("")).unwrap();
     }
 }

@@ -7,9 +7,11 @@
 //! second soak) one Delta table all replicas commit to, read back by the
 //! Python `deltalake` package.
 //!
-//! Each soak runs twice over: with dynamic members (replicas sharing one
-//! state directory, each taking an instance slot in it) and with static
-//! members, the deployment Kafka Streams users are told to use: each
+//! Each soak runs twice over. First with replicas sharing one state
+//! directory, each taking an instance slot in it: into Kafka as the
+//! default static members the slot's id makes them, into Delta as dynamic
+//! members (`source.static_membership: false`). Then with static members
+//! named by hand, the deployment Kafka Streams users are told to use: each
 //! replica its own `TIDEMARK_INSTANCE_ID` (so `group.instance.id`) and its
 //! own state directory, a killed one restarted on both, taking its
 //! partitions back without a rebalance.
@@ -63,7 +65,7 @@ static ONE_SOAK_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn replicas_write_every_window_exactly_once_through_random_kills_a_broker_restart_and_rebalances() {
     let _one = ONE_SOAK_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    soak(Output::Kafka, Membership::Dynamic);
+    soak(Output::Kafka, Membership::Slot);
 }
 
 /// The same soak into one Delta table that every replica commits to, read
@@ -97,8 +99,12 @@ enum Output {
 /// How the replicas belong to the consumer group.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Membership {
-    /// No instance id: dynamic members sharing one state directory, each
-    /// taking an instance slot in it.
+    /// No instance id: replicas sharing one state directory, each taking
+    /// an instance slot in it, whose stable id makes it a static member
+    /// (the default; a killed replica takes its slot back on restart).
+    Slot,
+    /// As [`Membership::Slot`] with `source.static_membership: false`:
+    /// dynamic members, a killed one's partitions moving at a rebalance.
     Dynamic,
     /// `TIDEMARK_INSTANCE_ID=r<n>` per replica (static membership), each on
     /// its own state directory `state-r<n>`; a killed replica restarts with
@@ -176,6 +182,16 @@ fn soak(sink: Output, membership: Membership) {
     }
     if membership == Membership::Static {
         state_dir_per_instance(&file);
+    }
+    if membership == Membership::Dynamic {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let dynamic = text.replacen(
+            "  kind: kafka\n",
+            "  kind: kafka\n  static_membership: false\n",
+            1,
+        );
+        assert_ne!(text, dynamic);
+        std::fs::write(&file, dynamic).unwrap();
     }
     let mut replicas = Replicas::start(membership, &file, REPLICAS);
 

@@ -148,11 +148,20 @@ fn until_each_holds_a_partition(input: &str, replicas: &[Replica]) {
                     .is_some_and(|d| d.contains(input))
         })
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    // Waits on the event itself (each instance's progress shows rows of
+    // `input`), with a deadline sized for a loaded 2-core machine: the
+    // second instance's join, the group's rebalance and both stages'
+    // restores can take tens of seconds there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
     while !replicas.iter().all(read_input) {
         assert!(
             std::time::Instant::now() < deadline,
-            "an instance never got input"
+            "an instance never got input: read {:?}; last progress {:?}",
+            replicas.iter().map(read_input).collect::<Vec<_>>(),
+            replicas
+                .iter()
+                .map(|r| r.progress_lines().last().cloned())
+                .collect::<Vec<_>>()
         );
         produce_to(input, Some(0), &rows("w0", &["09:00"]));
         produce_to(input, Some(1), &rows("w1", &["09:00"]));

@@ -7,7 +7,7 @@ use crate::avro::{
 use crate::files::{
     FileDeadLetter, FileFormat, FilesSource, FilesSourceOptions, FilesStart, JsonlSink, StdoutSink,
 };
-use crate::instance::InstanceIdentity;
+use crate::instance::{IdentityOrigin, InstanceIdentity};
 use crate::kafka::{
     KafkaConnection, KafkaDeadLetter, KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns,
     SharedTransactions, ValueFormat,
@@ -101,14 +101,11 @@ pub fn connect(file: &PipelineFile, base_dir: &Path) -> Result<Connected> {
     )
 }
 
-/// The identity of this process for `file`'s application: under
-/// `exactly_once`, its state directory's instance slot, `TIDEMARK_INSTANCE_ID`
-/// or one made for the process (see [`InstanceIdentity`]); otherwise, where
-/// only transactional ids would need it, one made for the process.
+/// The identity of this process for `file`'s application:
+/// `TIDEMARK_INSTANCE_ID`, its state directory's instance slot, or one made
+/// for the process (see [`InstanceIdentity`]). Transactional ids and, when
+/// stable, the consumer's static `group.instance.id` derive from it.
 pub fn instance_identity(file: &PipelineFile, base_dir: &Path) -> Result<InstanceIdentity> {
-    if file.processing_guarantee == ProcessingGuarantee::AtLeastOnce {
-        return Ok(InstanceIdentity::for_process());
-    }
     let state_dir = file.state_spec().map(|s| resolve(base_dir, &s.dir));
     InstanceIdentity::acquire(&file.name, state_dir.as_deref())
 }
@@ -157,7 +154,14 @@ pub fn connect_stage(
         }
         _ => None,
     };
-    let source = build_source(file, stage, base_dir, &clients, transactions.as_ref())?;
+    let source = build_source(
+        file,
+        stage,
+        base_dir,
+        &clients,
+        transactions.as_ref(),
+        identity,
+    )?;
     let decoder = build_decoder(file, stage, base_dir)?;
     let table_feeds = build_table_feeds(file, stage, base_dir, &clients.cluster)?;
     let real_time = matches!(file.trigger.0, tidemark::runtime::Trigger::RealTime { .. });
@@ -252,6 +256,22 @@ fn stage_global_tables<'a>(
         .collect()
 }
 
+/// The consumer's `group.instance.id` (static membership, KIP-345) for
+/// `stage`, when `enabled` and the instance's identity outlives the process
+/// (`TIDEMARK_INSTANCE_ID`, a state directory's slot): a replica restarted
+/// on its state directory rejoins as the same member and gets its
+/// partitions back at once, where a new dynamic member would wait out the
+/// dead one's session timeout and a rebalance. An identity made for the
+/// process alone would leave a new static member per restart, each holding
+/// partitions until its session timed out: those join as dynamic members.
+fn static_member_id(enabled: bool, identity: &InstanceIdentity, stage: &str) -> Option<String> {
+    let stable = matches!(
+        identity.origin(),
+        IdentityOrigin::Environment | IdentityOrigin::StateDirectorySlot(_)
+    );
+    (enabled && stable).then(|| format!("{stage}-{}", identity.id()))
+}
+
 /// Every topic a stage reads: its own and its joined streams'.
 fn stage_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
     let mut topics = stage_main_topics(file, stage);
@@ -267,6 +287,7 @@ fn build_source(
     base_dir: &Path,
     clients: &KafkaClients,
     transactions: Option<&SharedTransactions>,
+    identity: &InstanceIdentity,
 ) -> Result<Box<dyn Source>> {
     let src = &file.source;
     let joined = stage.query.joined_topics();
@@ -283,12 +304,10 @@ fn build_source(
             .entry("partition.assignment.strategy".into())
             .or_insert_with(|| "range".into());
     }
-    // Static membership: an instance restarted within the session timeout
-    // gets its partitions back without a rebalance.
-    if let Ok(instance) = std::env::var("TIDEMARK_INSTANCE_ID") {
+    if let Some(member) = static_member_id(src.static_membership, identity, &stage.name) {
         properties
             .entry("group.instance.id".into())
-            .or_insert_with(|| format!("{}-{instance}", stage.name));
+            .or_insert(member);
     }
     // The stage keeping the served state names its address in its client
     // id: the other instances find it in the group's description.
@@ -368,6 +387,7 @@ fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<B
             _ => FilesStart::Earliest,
         },
         settle_delay: src.settle_delay.map_or(std::time::Duration::ZERO, |d| d.0),
+        follow_symlinks: src.follow_symlinks.unwrap_or(false),
         format: match src.format {
             Format::Csv => FileFormat::Csv,
             Format::Parquet => FileFormat::Parquet,
@@ -646,6 +666,45 @@ pub(crate) fn repartition_sink(
         Some(t) => Box::new(sink.with_transactions(t.clone())),
         None => Box::new(sink),
     })
+}
+
+/// Checks before the first batch that `file`'s Kafka outputs can be
+/// written (#44): the sink's, the late-data output's and a named
+/// dead-letter topic must exist or be created by the broker on first write
+/// ([`crate::kafka::check_output_topic`]), else a configuration error names
+/// the setting; the default dead-letter topic `<name>-dlq`, tidemark's own
+/// choice, is created when missing on a broker that would not create it.
+pub fn check_output_topics(file: &PipelineFile) -> Result<()> {
+    let clients = KafkaClients::of_pipeline(file)?;
+    let kafka_topic = |spec: &tidemark::pipeline::SinkSpec| {
+        (spec.kind == SinkKind::Kafka)
+            .then(|| spec.topic.clone())
+            .flatten()
+    };
+    if let Some(topic) = kafka_topic(&file.sink) {
+        crate::kafka::check_output_topic(&clients.sink, &topic, "sink.topic")?;
+    }
+    if let Some(topic) = file.late_data.as_ref().and_then(kafka_topic) {
+        let spec = file.late_data.as_ref().expect("a late-data topic");
+        let connection = clients.other_sink(spec, file);
+        crate::kafka::check_output_topic(&connection, &topic, "late_data.topic")?;
+    }
+    match &file.dead_letter {
+        Some(d) if d.kind == DeadLetterKind::Kafka => {
+            let topic = d.topic.as_deref().unwrap_or_default();
+            crate::kafka::check_output_topic(&clients.dead_letter, topic, "dead_letter.topic")?;
+        }
+        None if file.source.kind == SourceKind::Kafka => {
+            let topic = format!("{}-dlq", file.name);
+            if crate::kafka::check_output_topic(&clients.dead_letter, &topic, "dead_letter")
+                .is_err()
+            {
+                crate::kafka::ensure_topic(&clients.dead_letter, &topic, 1)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Creates the repartition topics of `file`'s `topology` if missing and

@@ -18,8 +18,8 @@ mod serving;
 mod topology_runner;
 
 pub use from_pipeline::{
-    connect, connect_as, connect_stage, ensure_repartition_topics, instance_identity,
-    join_needs_repartition, Connected,
+    check_output_topics, connect, connect_as, connect_stage, ensure_repartition_topics,
+    instance_identity, join_needs_repartition, Connected,
 };
 pub use kafka_clients::KafkaClients;
 pub use runner::{is_transient, PipelineRunner};

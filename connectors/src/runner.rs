@@ -117,8 +117,11 @@ impl PipelineRunner {
             // a running stage waits for it, not the end of the run.
             let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);
             retry_transient("start", &self.stop, timeout, &Progress::default(), || {
-                crate::ensure_repartition_topics(&self.file, &topology)
+                crate::ensure_repartition_topics(&self.file, &topology)?;
+                crate::check_output_topics(&self.file)
             })?;
+        } else {
+            crate::check_output_topics(&self.file)?;
         }
         let _server = crate::serving::start(&self.file, &topology, &self.state)?;
         let _ui = crate::serving::start_ui(&self.file, &self.history)?;
@@ -298,12 +301,15 @@ impl Progress {
 }
 
 /// Whether rebuilding the query may succeed: configuration and expression
-/// errors, and output the broker refuses for good, will fail the same way
-/// again.
+/// errors, output the broker refuses for good and a failed internal
+/// invariant will fail the same way again.
 pub fn is_transient(error: &Error) -> bool {
     !matches!(
         error,
-        Error::Config { .. } | Error::Expression { .. } | Error::Undeliverable { .. }
+        Error::Config { .. }
+            | Error::Expression { .. }
+            | Error::Undeliverable { .. }
+            | Error::Internal(_)
     )
 }
 

@@ -7,7 +7,7 @@ use tidemark::error::{Error, Result};
 use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind};
 use tidemark::runtime::{StateService, Topology};
 use tidemark_kafka::GroupMembers;
-use tidemark_serve::{HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer};
+use tidemark_serve::{HttpOptions, HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer};
 
 /// The instances of a query: its consumer group's members.
 struct GroupPeers(GroupMembers);
@@ -68,9 +68,16 @@ pub(crate) fn start(
         // One process reads the files: it holds every key.
         SourceKind::Files => None,
     };
-    StateServer::start(&serve.listen, serve.advertised(), service.reader(), peers)
-        .map(Some)
-        .map_err(|e| Error::config(e.key(), e.to_string()))
+    let options = http_options("serve.auth_token", &serve.auth_token)?;
+    StateServer::start_with(
+        &serve.listen,
+        serve.advertised(),
+        service.reader(),
+        peers,
+        options,
+    )
+    .map(Some)
+    .map_err(|e| Error::config(e.key(), e.to_string()))
 }
 
 /// The other instances ask this one at `advertised`: an address that means
@@ -89,6 +96,22 @@ fn check_advertised(serve: &ServeSpec) -> Result<()> {
     Ok(())
 }
 
+/// The HTTP options of a service whose token is `auth_token` (the setting
+/// `key`): an empty token (a `${VAR}` set to nothing) is refused rather
+/// than taken as "no token".
+fn http_options(key: &str, auth_token: &Option<String>) -> Result<HttpOptions> {
+    if auth_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(Error::config(
+            key,
+            "the token is empty: set it (for instance from `${VAR}`) or remove the key",
+        ));
+    }
+    Ok(HttpOptions {
+        auth_token: auth_token.clone(),
+        ..HttpOptions::default()
+    })
+}
+
 /// Starts the web page over `history` when `file` asks for it.
 pub(crate) fn start_ui(
     file: &PipelineFile,
@@ -97,7 +120,8 @@ pub(crate) fn start_ui(
     let Some(ui) = &file.ui else {
         return Ok(None);
     };
-    HttpServer::start_ui(&ui.listen, history.clone())
+    let options = http_options("ui.auth_token", &ui.auth_token)?;
+    HttpServer::start_ui_with(&ui.listen, history.clone(), options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))
 }

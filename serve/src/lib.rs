@@ -19,10 +19,12 @@
 //! its recent progress reports, `/api/status` what it is doing.
 #![deny(missing_docs)]
 
+mod connections;
 mod peers;
 mod routes;
 mod ui;
 
+pub use connections::HttpOptions;
 pub use peers::{Peer, PeerDirectory};
 pub use ui::ProgressHistory;
 
@@ -59,6 +61,11 @@ pub(crate) struct Service {
     pub(crate) reader: StateReader,
     pub(crate) advertised: String,
     pub(crate) peers: Option<Arc<dyn PeerDirectory>>,
+    /// Requests waiting for the query's state at once, bounded.
+    pub(crate) reads: connections::ReadSlots,
+    /// The token this service asks for, sent on with forwarded reads (the
+    /// instances of one query share it).
+    pub(crate) auth_token: Option<String>,
 }
 
 /// A running HTTP service (interactive queries or the web page); stops
@@ -82,12 +89,26 @@ impl HttpServer {
         reader: StateReader,
         peers: Option<Arc<dyn PeerDirectory>>,
     ) -> Result<Self, ServeError> {
+        Self::start_with(listen, advertised, reader, peers, HttpOptions::default())
+    }
+
+    /// [`HttpServer::start`] within `options`' limits, behind its token
+    /// when it has one.
+    pub fn start_with(
+        listen: &str,
+        advertised: &str,
+        reader: StateReader,
+        peers: Option<Arc<dyn PeerDirectory>>,
+        options: HttpOptions,
+    ) -> Result<Self, ServeError> {
         let service = Arc::new(Service {
             reader,
             advertised: advertised.to_string(),
             peers,
+            reads: connections::ReadSlots::new(options.max_concurrent_reads),
+            auth_token: options.auth_token.clone(),
         });
-        let server = HttpServer::serve("serve.listen", listen, routes::router(service))?;
+        let server = HttpServer::serve("serve.listen", listen, routes::router(service), options)?;
         tracing::info!(address = %server.address, advertised, "serving interactive queries");
         Ok(server)
     }
@@ -95,12 +116,29 @@ impl HttpServer {
     /// Serves the live web page of the query whose progress `history`
     /// keeps on `listen`.
     pub fn start_ui(listen: &str, history: ProgressHistory) -> Result<Self, ServeError> {
-        let server = HttpServer::serve("ui.listen", listen, ui::router(history))?;
+        Self::start_ui_with(listen, history, HttpOptions::default())
+    }
+
+    /// [`HttpServer::start_ui`] within `options`' limits, behind its token
+    /// when it has one. On a loopback address the page also refuses a
+    /// request whose `Host` is not a loopback name: a web page elsewhere
+    /// cannot reach it through a DNS name rebound to 127.0.0.1.
+    pub fn start_ui_with(
+        listen: &str,
+        history: ProgressHistory,
+        options: HttpOptions,
+    ) -> Result<Self, ServeError> {
+        let server = HttpServer::serve("ui.listen", listen, ui::router(history), options)?;
         tracing::info!(address = %server.address, "serving the web page");
         Ok(server)
     }
 
-    fn serve(key: &'static str, listen: &str, app: axum::Router) -> Result<Self, ServeError> {
+    fn serve(
+        key: &'static str,
+        listen: &str,
+        app: axum::Router,
+        options: HttpOptions,
+    ) -> Result<Self, ServeError> {
         let listen_error = |reason: String| ServeError::Listen {
             key,
             listen: listen.to_string(),
@@ -130,12 +168,11 @@ impl HttpServer {
                             return;
                         }
                     };
-                    let served = axum::serve(listener, app).with_graceful_shutdown(async {
-                        let _ = stopped.await;
-                    });
-                    if let Err(e) = served.await {
-                        tracing::error!(error = %e, key, "HTTP service stopped");
+                    let mut app = connections::with_auth(app, &options);
+                    if key == "ui.listen" && address.ip().is_loopback() {
+                        app = connections::with_loopback_host(app);
                     }
+                    connections::serve(listener, app, options, key, stopped).await;
                 })
             })
             .map_err(|e| listen_error(e.to_string()))?;

@@ -34,16 +34,22 @@ pub(crate) enum PeerAnswer {
 /// How long one peer may take to answer a forwarded read.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Asks `peer` for `key` (column → text) in `store`, from its own tasks.
+/// Asks `peer` for `key` (column → text) in `store`, from its own tasks,
+/// with the service's token when it has one (the instances of a query
+/// share it).
 pub(crate) fn ask(
     peer: &Peer,
     store: &str,
     key: &BTreeMap<String, String>,
     range: &[(&str, &str)],
+    auth_token: Option<&str>,
 ) -> PeerAnswer {
     let agent = ureq::AgentBuilder::new().timeout(PEER_TIMEOUT).build();
     let url = format!("http://{}/v1/stores/{store}/keys", peer.advertised);
     let mut request = agent.get(&url).query("local", "true");
+    if let Some(token) = auth_token {
+        request = request.set("Authorization", &format!("Bearer {token}"));
+    }
     for (column, value) in key
         .iter()
         .map(|(c, v)| (c.as_str(), v.as_str()))

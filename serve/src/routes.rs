@@ -73,15 +73,22 @@ impl IntoResponse for Answer {
     }
 }
 
-/// Runs `f` off the server's thread: reads wait for the query's loop.
-async fn blocking(f: impl FnOnce() -> Answer + Send + 'static) -> Answer {
-    tokio::task::spawn_blocking(f)
+/// Runs `f` off the server's thread: reads wait for the query's loop. At
+/// most `service.reads` requests wait at once; one more is told to retry
+/// rather than queue without bound in front of the processing thread.
+async fn blocking(service: &Service, f: impl FnOnce() -> Answer + Send + 'static) -> Answer {
+    let Some(slot) = service.reads.try_take() else {
+        return Answer::retry("too many requests at once: ask again shortly");
+    };
+    let answer = tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| Answer::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+        .unwrap_or_else(|e| Answer::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+    drop(slot);
+    answer
 }
 
 async fn stores(State(service): State<Arc<Service>>) -> Answer {
-    blocking(move || match service.reader.stores() {
+    blocking(&service.clone(), move || match service.reader.stores() {
         Ok(stores) => Answer::ok(json!({ "stores": stores })),
         Err(e) => Answer::of_error(e),
     })
@@ -93,7 +100,10 @@ async fn key_in_query(
     Path(store): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Answer {
-    blocking(move || read_key(&service, &store, None, &params)).await
+    blocking(&service.clone(), move || {
+        read_key(&service, &store, None, &params)
+    })
+    .await
 }
 
 async fn key_in_path(
@@ -101,7 +111,10 @@ async fn key_in_path(
     Path((store, key)): Path<(String, String)>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Answer {
-    blocking(move || read_key(&service, &store, Some(key), &params)).await
+    blocking(&service.clone(), move || {
+        read_key(&service, &store, Some(key), &params)
+    })
+    .await
 }
 
 /// The key's state here, else from the instance holding it.
@@ -214,7 +227,7 @@ fn ask_peers(
         .collect();
     let mut unanswered = Vec::new();
     for peer in peers.iter().filter(|p| p.advertised != service.advertised) {
-        match ask(peer, store, key, &range) {
+        match ask(peer, store, key, &range, service.auth_token.as_deref()) {
             PeerAnswer::Found(body) => return Answer::ok(body),
             PeerAnswer::NotThere => {}
             PeerAnswer::Retry(reason) => unanswered.push(reason),
@@ -348,6 +361,8 @@ mod tests {
             reader: tidemark::runtime::StateService::default().reader(),
             advertised: "a:1".into(),
             peers: Some(Arc::new(Members(vec![me.clone()]))),
+            reads: crate::connections::ReadSlots::new(1),
+            auth_token: None,
         };
         let peers = members(&service).unwrap();
         let pending = tasks_pending(&service, &peers, &[0]).expect("partition 2 pending");

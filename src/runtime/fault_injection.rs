@@ -15,6 +15,10 @@
 //!   staging when it commits per task), or
 //!   `after_offsets_added` (inside the Kafka transaction, once the offsets
 //!   were added to it).
+//!
+//! The hooks exist only with the `fault-injection` cargo feature (the
+//! CLI's tests turn it on); without it every hook does nothing, so no
+//! environment variable can crash or fail a shipped binary.
 
 use crate::error::{Error, Result};
 use std::sync::Mutex;
@@ -28,6 +32,9 @@ static ARMED: Mutex<Option<String>> = Mutex::new(None);
 /// Aborts the process at `point` of batch `batch_id` when
 /// `TIDEMARK_CRASH_<POINT>` names that batch.
 pub(super) fn crash_point(point: &str, batch_id: u64) {
+    if !cfg!(feature = "fault-injection") {
+        return;
+    }
     let variable = format!("TIDEMARK_CRASH_{}", point.to_uppercase());
     if std::env::var(&variable).is_ok_and(|v| v.trim() == batch_id.to_string()) {
         eprintln!("{variable}={batch_id}: aborting");
@@ -38,6 +45,9 @@ pub(super) fn crash_point(point: &str, batch_id: u64) {
 /// Whether `TIDEMARK_FAIL_COMMIT` names `step` of `batch_id` and that step
 /// has not failed yet in this process (it is marked failed).
 fn due(step: &str, batch_id: u64) -> bool {
+    if !cfg!(feature = "fault-injection") {
+        return false;
+    }
     let wanted = format!("{step}:{batch_id}");
     if !std::env::var("TIDEMARK_FAIL_COMMIT").is_ok_and(|v| v.trim() == wanted) {
         return false;
@@ -73,6 +83,9 @@ pub(super) fn arm(step: &str, batch_id: u64) {
 /// Whether `step` was armed for the transaction being committed (disarms
 /// it): the transactional source fails its commit there.
 pub fn fire_armed(step: &str) -> bool {
+    if !cfg!(feature = "fault-injection") {
+        return false;
+    }
     let mut armed = ARMED.lock().unwrap_or_else(|p| p.into_inner());
     if armed.as_deref() == Some(step) {
         *armed = None;

@@ -35,6 +35,8 @@ pub(crate) struct ReadyRule {
     pub(crate) pattern: Option<glob::Pattern>,
     /// Files modified more recently than this are left for a later batch.
     pub(crate) settle_delay: Duration,
+    /// Whether symbolic links are read as what they point to.
+    pub(crate) follow_symlinks: bool,
 }
 
 /// A batch-sized unit of input: one file, or (a source of several streams)
@@ -62,7 +64,7 @@ pub(crate) fn ready_units(
     };
     for sub in subdirs {
         let listed = sub.map_or_else(|| dir.to_path_buf(), |s| dir.join(s));
-        for (name, path) in list_files(&listed)? {
+        for (name, path) in list_files(&listed, rule.follow_symlinks)? {
             if is_temporary_or_hidden(&name)
                 || !rule.pattern.as_ref().is_none_or(|p| p.matches(&name))
             {
@@ -88,19 +90,52 @@ pub(crate) fn ready_units(
         .collect())
 }
 
-/// The regular files of `dir` by name.
-fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+/// The regular files of `dir` by name; a symbolic link only when
+/// `follow_symlinks` (and it leads to a regular file).
+fn list_files(dir: &Path, follow_symlinks: bool) -> Result<Vec<(String, PathBuf)>> {
     let mut files = Vec::new();
     for entry in
         fs::read_dir(dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
     {
         let entry = entry.map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
         let path = entry.path();
-        if let (Some(name), true) = (entry.file_name().to_str(), path.is_file()) {
+        // The entry's own type: a link is not followed to decide.
+        let kind = entry
+            .file_type()
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let is_file = match kind.is_symlink() {
+            true if !follow_symlinks => {
+                tracing::debug!(path = %path.display(), "symbolic link left alone (source.follow_symlinks: false)");
+                false
+            }
+            true => path.is_file(),
+            false => kind.is_file(),
+        };
+        if let (Some(name), true) = (entry.file_name().to_str(), is_file) {
             files.push((name.to_string(), path));
         }
     }
     Ok(files)
+}
+
+/// A file's size and modification time in epoch milliseconds, as the log
+/// records them; `None` when it is gone.
+pub(crate) fn size_and_modified(path: &Path) -> Result<Option<(u64, i64)>> {
+    let metadata = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+    };
+    Ok(Some((metadata.len(), modified_ms(&metadata))))
+}
+
+/// A file's modification time in epoch milliseconds (0 when unknown).
+fn modified_ms(metadata: &fs::Metadata) -> i64 {
+    metadata
+        .modified()
+        .unwrap_or(UNIX_EPOCH)
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A file's log entry and whether it has settled; `None` when it vanished
@@ -121,9 +156,7 @@ fn describe(
     let file = LoggedFile {
         path: relative,
         size: metadata.len(),
-        modified_ms: modified
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64),
+        modified_ms: modified_ms(&metadata),
     };
     Ok(Some((file, age >= settle_delay)))
 }
@@ -136,6 +169,7 @@ mod tests {
         ReadyRule {
             pattern: pattern.map(|p| glob::Pattern::new(p).unwrap()),
             settle_delay,
+            follow_symlinks: false,
         }
     }
 

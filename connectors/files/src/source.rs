@@ -45,6 +45,10 @@ pub struct FilesSourceOptions {
     /// Where the source records which files each batch read and which
     /// batches committed; `None`: a run reads the directory from scratch.
     pub checkpoint: Option<PathBuf>,
+    /// Whether a symbolic link in the directory is read as the file it
+    /// points to (default `false`: links are left alone, so that a link
+    /// cannot make the source read a file outside its directory).
+    pub follow_symlinks: bool,
 }
 
 impl Default for FilesSourceOptions {
@@ -57,6 +61,7 @@ impl Default for FilesSourceOptions {
             format: FileFormat::JsonLines,
             schema: Schema::default(),
             checkpoint: None,
+            follow_symlinks: false,
         }
     }
 }
@@ -194,6 +199,7 @@ impl FilesSource {
         let rule = ReadyRule {
             pattern: self.options.pattern.clone(),
             settle_delay: Duration::ZERO,
+            follow_symlinks: self.options.follow_symlinks,
         };
         let skipped: Vec<String> = ready_units(&self.dir, &self.inputs, &rule, &self.seen)?
             .into_iter()
@@ -212,6 +218,7 @@ impl FilesSource {
         let rule = ReadyRule {
             pattern: self.options.pattern.clone(),
             settle_delay: self.options.settle_delay,
+            follow_symlinks: self.options.follow_symlinks,
         };
         if !self.replay.is_empty() {
             let batch = self.replay.remove(0);
@@ -256,6 +263,7 @@ impl FilesSource {
         let mut records = Vec::new();
         for file in files {
             let path = self.dir.join(&file.path);
+            unchanged_since_logged(&path, file)?;
             let topic: Arc<str> = match self.inputs.is_empty() {
                 true => Arc::from(path.display().to_string()),
                 false => Arc::from(file.path.split('/').next().unwrap_or_default()),
@@ -270,6 +278,33 @@ impl FilesSource {
         }
         Ok(records)
     }
+}
+
+/// Checks that `path` is still the file `logged` describes (its size and
+/// modification time when it was listed). A batch is logged before it is
+/// read and replayed from the log: a file rewritten in between would give
+/// the replay other rows than the first run, or rows read between two
+/// writes. That is an error naming the file, which ends the run: reading
+/// on would be a wrong answer, and asking again reads the same changed file.
+fn unchanged_since_logged(path: &std::path::Path, logged: &LoggedFile) -> Result<()> {
+    let now = crate::listing::size_and_modified(path)?;
+    if now == Some((logged.size, logged.modified_ms)) {
+        return Ok(());
+    }
+    let what = match now {
+        None => "is gone".to_string(),
+        Some((size, modified_ms)) => format!(
+            "changed: {} bytes modified at {modified_ms} ms, logged as {} bytes modified at {} ms",
+            size, logged.size, logged.modified_ms
+        ),
+    };
+    Err(Error::config(
+        "source.path",
+        format!(
+            "{} {what} since its batch was logged: the files source reads a file once, as it was when it settled (write elsewhere and rename into place, or set `settle_delay`); put the file back as it was, or start over with a new checkpoint",
+            path.display()
+        ),
+    ))
 }
 
 impl Source for FilesSource {
@@ -450,6 +485,51 @@ mod tests {
             [(0, "cp0".to_string())],
             "the last checkpoint of each partition is kept"
         );
+    }
+
+    /// A file rewritten between its batch's log entry and the replay of
+    /// that batch ends the run naming it: the replay would read other rows.
+    #[test]
+    fn a_logged_file_rewritten_before_its_replay_fails_the_run_naming_it() {
+        let (dir, checkpoint) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        land(dir.path(), "a", &["1", "2"]);
+        let mut first = source(dir.path(), checkpoint.path(), 1);
+        assert_eq!(values(&first.next_batch(&request(0)).unwrap()), ["1", "2"]);
+        drop(first); // stopped before its commit
+        land(dir.path(), "a", &["1", "2", "3"]);
+        let mut second = source(dir.path(), checkpoint.path(), 1);
+        assert!(second.replay_until(0, &serde_json::Value::Null).unwrap());
+        let Err(error) = second.next_batch(&request(0)) else {
+            panic!("a changed file read");
+        };
+        let text = error.to_string();
+        assert!(
+            matches!(error, Error::Config { .. })
+                && text.contains("changed")
+                && text.contains("/a"),
+            "{text}"
+        );
+    }
+
+    /// Symbolic links are left alone unless asked for: a link in the
+    /// directory cannot make the source read a file elsewhere.
+    #[test]
+    fn symbolic_links_are_read_only_when_asked_for() {
+        let (dir, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        land(outside.path(), "secret", &["s"]);
+        land(dir.path(), "a", &["1"]);
+        std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("b")).unwrap();
+        let read = |follow_symlinks: bool| {
+            let options = FilesSourceOptions {
+                max_files_per_batch: 10,
+                follow_symlinks,
+                ..Default::default()
+            };
+            let mut source = FilesSource::with_options(dir.path(), Vec::new(), options).unwrap();
+            values(&source.next_batch(&request(0)).unwrap())
+        };
+        assert_eq!(read(false), ["1"]);
+        assert_eq!(read(true), ["1", "s"]);
     }
 
     #[test]

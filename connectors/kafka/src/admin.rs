@@ -58,6 +58,70 @@ pub fn ensure_topic_with_config(
     Ok(())
 }
 
+/// Checks, before the first batch, that output can reach `topic` (the
+/// setting `key` names it): the topic exists, or the broker creates topics
+/// on first write (`auto.create.topics.enable`). Otherwise every batch
+/// would abort on delivery until the run gave up; this refuses it at start
+/// with the topic and the fix. A broker that will not say (no right to
+/// describe its configuration, librdkafka's mock cluster) is given the
+/// benefit of the doubt, with a warning.
+pub fn check_output_topic(cluster: &KafkaConnection, topic: &str, key: &str) -> Result<()> {
+    if topic_exists(cluster, topic) {
+        return Ok(());
+    }
+    output_topic_verdict(topic, key, broker_creates_topics(cluster))
+}
+
+/// [`check_output_topic`]'s answer for a topic that does not exist, given
+/// whether the broker creates topics on first write (`None`: unknown).
+pub fn output_topic_verdict(topic: &str, key: &str, auto_create: Option<bool>) -> Result<()> {
+    match auto_create {
+        Some(true) => {
+            tracing::info!(topic, "the output topic does not exist yet: the broker creates it on first write");
+            Ok(())
+        }
+        Some(false) => Err(Error::config(
+            key,
+            format!(
+                "topic `{topic}` does not exist and the broker does not create topics on first write (auto.create.topics.enable=false): create it, or name an existing topic"
+            ),
+        )),
+        None => {
+            tracing::warn!(topic, "the output topic does not exist and the broker did not say whether it creates topics: the first write will tell");
+            Ok(())
+        }
+    }
+}
+
+/// The broker's `auto.create.topics.enable`, or `None` when it cannot be
+/// read within a few seconds.
+pub fn broker_creates_topics(cluster: &KafkaConnection) -> Option<bool> {
+    use rdkafka::admin::ResourceSpecifier;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer = cluster
+        .create_plain::<BaseConsumer>(&cluster.client_config(&[]), "metadata client")
+        .ok()?;
+    let metadata = consumer
+        .fetch_metadata(None, Duration::from_secs(10))
+        .ok()?;
+    let broker = metadata.brokers().first()?.id();
+    drop(consumer);
+    let admin: AdminClient<DefaultClientContext> = cluster
+        .create_plain(&cluster.client_config(&[]), "admin client")
+        .ok()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(5)));
+    let results = runtime
+        .block_on(admin.describe_configs([&ResourceSpecifier::Broker(broker)], &options))
+        .ok()?;
+    let config = results.into_iter().next()?.ok()?;
+    let value = config.get("auto.create.topics.enable")?.value.clone()?;
+    Some(value.eq_ignore_ascii_case("true"))
+}
+
 /// Whether the cluster's metadata lists `topic` with partitions (a lookup
 /// that fails says no: creating the topic then tells why).
 fn topic_exists(cluster: &KafkaConnection, topic: &str) -> bool {

@@ -41,7 +41,10 @@ pub use table_feed::KafkaTableFeed;
 pub use watermark_exchange::KafkaWatermarkExchange;
 
 mod admin;
-pub use admin::{default_bootstrap, ensure_topic, ensure_topic_with_config, partition_count};
+pub use admin::{
+    broker_creates_topics, check_output_topic, default_bootstrap, ensure_topic,
+    ensure_topic_with_config, output_topic_verdict, partition_count,
+};
 
 /// `fetch.queue.backoff.ms` for every consumer of this crate. librdkafka's
 /// default (1000 ms) stops fetching a partition for a full second whenever
