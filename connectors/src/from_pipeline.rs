@@ -186,6 +186,7 @@ pub fn connect_stage(
                 // Kafka keeps each partition's checkpoint: a Delta table
                 // commits per task, and several instances share it.
                 task_commits: file.source.kind == SourceKind::Kafka,
+                instance: identity.id().to_string(),
             },
         )?,
     };
@@ -205,6 +206,7 @@ pub fn connect_stage(
                 SinkRole {
                     real_time,
                     task_commits: false,
+                    instance: identity.id().to_string(),
                 },
             )?)
         }
@@ -846,6 +848,9 @@ fn delta_sink(
                 .map_or(std::time::Duration::from_secs(1), |d| d.0),
         );
     }
+    if !config.task_commits {
+        config.owner = Some(role.instance);
+    }
     if let Some(n) = spec.checkpoint_interval {
         config.checkpoint_every = n;
     }
@@ -885,10 +890,12 @@ fn subject_name_strategy(spec: &SinkSpec) -> SubjectNameStrategy {
 
 /// How a sink is used: under a real-time trigger; whether a Delta table
 /// may commit per task (the query's main sink, over a Kafka source).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct SinkRole {
     real_time: bool,
     task_commits: bool,
+    /// This instance's id: a table one instance writes is leased to it.
+    instance: String,
 }
 
 fn build_sink(

@@ -16,7 +16,10 @@
 
 mod columns;
 mod compaction;
+mod owner;
 mod task_commits;
+
+pub use owner::LEASE as WRITER_LEASE;
 
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches, filter_record_batch};
@@ -84,6 +87,11 @@ pub struct DeltaSinkConfig {
     pub task_commits: bool,
     /// Real-time mode: commit this often (no `txn` skip: at-least-once).
     pub commit_interval: Option<Duration>,
+    /// Where one instance writes the table (not `task_commits`): this
+    /// instance's id, under which it holds the table's writer lease
+    /// (`_tidemark/owner.json`, see [`WRITER_LEASE`]); a commit while
+    /// another live instance holds it is refused. `None`: no lease.
+    pub owner: Option<String>,
     /// Write a Delta checkpoint every this many commits (0: never).
     pub checkpoint_every: u64,
     /// Compact when this many files smaller than `compact_target_bytes`
@@ -106,6 +114,7 @@ impl DeltaSinkConfig {
             app_id: app_id.to_string(),
             task_commits: false,
             commit_interval: None,
+            owner: None,
             checkpoint_every: 10,
             compact_min_files: 0,
             compact_target_bytes: 32 << 20,
@@ -141,6 +150,14 @@ const END_OFFSETS_KEY: &str = "tidemark.endOffsets";
 
 fn delta_error(context: &str, e: impl std::fmt::Display) -> Error {
     Error::Sink(format!("{context}: {e}"))
+}
+
+impl Drop for DeltaSink {
+    /// A clean stop gives the writer lease up (a crash leaves it to run
+    /// out).
+    fn drop(&mut self) {
+        self.release_owner();
+    }
 }
 
 impl DeltaSink {
@@ -190,6 +207,8 @@ impl DeltaSink {
             tasks: Default::default(),
         };
         sink.table = sink.open_existing()?;
+        // A second writer is refused at its start, not at its first batch.
+        sink.ensure_owner()?;
         Ok(sink)
     }
 
@@ -222,6 +241,22 @@ impl DeltaSink {
                 Err(e) => Err(delta_error("loading the Delta table", e)),
             }
         })
+    }
+
+    /// Gives up the table's writer lease, if this instance holds one.
+    fn release_owner(&self) {
+        if let (Some(owner), false) = (&self.config.owner, self.config.task_commits) {
+            owner::release(self, owner);
+        }
+    }
+
+    /// Holds the table's writer lease when one instance writes it (see
+    /// [`DeltaSinkConfig::owner`]).
+    fn ensure_owner(&self) -> Result<()> {
+        match (&self.config.owner, self.config.task_commits) {
+            (Some(owner), false) => owner::ensure_owner(self, owner),
+            _ => Ok(()),
+        }
     }
 
     /// The last batch id committed by this query, from the table's `txn`.
@@ -841,10 +876,19 @@ impl Sink for DeltaSink {
             // Staged in `prepare`, published after the source's commit.
             return Ok(());
         }
+        // Before the `txn` check in `commit_buffer` can skip a batch that
+        // another writer committed under the same batch id.
+        self.ensure_owner()?;
+        let existed = self.table.is_some();
         match self.config.commit_interval {
             // Real-time: what is left, at the checkpoint.
-            Some(_) => self.commit_buffer(None),
-            None => self.commit_buffer(Some(batch_id)),
+            Some(_) => self.commit_buffer(None)?,
+            None => self.commit_buffer(Some(batch_id))?,
         }
+        if !existed {
+            // The first commit made the table: its lease starts now.
+            self.ensure_owner()?;
+        }
+        Ok(())
     }
 }
