@@ -11,6 +11,11 @@
 //! (`query`), a backlog on several partitions is read as Spark reads it:
 //! each batch takes every partition up to its planned offsets, so no
 //! partition's rows fall behind another's watermark.
+//!
+//! The pipelines run `exactly_once`: the tests count every window exactly
+//! across stops, restarts and failovers, where at-least-once may write a
+//! batch again (an offset commit refused with `IllegalGeneration` while the
+//! group moves makes its rows go to the repartition topic twice).
 
 mod common;
 
@@ -40,6 +45,7 @@ output_mode: append
 trigger: {{micro_batch: 200 milliseconds}}
 sink: {{kind: kafka, topic: {output}, format: json}}
 state_dir: state
+processing_guarantee: exactly_once
 "#
     )
 }
