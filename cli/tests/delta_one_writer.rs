@@ -3,8 +3,9 @@
 //! directory, as two machines would have) point at one table. The second
 //! is refused at its start, naming the table and the instance writing it,
 //! instead of counting its own batch ids and skipping every batch the
-//! first already committed. Once the first stops cleanly its lease is
-//! released, and the second runs.
+//! first already committed. An idle first writer keeps renewing its
+//! lease. Once the first stops cleanly its lease is released, and the
+//! second runs.
 
 mod common;
 
@@ -78,6 +79,25 @@ fn a_second_writer_of_a_one_instance_table_is_refused_until_the_first_stops() {
         stderr.contains("sink.path") && stderr.contains("written by another instance"),
         "{stderr}"
     );
+
+    // With no input the first commits nothing, yet it keeps its lease:
+    // a thread renews it every 15 s, so a second writer arriving after a
+    // quiet minute is still refused.
+    let renewed_ms = || -> i64 {
+        let lease = std::fs::read(dir.path().join("table/_tidemark/owner.json")).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&lease).unwrap()["renewed_ms"]
+            .as_i64()
+            .unwrap()
+    };
+    let idle_since = renewed_ms();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while renewed_ms() == idle_since {
+        assert!(
+            Instant::now() < deadline,
+            "an idle writer did not renew its lease"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     interrupt(&mut running.child);
     let after = Command::new(env!("CARGO_BIN_EXE_tidemark"))

@@ -299,6 +299,24 @@ pub fn committed_and_end(group: &str, topic: &str, partitions: i32) -> Vec<(i64,
         .collect()
 }
 
+/// Compacts the Delta table at `path` with the Python `deltalake` package
+/// (`optimize.compact()`): another writer's commit, as a maintenance job
+/// makes one. Returns its metrics and the table's new version.
+pub fn optimize_delta(path: &std::path::Path) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/optimize_delta.py");
+    let output = std::process::Command::new("python3")
+        .arg(script)
+        .arg(path)
+        .output()
+        .expect("running python3");
+    assert!(
+        output.status.success(),
+        "optimize_delta.py failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("optimize_delta.py prints JSON")
+}
+
 /// Reads the Delta table at `path` with the Python `deltalake` package
 /// (installed by `scripts/test.sh`): version, schema, partition columns,
 /// files, rows, history and, with `app_id`, its `txn` version.

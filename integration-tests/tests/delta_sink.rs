@@ -30,6 +30,17 @@ fn run_in(dir: &Path, yaml: &str, batches: &[&[&str]]) -> tidemark::error::Resul
     Ok(())
 }
 
+/// Asserts that the table's history holds an OPTIMIZE commit.
+fn assert_optimized(table: &serde_json::Value) {
+    let history: Vec<&str> = table["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h.as_str())
+        .collect();
+    assert!(history.contains(&"OPTIMIZE"), "{history:?}");
+}
+
 fn rows_sorted(table: &serde_json::Value) -> Vec<String> {
     let mut rows: Vec<String> = table["rows"]
         .as_array()
@@ -246,13 +257,7 @@ fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
     assert_eq!(table["rows"].as_array().unwrap().len(), 120, "{table}");
     let files = table["files"].as_array().unwrap().len();
     assert!(files < 5, "{files} files after compaction: {table}");
-    let history: Vec<&str> = table["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|h| h.as_str())
-        .collect();
-    assert!(history.contains(&"OPTIMIZE"), "{history:?}");
+    assert_optimized(&table);
     assert_eq!(table["txn_version"], 11);
     let checkpoints = std::fs::read_dir(path.join("_delta_log"))
         .unwrap()
@@ -262,6 +267,62 @@ fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
         })
         .count();
     assert!(checkpoints >= 1, "a Delta checkpoint was written");
+}
+
+/// Another writer's OPTIMIZE between two batches of a running upsert
+/// query (#44 item 4) moves every key into one new file: the sink's key
+/// index, built once, would point at the files OPTIMIZE removed and leave
+/// the old rows beside the new ones. The sink sees the foreign commit,
+/// rebuilds its index, and the table keeps one row per key, read back by
+/// the Python `deltalake` package.
+#[test]
+fn a_foreign_optimize_during_an_upsert_query_keeps_one_row_per_key() {
+    use tidemark::row::{Row, Value};
+    use tidemark::runtime::Sink;
+    use tidemark_connectors::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("upserted");
+    let mode = DeltaWriteMode::Upsert {
+        keys: vec!["id".to_string()],
+    };
+    let mut sink =
+        DeltaSink::new(DeltaSinkConfig::new(path.to_str().unwrap(), "app", mode)).unwrap();
+    let mut commit = |batch: u64, rows: &[(&str, i64)]| {
+        let rows: Vec<Row> = rows
+            .iter()
+            .map(|(id, v)| {
+                let mut r = Row::new();
+                r.set("id", Value::Str((*id).into()));
+                r.set("v", Value::Long(*v));
+                r
+            })
+            .collect();
+        sink.write(batch, &rows).unwrap();
+        sink.commit(batch).unwrap();
+    };
+    commit(0, &[("a", 1)]);
+    commit(1, &[("b", 1)]);
+    commit(2, &[("c", 1)]);
+    let optimized = tidemark_integration_tests::optimize_delta(&path);
+    assert_eq!(
+        optimized["metrics"]["numFilesRemoved"], 3,
+        "OPTIMIZE compacted the three files: {optimized}"
+    );
+    commit(3, &[("a", 2), ("b", 2)]);
+    commit(4, &[("a", 3)]);
+    drop(sink);
+    let table = read_delta(&path, Some("app"));
+    assert_eq!(
+        rows_sorted(&table),
+        vec![
+            r#"{"id":"a","v":3}"#,
+            r#"{"id":"b","v":2}"#,
+            r#"{"id":"c","v":1}"#,
+        ],
+        "{table}"
+    );
+    assert_eq!(table["txn_version"], 4);
+    assert_optimized(&table);
 }
 
 const STATELESS: &str = r#"

@@ -133,6 +133,9 @@ pub struct DeltaSink {
     commits: u64,
     /// Upsert: which file holds each key (built from the table on first use).
     key_files: Option<HashMap<String, String>>,
+    /// The table version `key_files` describes: another writer's commit
+    /// since (an OPTIMIZE moving keys into other files) rebuilds it.
+    key_files_version: Option<u64>,
     /// Commit latencies in microseconds (for benchmarks).
     commit_micros: Vec<u64>,
     /// The source's offsets at the end of the batch being committed.
@@ -142,6 +145,8 @@ pub struct DeltaSink {
     /// Task commits: the open batch's rows per partition, and what was
     /// staged of them.
     tasks: task_commits::TaskBuffers,
+    /// The thread renewing the writer lease, once it is held.
+    lease: Option<owner::Renewer>,
 }
 
 /// The commit-info keys under which a batch's id and end offsets are kept.
@@ -156,7 +161,11 @@ impl Drop for DeltaSink {
     /// A clean stop gives the writer lease up (a crash leaves it to run
     /// out).
     fn drop(&mut self) {
-        self.release_owner();
+        // Stop renewing before giving the lease up.
+        self.lease = None;
+        if let Some(owner) = self.lease_owner() {
+            owner::release(self, owner);
+        }
     }
 }
 
@@ -201,10 +210,12 @@ impl DeltaSink {
             last_commit: Instant::now(),
             commits: 0,
             key_files: None,
+            key_files_version: None,
             commit_micros: Vec::new(),
             source_offsets: None,
             compactor: None,
             tasks: Default::default(),
+            lease: None,
         };
         sink.table = sink.open_existing()?;
         // A second writer is refused at its start, not at its first batch.
@@ -243,20 +254,25 @@ impl DeltaSink {
         })
     }
 
-    /// Gives up the table's writer lease, if this instance holds one.
-    fn release_owner(&self) {
-        if let (Some(owner), false) = (&self.config.owner, self.config.task_commits) {
-            owner::release(self, owner);
+    /// The instance id under which this sink holds the table's writer
+    /// lease: where one instance writes the table (see
+    /// [`DeltaSinkConfig::owner`]), not under task commits.
+    fn lease_owner(&self) -> Option<&str> {
+        match self.config.task_commits {
+            true => None,
+            false => self.config.owner.as_deref(),
         }
     }
 
-    /// Holds the table's writer lease when one instance writes it (see
-    /// [`DeltaSinkConfig::owner`]).
-    fn ensure_owner(&self) -> Result<()> {
-        match (&self.config.owner, self.config.task_commits) {
-            (Some(owner), false) => owner::ensure_owner(self, owner),
-            _ => Ok(()),
+    /// Holds the table's writer lease when one instance writes it.
+    fn ensure_owner(&mut self) -> Result<()> {
+        let Some(owner) = self.lease_owner() else {
+            return Ok(());
+        };
+        if let Some(renewer) = owner::ensure_owner(self, owner)? {
+            self.lease = Some(renewer);
         }
+        Ok(())
     }
 
     /// The last batch id committed by this query, from the table's `txn`.
@@ -432,6 +448,7 @@ impl DeltaSink {
             },
             DeltaWriteMode::Upsert { keys } => {
                 let keys = keys.clone();
+                self.follow_other_writers()?;
                 let (removes, survivors) = self.upsert_rewrite(&keys, &batch)?;
                 actions.extend(removes.into_iter().map(Action::Remove));
                 let merged = match survivors {
@@ -513,7 +530,14 @@ impl DeltaSink {
         metrics::counter!("tidemark_delta_commits_total").increment(1);
         tracing::debug!(version, batch_id = ?txn_version, "Delta commit");
         if let Some(keys) = upsert_keys {
-            self.index_files(keys, &new_paths)?;
+            if self.key_files_version == Some(version - 1) {
+                self.index_files(keys, &new_paths)?;
+                self.key_files_version = Some(version);
+            } else {
+                // Another writer committed between the reload and this
+                // commit without a conflict: its files are not indexed.
+                self.key_files = None;
+            }
         }
         self.maintain()?;
         Ok(())
@@ -570,6 +594,7 @@ impl DeltaSink {
             let paths: Vec<String> = self.all_files()?.into_iter().map(|r| r.path).collect();
             self.key_files = Some(HashMap::new());
             self.index_files(keys, &paths)?;
+            self.key_files_version = self.table.as_ref().and_then(|t| t.version());
         }
         let new_keys: HashSet<String> = key_strings(batch, keys)?.into_iter().collect();
         let index = self.key_files.as_ref().expect("built above");
@@ -603,6 +628,29 @@ impl DeltaSink {
         let survivors =
             concat_batches(&schema, &kept).map_err(|e| delta_error("merging rows", e))?;
         Ok((removes, Some(survivors)))
+    }
+
+    /// Upsert: brings the table up to its latest version, and forgets the
+    /// key index when another writer committed since it was built (an
+    /// OPTIMIZE, a VACUUM-then-rewrite): its keys may live in other files
+    /// now, and a stale index would leave an old row beside the new one.
+    fn follow_other_writers(&mut self) -> Result<()> {
+        let Some(table) = self.table.as_mut() else {
+            return Ok(());
+        };
+        self.runtime
+            .block_on(table.update_state())
+            .map_err(|e| delta_error("reloading the table", e))?;
+        if self.key_files.is_some() && table.version() != self.key_files_version {
+            tracing::info!(
+                table = %self.config.location,
+                indexed = ?self.key_files_version,
+                latest = ?table.version(),
+                "another writer committed to the upsert table; its key index is rebuilt"
+            );
+            self.key_files = None;
+        }
+        Ok(())
     }
 
     /// Records which of `paths` holds each key.

@@ -12,7 +12,9 @@
 //! Before each commit the sink reads the lease: another live owner's lease
 //! refuses the commit (a configuration error, which ends the run; no batch
 //! is skipped), an expired one (its owner died) is taken over, and its own
-//! is renewed. An instance whose lease another took over after it expired
+//! is renewed when a quarter of [`LEASE`] has passed. A thread renews it
+//! as often between commits, so an idle owner (no input for minutes) keeps
+//! its table. An instance whose lease another took over after it expired
 //! (a zombie, paused past [`LEASE`]) finds that out at its next commit and
 //! stops. Reading and writing the lease is not atomic with the commit: an
 //! instance paused between the two for longer than the lease can still
@@ -20,15 +22,20 @@
 //! rule out.
 
 use crate::{delta_error, DeltaSink};
-use object_store::ObjectStoreExt;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tidemark::error::{Error, Result};
 
-/// How long a lease holds without renewal. A commit renews it; the owner
-/// of a query that commits nothing for this long (no batch at all) loses
-/// it to another instance and stops at its next commit.
+/// How long a lease holds without renewal: a process that neither commits
+/// nor renews for this long (dead, or paused) loses it.
 pub const LEASE: Duration = Duration::from_secs(60);
+
+/// How often the lease is renewed: a quarter of [`LEASE`], so that three
+/// renewals in a row can fail (a slow store) before it runs out.
+const RENEW_EVERY: Duration = Duration::from_secs(15);
 
 /// The lease file, under the table's root.
 const OWNER_FILE: &str = "_tidemark/owner.json";
@@ -50,27 +57,56 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// Reads the table's lease; `None` when there is none (or it is not a
+/// lease: a file another tool left is taken over).
+async fn read_lease(store: &dyn ObjectStore) -> object_store::Result<Option<Lease>> {
+    let path = object_store::path::Path::from(OWNER_FILE);
+    match store.get(&path).await {
+        Ok(got) => Ok(serde_json::from_slice(&got.bytes().await?).ok()),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `owner`'s lease, renewed now.
+async fn write_lease(store: &dyn ObjectStore, owner: &str, app_id: &str) -> Result<()> {
+    let renewed = Lease {
+        owner: owner.to_string(),
+        app_id: app_id.to_string(),
+        renewed_ms: now_ms(),
+    };
+    let bytes = serde_json::to_vec(&renewed).map_err(|e| delta_error("a writer lease", e))?;
+    store
+        .put(&object_store::path::Path::from(OWNER_FILE), bytes.into())
+        .await
+        .map_err(|e| delta_error("renewing the table's writer lease", e))?;
+    Ok(())
+}
+
+fn lease_ms() -> i64 {
+    i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Makes sure `sink`'s instance holds the table's lease before it commits
 /// (see the module documentation); a table not created yet has none.
-pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<()> {
+/// Starts the renewing thread once the lease is held.
+pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<Option<Renewer>> {
     let Some(table) = &sink.table else {
-        return Ok(());
+        return Ok(None);
     };
     let store = table.object_store();
-    let path = object_store::path::Path::from(OWNER_FILE);
-    let current = sink.runtime.block_on(async {
-        match store.get(&path).await {
-            Ok(got) => got.bytes().await.map(Some),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    });
-    let current = current.map_err(|e| delta_error("reading the table's writer lease", e))?;
-    let lease: Option<Lease> = current.and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let lease = sink
+        .runtime
+        .block_on(read_lease(store.as_ref()))
+        .map_err(|e| delta_error("reading the table's writer lease", e))?;
+    let renew_ms = i64::try_from(RENEW_EVERY.as_millis()).unwrap_or(i64::MAX);
     if let Some(lease) = &lease {
         let age_ms = now_ms().saturating_sub(lease.renewed_ms);
-        let live = age_ms < i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX);
-        if lease.owner != owner && live {
+        if lease.owner == owner && age_ms < renew_ms {
+            // Held, and renewed recently: no write on every commit.
+            return Ok(None);
+        }
+        if lease.owner != owner && age_ms < lease_ms() {
             return Err(Error::config(
                 "sink.path",
                 format!(
@@ -87,20 +123,108 @@ pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<()> {
                 previous = %lease.owner,
                 table = %sink.config.location,
                 "taking over the Delta table's writer lease, expired {} s ago",
-                (age_ms / 1000).saturating_sub(LEASE.as_secs() as i64)
+                (age_ms - lease_ms()) / 1000
             );
         }
     }
-    let renewed = Lease {
-        owner: owner.to_string(),
-        app_id: sink.config.app_id.clone(),
-        renewed_ms: now_ms(),
-    };
-    let bytes = serde_json::to_vec(&renewed).map_err(|e| delta_error("a writer lease", e))?;
     sink.runtime
-        .block_on(store.put(&path, bytes.into()))
-        .map_err(|e| delta_error("renewing the table's writer lease", e))?;
-    Ok(())
+        .block_on(write_lease(store.as_ref(), owner, &sink.config.app_id))?;
+    Ok(Some(Renewer::start(
+        store,
+        owner.to_string(),
+        sink.config.app_id.clone(),
+        sink.config.location.clone(),
+    )?))
+}
+
+/// Renews the lease every [`RENEW_EVERY`] on a thread of its own while
+/// the sink lives, so that an owner without input keeps its table. It
+/// stops renewing once another instance holds the lease (the next commit
+/// then refuses) and stops at drop.
+pub(crate) struct Renewer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Renewer {
+    fn start(
+        store: Arc<dyn ObjectStore>,
+        owner: String,
+        app_id: String,
+        location: String,
+    ) -> Result<Self> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("delta-lease".into())
+            .spawn(move || {
+                renew_until_stopped(&stopping, store.as_ref(), &owner, &app_id, &location)
+            })
+            .map_err(|e| Error::io("starting the Delta writer lease's thread", e))?;
+        Ok(Renewer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn renew_until_stopped(
+    stop: &(Mutex<bool>, Condvar),
+    store: &dyn ObjectStore,
+    owner: &str,
+    app_id: &str,
+    location: &str,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::warn!(error = %e, "the Delta writer lease is renewed at commits only");
+            return;
+        }
+    };
+    let (stopped, wake) = stop;
+    loop {
+        let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = wake
+            .wait_timeout_while(guard, RENEW_EVERY, |stopped| !*stopped)
+            .unwrap_or_else(|e| e.into_inner());
+        if *guard {
+            return;
+        }
+        drop(guard);
+        let renewed = runtime.block_on(async {
+            match read_lease(store).await {
+                Ok(Some(lease)) if lease.owner != owner => Ok(Some(lease.owner)),
+                Ok(_) => write_lease(store, owner, app_id).await.map(|()| None),
+                Err(e) => Err(delta_error("reading the table's writer lease", e)),
+            }
+        });
+        match renewed {
+            Ok(None) => tracing::trace!(table = %location, "writer lease renewed"),
+            Ok(Some(other)) => {
+                // The next commit refuses, naming it.
+                tracing::warn!(table = %location, owner = %other, "another instance took the Delta table's writer lease");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(table = %location, error = %e, "the Delta table's writer lease was not renewed; retrying")
+            }
+        }
+    }
 }
 
 /// Gives the lease up (a clean stop): the next instance, or the next run
