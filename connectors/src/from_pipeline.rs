@@ -221,6 +221,7 @@ pub fn connect_stage(
             base_dir,
             &clients.cluster,
             transactions.as_ref(),
+            identity,
         )?,
         false => None,
     };
@@ -272,6 +273,21 @@ fn static_member_id(enabled: bool, identity: &InstanceIdentity, stage: &str) -> 
         IdentityOrigin::Environment | IdentityOrigin::StateDirectorySlot(_)
     );
     (enabled && stable).then(|| format!("{stage}-{}", identity.id()))
+}
+
+/// The static member id (`group.instance.id`) a stage's consumer joins
+/// its group with, by which the standby placement knows this instance.
+fn standby_member(
+    file: &PipelineFile,
+    stage: &Stage,
+    identity: &InstanceIdentity,
+) -> Option<String> {
+    let src = &file.source;
+    src.properties
+        .0
+        .get("group.instance.id")
+        .cloned()
+        .or_else(|| static_member_id(src.static_membership, identity, &stage.name))
 }
 
 /// Every topic a stage reads: its own and its joined streams'.
@@ -542,6 +558,7 @@ fn build_state_backend(
     base_dir: &Path,
     cluster: &KafkaConnection,
     transactions: Option<&SharedTransactions>,
+    identity: &InstanceIdentity,
 ) -> Result<Option<Box<dyn StateBackend>>> {
     let src = &file.source;
     Ok(match &file.state_spec() {
@@ -574,7 +591,11 @@ fn build_state_backend(
                 operator_bytes,
                 changelog,
             )?
-            .with_standby_replicas(spec.num_standby_replicas)?;
+            .with_standby_replicas(
+                spec.num_standby_replicas,
+                &stage_group(file, &stage.input),
+                standby_member(file, stage, identity).as_deref(),
+            )?;
             let backend = match spec.restore_stall_timeout {
                 Some(timeout) => backend.with_restore_options(crate::kafka::RestoreOptions {
                     stall_timeout: timeout.0,

@@ -126,7 +126,7 @@ impl GroupMembers {
 /// The partitions of a consumer protocol assignment (version, then per
 /// topic its name and partitions; user data after is ignored); what does
 /// not parse is left out.
-fn assigned_partitions(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn assigned_partitions(bytes: &[u8]) -> Vec<String> {
     let mut reader = Reader(bytes);
     let mut partitions = Vec::new();
     let parsed = (|| {

@@ -115,17 +115,34 @@ impl RocksDbStateBackend {
         self
     }
 
-    /// Keeps warm copies of the partitions this instance does not own
-    /// (`replicas` ≥ 1; see the `standby` module: every instance is a
-    /// standby for every partition it does not own). Needs a changelog.
-    pub fn with_standby_replicas(mut self, replicas: usize) -> Result<Self> {
+    /// Keeps `replicas` warm copies of each partition across the members
+    /// of consumer group `group` (see the `standby` module), this instance
+    /// being the static member `member` (`group.instance.id`); without one,
+    /// a copy of every partition this instance does not own. Needs a
+    /// changelog.
+    pub fn with_standby_replicas(
+        mut self,
+        replicas: usize,
+        group: &str,
+        member: Option<&str>,
+    ) -> Result<Self> {
         if replicas > 0 {
             if let Some((config, _)) = &self.changelog {
-                self.standbys = Some(crate::standby::Standbys::new(
+                let standbys = crate::standby::Standbys::new(
                     &config.cluster,
                     self.state_dir.clone(),
                     &self.application_id,
-                )?);
+                )?;
+                self.standbys = Some(match member {
+                    Some(member) => standbys
+                        .with_placement(crate::standby::Placement::new(replicas, group, member)),
+                    None => {
+                        tracing::warn!(
+                            "without a static member id (source.static_membership: false) the instances cannot agree on where standby copies go: each keeps a copy of every partition it does not own"
+                        );
+                        standbys
+                    }
+                });
             }
         }
         Ok(self)
