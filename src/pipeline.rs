@@ -367,6 +367,11 @@ pub struct SourceSpec {
     /// source read a file outside its directory).
     #[serde(default)]
     pub follow_symlinks: Option<bool>,
+    /// files: the most one file may hold once decompressed, in MiB
+    /// (default 1024); a larger file ends the run with an error naming it
+    /// and this key, as its records would be held in memory at once.
+    #[serde(default)]
+    pub max_file_mb: Option<u64>,
 }
 
 /// Where a new consumer group starts.
@@ -1835,6 +1840,7 @@ impl PipelineFile {
             ("source.start", src.start.is_some()),
             ("source.settle_delay", src.settle_delay.is_some()),
             ("source.follow_symlinks", src.follow_symlinks.is_some()),
+            ("source.max_file_mb", src.max_file_mb.is_some()),
         ];
         if src.kind != SourceKind::Files {
             if let Some((key, _)) = files_keys.iter().find(|(_, set)| *set) {

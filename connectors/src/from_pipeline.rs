@@ -406,6 +406,16 @@ fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<B
         },
         settle_delay: src.settle_delay.map_or(std::time::Duration::ZERO, |d| d.0),
         follow_symlinks: src.follow_symlinks.unwrap_or(false),
+        max_file_bytes: match src.max_file_mb {
+            Some(0) => {
+                return Err(tidemark::error::Error::config(
+                    "source.max_file_mb",
+                    "at least 1 (MiB)",
+                ))
+            }
+            Some(mb) => mb.saturating_mul(1 << 20),
+            None => tidemark_files::DEFAULT_MAX_FILE_BYTES,
+        },
         format: match src.format {
             Format::Csv => FileFormat::Csv,
             Format::Parquet => FileFormat::Parquet,

@@ -49,18 +49,72 @@ pub enum FileFormat {
 /// CSV columns. A CSV line Arrow cannot parse becomes a record holding the
 /// raw line and a [`READ_ERROR_HEADER`]; an unreadable file is an error
 /// naming it.
+///
+/// A file holding more than `max_bytes` once decompressed (a compression
+/// bomb, a file far larger than the batches this query was sized for) is a
+/// configuration error naming `source.max_file_mb` and the file: its
+/// records would be held in memory at once.
 pub(crate) fn read_file(
     file: &Path,
     format: FileFormat,
     topic: &Arc<str>,
     schema: &Schema,
+    max_bytes: u64,
     out: &mut Vec<Record>,
 ) -> Result<()> {
+    let input = Input { file, max_bytes };
     match format {
-        FileFormat::JsonLines => read_json_lines(file, topic, out),
-        FileFormat::Csv => read_csv(file, topic, schema, out),
-        FileFormat::Parquet => read_parquet(file, topic, out),
+        FileFormat::JsonLines => read_json_lines(&input, topic, out),
+        FileFormat::Csv => read_csv(&input, topic, schema, out),
+        FileFormat::Parquet => read_parquet(&input, topic, out),
     }
+}
+
+/// The file being read, and the most bytes it may hold decompressed.
+struct Input<'a> {
+    file: &'a Path,
+    max_bytes: u64,
+}
+
+/// Marks the read error of a file past its size cap.
+#[derive(Debug)]
+struct PastSizeCap;
+
+impl std::fmt::Display for PastSizeCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("past source.max_file_mb")
+    }
+}
+
+impl std::error::Error for PastSizeCap {}
+
+/// A reader that fails with [`PastSizeCap`] once more than its cap was
+/// read from it.
+struct CappedReader<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for CappedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.inner.read(buf)?;
+        self.left = match self.left.checked_sub(read as u64) {
+            Some(left) => left,
+            None => return Err(std::io::Error::other(PastSizeCap)),
+        };
+        Ok(read)
+    }
+}
+
+/// The configuration error of a file past `max_bytes`.
+fn past_size_cap(file: &Path, max_bytes: u64) -> Error {
+    Error::config(
+        "source.max_file_mb",
+        format!(
+            "{} holds more than {max_bytes} bytes (decompressed): its records would all be held in memory at once; split it, or raise `source.max_file_mb`",
+            file.display()
+        ),
+    )
 }
 
 /// A record of the files source.
@@ -75,6 +129,15 @@ fn record(topic: &Arc<str>, number: i64, value: Vec<u8>) -> Record {
 /// Whether a line holds nothing but whitespace (skipped in every format).
 fn is_blank(line: &[u8]) -> bool {
     line.iter().all(|b| b.is_ascii_whitespace())
+}
+
+/// An I/O error while reading `input`, naming it (a file past its size
+/// cap: the configuration error saying so).
+fn input_error(input: &Input, e: std::io::Error) -> Error {
+    if e.get_ref().is_some_and(|inner| inner.is::<PastSizeCap>()) {
+        return past_size_cap(input.file, input.max_bytes);
+    }
+    read_error(input.file, e)
 }
 
 /// An I/O error while reading `file`, naming it.
@@ -106,24 +169,30 @@ impl Compression {
 
 /// The file's content, decompressed as it is read. A truncated or corrupt
 /// compressed file fails on read, as an I/O error.
-fn open(file: &Path) -> Result<Box<dyn Read>> {
+/// Reading more than the input's cap fails with [`PastSizeCap`].
+fn open(input: &Input) -> Result<Box<dyn Read>> {
+    let file = input.file;
     let opening = |e| Error::io(format!("opening {}", file.display()), e);
     let opened = File::open(file).map_err(opening)?;
-    Ok(match Compression::of(file) {
+    let decompressed: Box<dyn Read> = match Compression::of(file) {
         Compression::None => Box::new(opened),
         // Multi-member: `cat a.gz b.gz` is a valid gzip file of both.
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(opened)),
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(opened).map_err(opening)?),
-    })
+    };
+    Ok(Box::new(CappedReader {
+        inner: decompressed,
+        left: input.max_bytes,
+    }))
 }
 
 /// The whole decompressed content (CSV is read twice: to infer its types,
 /// then its rows).
-fn read_all(file: &Path) -> Result<Vec<u8>> {
+fn read_all(input: &Input) -> Result<Vec<u8>> {
     let mut data = Vec::new();
-    open(file)?
+    open(input)?
         .read_to_end(&mut data)
-        .map_err(|e| read_error(file, e))?;
+        .map_err(|e| input_error(input, e))?;
     Ok(data)
 }
 
@@ -131,10 +200,10 @@ fn read_all(file: &Path) -> Result<Vec<u8>> {
 // JSON lines
 
 /// One record per non-blank line, its bytes as they are (a `\r` included).
-fn read_json_lines(file: &Path, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<()> {
-    let reader = BufReader::new(open(file)?);
+fn read_json_lines(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<()> {
+    let reader = BufReader::new(open(input)?);
     for (line_no, line) in reader.split(b'\n').enumerate() {
-        let line = line.map_err(|e| read_error(file, e))?;
+        let line = line.map_err(|e| input_error(input, e))?;
         if is_blank(&line) {
             continue;
         }
@@ -311,8 +380,9 @@ fn csv_lines(data: &[u8]) -> Vec<CsvLine<'_>> {
 
 /// Reads a CSV file with a header row: one JSON-object record per row, a
 /// [`READ_ERROR_HEADER`] record per line Arrow refuses.
-fn read_csv(file: &Path, topic: &Arc<str>, schema: &Schema, out: &mut Vec<Record>) -> Result<()> {
-    let data = read_all(file)?;
+fn read_csv(input: &Input, topic: &Arc<str>, schema: &Schema, out: &mut Vec<Record>) -> Result<()> {
+    let file = input.file;
+    let data = read_all(input)?;
     let lines = csv_lines(&data);
     let Some((header, rows)) = lines.split_first() else {
         return Ok(());
@@ -532,7 +602,8 @@ fn name_column(text: &str, schema: &ArrowSchema) -> String {
 // Parquet
 
 /// One JSON-object record per row, numbered from 1.
-fn read_parquet(file: &Path, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<()> {
+fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<()> {
+    let file = input.file;
     let unreadable = |e: &dyn std::fmt::Display| {
         Error::Source(format!(
             "{}: cannot read it as Parquet: {e}",
@@ -540,7 +611,7 @@ fn read_parquet(file: &Path, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<
         ))
     };
     // Kept until the rows are read: dropping it removes the copy.
-    let (opened, _copy) = open_parquet(file)?;
+    let (opened, _copy) = open_parquet(input)?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(opened)
         .and_then(|builder| builder.build())
         .map_err(|e| unreadable(&e))?;
@@ -559,10 +630,18 @@ fn read_parquet(file: &Path, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<
 /// it is compressed: Parquet's reader needs random access, which a
 /// decompressing stream cannot give (reading from memory would take the
 /// `bytes` crate, not a dependency).
-fn open_parquet(file: &Path) -> Result<(File, Option<TempCopy>)> {
+fn open_parquet(input: &Input) -> Result<(File, Option<TempCopy>)> {
+    let file = input.file;
     if Compression::of(file) == Compression::None {
         let opened =
             File::open(file).map_err(|e| Error::io(format!("opening {}", file.display()), e))?;
+        let size = opened
+            .metadata()
+            .map_err(|e| Error::io(format!("reading {}", file.display()), e))?
+            .len();
+        if size > input.max_bytes {
+            return Err(past_size_cap(file, input.max_bytes));
+        }
         return Ok((opened, None));
     }
     let copy = TempCopy::new();
@@ -573,7 +652,7 @@ fn open_parquet(file: &Path) -> Result<(File, Option<TempCopy>)> {
         .create_new(true)
         .open(&copy.path)
         .map_err(writing)?;
-    std::io::copy(&mut open(file)?, &mut target).map_err(|e| read_error(file, e))?;
+    std::io::copy(&mut open(input)?, &mut target).map_err(|e| input_error(input, e))?;
     Ok((target, Some(copy)))
 }
 
@@ -633,7 +712,7 @@ mod tests {
 
     fn read(file: &Path, format: FileFormat, schema: &Schema) -> Result<Vec<Record>> {
         let mut out = Vec::new();
-        read_file(file, format, &topic(), schema, &mut out)?;
+        read_file(file, format, &topic(), schema, u64::MAX, &mut out)?;
         Ok(out)
     }
 
@@ -659,6 +738,52 @@ mod tests {
 
     fn micros(rfc3339: &str) -> i64 {
         tidemark::time::parse_rfc3339(rfc3339).unwrap()
+    }
+
+    #[test]
+    fn a_file_past_its_size_cap_is_a_configuration_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // 4 MiB of one line, compressed to a few KiB: a small bomb.
+        let mut data = b"{\"a\":\"".to_vec();
+        data.extend(std::iter::repeat_n(b'x', 4 << 20));
+        data.extend_from_slice(b"\"}\n");
+        for (name, bytes, format) in [
+            ("big.jsonl", data.clone(), FileFormat::JsonLines),
+            ("big.jsonl.gz", gzip(&data), FileFormat::JsonLines),
+            ("big.csv.zst", zstd(&data), FileFormat::Csv),
+            ("big.parquet", data.clone(), FileFormat::Parquet),
+            ("big.parquet.gz", gzip(&data), FileFormat::Parquet),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let mut out = Vec::new();
+            let error = read_file(
+                &path,
+                format,
+                &topic(),
+                &Schema::default(),
+                1 << 20,
+                &mut out,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                error.contains("source.max_file_mb") && error.contains(name),
+                "{name}: {error}"
+            );
+            // Under the cap the same file reads (or fails as what it is).
+            let read = read_file(
+                &path,
+                format,
+                &topic(),
+                &Schema::default(),
+                8 << 20,
+                &mut out,
+            );
+            if let (FileFormat::JsonLines, Err(e)) = (format, read) {
+                panic!("{name}: {e}");
+            }
+        }
     }
 
     #[test]

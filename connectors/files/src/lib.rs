@@ -9,7 +9,7 @@ mod progress;
 mod source;
 
 pub use formats::FileFormat;
-pub use source::{FilesSource, FilesSourceOptions, FilesStart};
+pub use source::{FilesSource, FilesSourceOptions, FilesStart, DEFAULT_MAX_FILE_BYTES};
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -272,6 +272,7 @@ impl tidemark::runtime::TableFeed for FilesTableFeed {
                 FileFormat::JsonLines,
                 &topic,
                 &tidemark::schema::Schema::default(),
+                source::DEFAULT_MAX_FILE_BYTES,
                 &mut records,
             )?;
             self.read += 1;

@@ -8,7 +8,17 @@
 //! <checkpoint>/commits/<batch id>   written when the batch commits, after the sink:
 //!                                   {"batchId": N, "checkpoints": {"0": <task checkpoint>}}
 //! <checkpoint>/skipped              `start: latest`: the files there at the first start
+//! <checkpoint>/offsets/<id>.compact  every file of the committed batches up to <id>,
+//!                                   written every [`COMPACT_EVERY`] commits
 //! ```
+//!
+//! As Spark's `CompactibleFileStreamLog` does, the offsets log is compacted
+//! every [`COMPACT_EVERY`] committed batches: the files of every committed
+//! batch go into one `<id>.compact` entry (written durably first), then the
+//! entries it covers are removed. A directory that saw a million files
+//! leaves a handful of entries to read at start, not a million. A crash
+//! between the two leaves entries the compact one also covers: read twice,
+//! harmlessly.
 //!
 //! A batch logged in `offsets/` but not in `commits/` stopped between the
 //! two: it is read again, over exactly its logged files, with its id (the
@@ -53,6 +63,13 @@ pub(crate) struct BatchCommit {
     pub(crate) batch_id: u64,
     pub(crate) checkpoints: BTreeMap<i32, String>,
 }
+
+/// How many committed batches pass between two compactions of the offsets
+/// log (Spark's `spark.sql.streaming.fileSource.log.compactInterval`).
+pub(crate) const COMPACT_EVERY: u64 = 10;
+
+/// The name suffix of a compacted offsets entry.
+const COMPACT_SUFFIX: &str = ".compact";
 
 /// The checkpoint directory of one files source.
 #[derive(Debug)]
@@ -104,7 +121,10 @@ impl ProgressLog {
 
     /// Reads every entry.
     pub(crate) fn read(&self) -> Result<LoggedProgress> {
-        let batches: Vec<BatchFiles> = self.entries("offsets")?;
+        let batches: Vec<BatchFiles> = offsets_entries(&self.dir.join("offsets"))?
+            .into_iter()
+            .map(|(_, path)| read_entry(&path))
+            .collect::<Result<_>>()?;
         let last_commit: Option<BatchCommit> = self.entries("commits")?.pop();
         let committed = last_commit.as_ref().map(|c| c.batch_id);
         let mut progress = LoggedProgress {
@@ -151,7 +171,44 @@ impl ProgressLog {
     /// Logs that batch `commit.batch_id` committed.
     pub(crate) fn log_commit(&self, commit: &BatchCommit) -> Result<()> {
         self.write("commits", commit.batch_id, commit)?;
-        self.prune(commit.batch_id)
+        self.prune(commit.batch_id)?;
+        if (commit.batch_id + 1).is_multiple_of(COMPACT_EVERY) {
+            self.compact(commit.batch_id)?;
+        }
+        Ok(())
+    }
+
+    /// Folds the offsets entries of batches up to `committed` (a compact
+    /// entry among them) into `offsets/<committed>.compact`, then removes
+    /// them.
+    fn compact(&self, committed: u64) -> Result<()> {
+        let dir = self.dir.join("offsets");
+        let covered: Vec<(u64, PathBuf)> = offsets_entries(&dir)?
+            .into_iter()
+            .filter(|(id, _)| *id <= committed)
+            .collect();
+        let mut files = Vec::new();
+        for (_, path) in &covered {
+            files.extend(read_entry::<BatchFiles>(path)?.files);
+        }
+        let compacted = BatchFiles {
+            batch_id: committed,
+            files,
+        };
+        let path = dir.join(format!("{committed}{COMPACT_SUFFIX}"));
+        let text = serde_json::to_vec(&compacted).map_err(|e| Error::Source(e.to_string()))?;
+        write_durably(&dir.join(format!(".{committed}.compact.tmp")), &path, &text)
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        for (_, old) in covered.into_iter().filter(|(_, old)| *old != path) {
+            fs::remove_file(&old)
+                .map_err(|e| Error::io(format!("removing {}", old.display()), e))?;
+        }
+        tracing::debug!(
+            batch_id = committed,
+            files = compacted.files.len(),
+            "files source offsets log compacted"
+        );
+        Ok(())
     }
 
     /// The entries of `sub`, in batch order; an entry that cannot be read
@@ -160,12 +217,7 @@ impl ProgressLog {
     fn entries<T: for<'de> Deserialize<'de>>(&self, sub: &str) -> Result<Vec<T>> {
         let dir = self.dir.join(sub);
         let mut ids = BTreeMap::new();
-        for entry in
-            fs::read_dir(&dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-        {
-            let path = entry
-                .map_err(|e| Error::io(format!("reading {}", dir.display()), e))?
-                .path();
+        for path in list_dir(&dir)? {
             let id = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -174,18 +226,7 @@ impl ProgressLog {
                 ids.insert(id, path);
             }
         }
-        ids.into_values()
-            .map(|path| {
-                let text = fs::read_to_string(&path)
-                    .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-                serde_json::from_str(&text).map_err(|e| {
-                    Error::Source(format!(
-                        "the files source's checkpoint entry {} is unreadable: {e}",
-                        path.display()
-                    ))
-                })
-            })
-            .collect()
+        ids.into_values().map(|path| read_entry(&path)).collect()
     }
 
     fn write<T: Serialize>(&self, sub: &str, batch_id: u64, value: &T) -> Result<()> {
@@ -197,7 +238,7 @@ impl ProgressLog {
     }
 
     /// Keeps the commit log short: only the last commit is read back. The
-    /// offsets log stays whole, as the record of every file read.
+    /// offsets log keeps every file read, compacted (see [`Self::compact`]).
     fn prune(&self, committed: u64) -> Result<()> {
         let dir = self.dir.join("commits");
         for entry in
@@ -215,6 +256,52 @@ impl ProgressLog {
         }
         Ok(())
     }
+}
+
+/// The paths in `dir`.
+fn list_dir(dir: &Path) -> Result<Vec<PathBuf>> {
+    let reading = |e| Error::io(format!("reading {}", dir.display()), e);
+    fs::read_dir(dir)
+        .map_err(reading)?
+        .map(|entry| entry.map(|e| e.path()).map_err(reading))
+        .collect()
+}
+
+/// The offsets entries in `dir` by batch id: the latest compact entry and
+/// the batches after it, with those it covers when a crash left them.
+fn offsets_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut plain = BTreeMap::new();
+    let mut compact: Option<(u64, PathBuf)> = None;
+    for path in list_dir(dir)? {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if let Some(id) = name
+            .strip_suffix(COMPACT_SUFFIX)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            if compact.as_ref().is_none_or(|(latest, _)| id > *latest) {
+                compact = Some((id, path));
+            }
+        } else if let Ok(id) = name.parse::<u64>() {
+            plain.insert(id, path);
+        }
+    }
+    let mut entries: Vec<(u64, PathBuf)> = compact.into_iter().collect();
+    entries.extend(plain);
+    Ok(entries)
+}
+
+/// One log entry; one that cannot be read is an error naming it.
+fn read_entry<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    serde_json::from_str(&text).map_err(|e| {
+        Error::Source(format!(
+            "the files source's checkpoint entry {} is unreadable: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// Writes `bytes` to `temporary`, syncs it and renames it to `path`, then
@@ -267,6 +354,44 @@ mod tests {
         assert_eq!(read.last_commit.unwrap().checkpoints[&0], "cp1");
         assert_eq!(read.uncommitted.len(), 1);
         assert_eq!(read.uncommitted[0].files, vec![file("c")]);
+    }
+
+    #[test]
+    fn the_offsets_log_is_compacted_every_ten_commits_and_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ProgressLog::open(dir.path()).unwrap();
+        for id in 0..25u64 {
+            log.log_batch(&BatchFiles {
+                batch_id: id,
+                files: vec![file(&format!("f{id:02}"))],
+            })
+            .unwrap();
+            // Batch 24 stays uncommitted.
+            if id < 24 {
+                log.log_commit(&BatchCommit {
+                    batch_id: id,
+                    checkpoints: BTreeMap::new(),
+                })
+                .unwrap();
+            }
+        }
+        let mut names: Vec<String> = fs::read_dir(dir.path().join("offsets"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        // Batches 0-19 in one compact entry, 20-24 on their own.
+        assert_eq!(
+            names,
+            ["19.compact", "20", "21", "22", "23", "24"],
+            "{names:?}"
+        );
+        drop(log);
+        let read = ProgressLog::open(dir.path()).unwrap().read().unwrap();
+        assert_eq!(read.seen.len(), 25);
+        assert_eq!(read.last_commit.unwrap().batch_id, 23);
+        assert_eq!(read.uncommitted.len(), 1);
+        assert_eq!(read.uncommitted[0].files, vec![file("f24")]);
     }
 
     #[test]

@@ -49,7 +49,13 @@ pub struct FilesSourceOptions {
     /// points to (default `false`: links are left alone, so that a link
     /// cannot make the source read a file outside its directory).
     pub follow_symlinks: bool,
+    /// The most bytes one file may hold, decompressed: its records are
+    /// held in memory at once (see [`DEFAULT_MAX_FILE_BYTES`]).
+    pub max_file_bytes: u64,
 }
+
+/// The default cap on one file's decompressed size: 1 GiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 30;
 
 impl Default for FilesSourceOptions {
     fn default() -> Self {
@@ -62,6 +68,7 @@ impl Default for FilesSourceOptions {
             schema: Schema::default(),
             checkpoint: None,
             follow_symlinks: false,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         }
     }
 }
@@ -273,8 +280,12 @@ impl FilesSource {
                 self.options.format,
                 &topic,
                 &self.options.schema,
+                self.options.max_file_bytes,
                 &mut records,
             )?;
+            // A writer still busy with the file changed it while it was
+            // read: the rows read may be half of it.
+            unchanged_since_logged(&path, file)?;
         }
         Ok(records)
     }
