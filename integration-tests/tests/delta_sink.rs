@@ -277,7 +277,6 @@ fn small_files_are_compacted_and_the_log_checkpointed_without_losing_rows() {
 /// the Python `deltalake` package.
 #[test]
 fn a_foreign_optimize_during_an_upsert_query_keeps_one_row_per_key() {
-    use tidemark::row::{Row, Value};
     use tidemark::runtime::Sink;
     use tidemark_connectors::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
     let dir = tempfile::tempdir().unwrap();
@@ -288,16 +287,7 @@ fn a_foreign_optimize_during_an_upsert_query_keeps_one_row_per_key() {
     let mut sink =
         DeltaSink::new(DeltaSinkConfig::new(path.to_str().unwrap(), "app", mode)).unwrap();
     let mut commit = |batch: u64, rows: &[(&str, i64)]| {
-        let rows: Vec<Row> = rows
-            .iter()
-            .map(|(id, v)| {
-                let mut r = Row::new();
-                r.set("id", Value::Str((*id).into()));
-                r.set("v", Value::Long(*v));
-                r
-            })
-            .collect();
-        sink.write(batch, &rows).unwrap();
+        sink.write(batch, &id_rows(rows)).unwrap();
         sink.commit(batch).unwrap();
     };
     commit(0, &[("a", 1)]);
@@ -323,6 +313,126 @@ fn a_foreign_optimize_during_an_upsert_query_keeps_one_row_per_key() {
     );
     assert_eq!(table["txn_version"], 4);
     assert_optimized(&table);
+}
+
+/// Rows `(id, v)` for the sink.
+fn id_rows(rows: &[(&str, i64)]) -> Vec<tidemark::row::Row> {
+    use tidemark::row::{Row, Value};
+    rows.iter()
+        .map(|(id, v)| {
+            let mut r = Row::new();
+            r.set("id", Value::Str((*id).into()));
+            r.set("v", Value::Long(*v));
+            r
+        })
+        .collect()
+}
+
+/// The Parquet files directly under `table`.
+fn data_files(table: &Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(table)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".parquet"))
+        .collect()
+}
+
+/// A one-instance writer that crashed between writing a commit's files
+/// and committing them (#44 item 10) left files nothing references: the
+/// next start removes them, and keeps those of a commit that did land.
+#[test]
+fn the_files_of_a_commit_that_never_happened_are_removed_at_the_next_start() {
+    use tidemark::runtime::Sink;
+    use tidemark_connectors::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    let config = DeltaSinkConfig::new(path.to_str().unwrap(), "app", DeltaWriteMode::Append);
+    let mut sink = DeltaSink::new(config.clone()).unwrap();
+    sink.write(0, &id_rows(&[("a", 1)])).unwrap();
+    sink.commit(0).unwrap();
+    drop(sink);
+    let committed = data_files(&path);
+    assert_eq!(committed.len(), 1, "{committed:?}");
+    assert!(
+        !path.join("_tidemark/pending/app.json").exists(),
+        "a landed commit's record stays"
+    );
+    // What a crash before the commit leaves: the files, and their record
+    // (with a committed file among them: a commit that did land).
+    let live = committed.iter().next().unwrap().clone();
+    std::fs::copy(path.join(&live), path.join("part-never-committed.parquet")).unwrap();
+    std::fs::create_dir_all(path.join("_tidemark/pending")).unwrap();
+    std::fs::write(
+        path.join("_tidemark/pending/app.json"),
+        serde_json::to_vec(&["part-never-committed.parquet", live.as_str()]).unwrap(),
+    )
+    .unwrap();
+    let sink = DeltaSink::new(config).unwrap();
+    drop(sink);
+    assert_eq!(
+        data_files(&path),
+        committed,
+        "the unreferenced file is gone, the live one kept"
+    );
+    assert!(!path.join("_tidemark/pending/app.json").exists());
+    let table = read_delta(&path, Some("app"));
+    assert_eq!(rows_sorted(&table), vec![r#"{"id":"a","v":1}"#], "{table}");
+}
+
+/// A zombie that staged a partition's commit and was fenced before
+/// publishing (several instances, task commits; #44 item 10) leaves a
+/// staged entry and its files. Once the partition's new owner published
+/// that sequence, the next sweep removes both, and the table keeps the
+/// owner's rows only (read back by the Python reader).
+#[test]
+fn a_fenced_zombies_staged_files_are_removed_once_the_owner_published() {
+    use std::collections::BTreeMap;
+    use tidemark::runtime::Sink;
+    use tidemark_connectors::delta::{DeltaSink, DeltaSinkConfig, DeltaWriteMode};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    let mut config = DeltaSinkConfig::new(path.to_str().unwrap(), "q", DeltaWriteMode::Append);
+    config.task_commits = true;
+    let seqs: BTreeMap<i32, u64> = [(0, 0)].into();
+    // The zombie stages partition 0's first commit, then is fenced.
+    let mut zombie = DeltaSink::new(config.clone()).unwrap();
+    zombie
+        .write_tasks(0, &id_rows(&[("zombie", 1)]), &[(0, 1)])
+        .unwrap();
+    zombie.prepare(0, &seqs).unwrap();
+    drop(zombie);
+    let zombies_files = data_files(&path);
+    assert_eq!(zombies_files.len(), 1);
+    // The new owner does the batch again and publishes it.
+    let mut owner = DeltaSink::new(config.clone()).unwrap();
+    owner
+        .write_tasks(0, &id_rows(&[("owner", 1)]), &[(0, 1)])
+        .unwrap();
+    owner.prepare(0, &seqs).unwrap();
+    owner.publish(0).unwrap();
+    drop(owner);
+    let staged = |p: &Path| {
+        std::fs::read_dir(p.join("_tidemark/staged"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(staged(&path), 1, "the zombie's entry is left");
+    assert_eq!(data_files(&path).len(), 2);
+    // The next start sweeps.
+    drop(DeltaSink::new(config).unwrap());
+    assert_eq!(staged(&path), 0, "the zombie's entry is removed");
+    let left = data_files(&path);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left.is_disjoint(&zombies_files),
+        "the zombie's file is removed"
+    );
+    let table = read_delta(&path, None);
+    assert_eq!(
+        rows_sorted(&table),
+        vec![r#"{"id":"owner","v":1}"#],
+        "{table}"
+    );
 }
 
 const STATELESS: &str = r#"

@@ -16,6 +16,7 @@
 
 mod columns;
 mod compaction;
+mod orphans;
 mod owner;
 mod task_commits;
 
@@ -147,6 +148,9 @@ pub struct DeltaSink {
     tasks: task_commits::TaskBuffers,
     /// The thread renewing the writer lease, once it is held.
     lease: Option<owner::Renewer>,
+    /// A commit's files were recorded and the commit did not finish: they
+    /// are removed before the next (see the `orphans` module).
+    pending_recorded: bool,
 }
 
 /// The commit-info keys under which a batch's id and end offsets are kept.
@@ -216,10 +220,12 @@ impl DeltaSink {
             compactor: None,
             tasks: Default::default(),
             lease: None,
+            pending_recorded: false,
         };
         sink.table = sink.open_existing()?;
         // A second writer is refused at its start, not at its first batch.
         sink.ensure_owner()?;
+        sink.sweep_orphans()?;
         Ok(sink)
     }
 
@@ -252,6 +258,29 @@ impl DeltaSink {
                 Err(e) => Err(delta_error("loading the Delta table", e)),
             }
         })
+    }
+
+    /// Removes the data files of commits that never happened: staged
+    /// commits already superseded (several instances), or the commit a
+    /// crash or a failure interrupted (one instance).
+    fn sweep_orphans(&mut self) -> Result<()> {
+        if self.config.task_commits {
+            task_commits::sweep(self)?;
+        } else {
+            // Whether the interrupted commit landed is read from the
+            // table as it is now, not as this process last saw it.
+            if let Some(table) = self.table.as_mut() {
+                self.runtime
+                    .block_on(table.update_state())
+                    .map_err(|e| delta_error("reloading the table", e))?;
+            }
+            let removed = orphans::sweep_pending(self)?;
+            if removed > 0 {
+                tracing::info!(files = removed, table = %self.config.location, "removed the files of a commit that did not happen");
+            }
+            self.pending_recorded = false;
+        }
+        Ok(())
     }
 
     /// The instance id under which this sink holds the table's writer
@@ -485,6 +514,10 @@ impl DeltaSink {
         started: Instant,
         upsert_keys: Option<&[String]>,
     ) -> Result<()> {
+        if self.pending_recorded {
+            // The last commit failed: its files go before new ones come.
+            self.sweep_orphans()?;
+        }
         let table = self.table.as_mut().expect("the table exists");
         let mode = if plan.widened {
             WriteMode::MergeSchema
@@ -496,8 +529,12 @@ impl DeltaSink {
         if plan.widened {
             actions.push(self.widened_metadata(plan)?);
         }
-        let table = self.table.as_mut().expect("the table exists");
         let new_paths: Vec<String> = adds.iter().map(|a| a.path.clone()).collect();
+        // Named before the commit: should it not happen, the next commit
+        // or start removes them.
+        orphans::record_pending(self, &new_paths)?;
+        self.pending_recorded = true;
+        let table = self.table.as_mut().expect("the table exists");
         actions.extend(adds.into_iter().map(Action::Add));
         let mut properties = CommitProperties::default();
         if let Some(version) = txn_version {
@@ -525,6 +562,8 @@ impl DeltaSink {
                 .map_err(|e| delta_error("reloading the table", e))?;
             Ok::<_, Error>(version)
         })?;
+        orphans::clear_pending(self)?;
+        self.pending_recorded = false;
         self.commits += 1;
         self.record_commit_latency(started);
         metrics::counter!("tidemark_delta_commits_total").increment(1);

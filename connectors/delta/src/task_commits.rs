@@ -39,7 +39,11 @@ use tidemark::runtime::SinkCommit;
 
 /// Where staged commits are kept, under the table's root. Delta readers
 /// and `VACUUM` leave directories starting with `_` alone.
-const STAGED_DIR: &str = "_tidemark/staged";
+pub(crate) const STAGED_DIR: &str = "_tidemark/staged";
+
+/// How many publishes pass between two sweeps of superseded staged
+/// commits (besides the one at start).
+const SWEEP_EVERY: u64 = 100;
 
 /// How often a publish looks again after a conflicting commit.
 const PUBLISH_ATTEMPTS: usize = 10;
@@ -193,7 +197,19 @@ pub(super) fn publish(sink: &mut DeltaSink, batch_id: u64) -> Result<()> {
     for s in &staged {
         remove_staged(sink, &s.name);
     }
+    if sink.commits.is_multiple_of(SWEEP_EVERY) {
+        sweep(sink)?;
+    }
     sink.maintain()
+}
+
+/// Removes the staged commits a zombie or an aborted batch left, once
+/// their partitions' `txn`s passed them, with their unpublished files
+/// (see the `orphans` module).
+pub(super) fn sweep(sink: &mut DeltaSink) -> Result<()> {
+    refresh(sink)?;
+    crate::orphans::sweep_staged(sink, |partition| published_seq(sink, partition))?;
+    Ok(())
 }
 
 /// A task resumed with `commit` as its last: publishes it if the table
