@@ -288,7 +288,7 @@ impl Deduplicate {
 }
 
 /// A key's eviction time as stored: 8 bytes, little-endian.
-fn decode_time(bytes: &[u8]) -> Result<TimestampMicros> {
+pub(crate) fn decode_time(bytes: &[u8]) -> Result<TimestampMicros> {
     let bytes: [u8; 8] = bytes.try_into().map_err(|_| {
         Error::Source("corrupt deduplication state: an 8-byte time expected".into())
     })?;

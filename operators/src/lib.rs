@@ -10,6 +10,7 @@
 mod columnar_equivalence;
 mod dedup;
 mod fixed_windows;
+pub mod fuzzing;
 mod join;
 mod join_store;
 mod rolling;

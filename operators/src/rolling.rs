@@ -458,6 +458,11 @@ struct RollingSpec {
 }
 
 impl RollingWindow {
+    /// Reads `bytes` as a key's stored state (the fuzz targets).
+    pub(crate) fn decode_for_fuzzing(&self, bytes: &[u8]) -> Result<()> {
+        self.spec.read_for_fuzzing(bytes)
+    }
+
     /// A rolling window over events grouped by `partition_by`, ordered by
     /// the timestamp column `order_by`.
     ///
@@ -1082,6 +1087,14 @@ impl RollingSpec {
         });
         state.timer = self.next_change(&state);
         Ok(state)
+    }
+
+    /// Reads what [`Self::encode_stored`] wrote, then its timer as a
+    /// restore does.
+    fn read_for_fuzzing(&self, bytes: &[u8]) -> Result<()> {
+        let (state, _) = self.decode_stored(bytes)?;
+        self.next_change(&state);
+        Ok(())
     }
 
     /// Reads what [`Self::encode_stored`] wrote.

@@ -325,7 +325,7 @@ fn encode_row(row: &Row) -> Vec<u8> {
     out
 }
 
-fn decode_row(bytes: &[u8]) -> Result<Row> {
+pub(crate) fn decode_row(bytes: &[u8]) -> Result<Row> {
     let mut r = Reader(bytes);
     if r.u8()? != STATE_VERSION {
         return Err(corrupt("unknown table layout"));

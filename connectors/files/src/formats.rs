@@ -612,16 +612,34 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
     };
     // Kept until the rows are read: dropping it removes the copy.
     let (opened, _copy) = open_parquet(input)?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(opened)
-        .and_then(|builder| builder.build())
-        .map_err(|e| unreadable(&e))?;
-    let mut number = 0;
-    for batch in reader {
-        let batch = batch.map_err(|e| unreadable(&e))?;
-        for row in json_rows(&batch, None).map_err(|e| unreadable(&e))? {
-            number += 1;
-            out.push(record(topic, number, row));
+    let mut rows = Vec::new();
+    // The parquet crate panics on some corrupt files (an embedded Arrow
+    // schema with a 4-bit integer, found by fuzzing): such a file is
+    // unreadable, not a reason to stop the process. Nothing shared is
+    // touched inside, so unwinding out of it leaves no broken state.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(opened)
+            .and_then(|builder| builder.build())
+            .map_err(|e| unreadable(&e))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| unreadable(&e))?;
+            rows.extend(json_rows(&batch, None).map_err(|e| unreadable(&e))?);
         }
+        Ok::<_, Error>(())
+    }));
+    match read {
+        Ok(read) => read?,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("the Parquet reader panicked");
+            return Err(unreadable(&reason));
+        }
+    }
+    for (number, row) in (1..).zip(rows) {
+        out.push(record(topic, number, row));
     }
     Ok(())
 }

@@ -9,6 +9,35 @@ mod progress;
 mod source;
 
 pub use formats::FileFormat;
+
+/// The fuzz targets' entry (`fuzz/`): reads `bytes` as a file named `name`
+/// (its extension says the compression) in `format`, as the source reads
+/// one, through a file in the temporary directory; returns the records
+/// read. An error is the right answer to bytes that are not such a file.
+pub fn read_bytes_for_fuzzing(
+    format: FileFormat,
+    name: &str,
+    bytes: &[u8],
+) -> tidemark::error::Result<usize> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("tidemark-fuzz-{}-{n}-{name}", std::process::id()));
+    std::fs::write(&path, bytes)
+        .map_err(|e| tidemark::error::Error::io(format!("writing {}", path.display()), e))?;
+    let topic = std::sync::Arc::from("fuzz");
+    let mut out = Vec::new();
+    let read = formats::read_file(
+        &path,
+        format,
+        &topic,
+        &tidemark::schema::Schema::default(),
+        64 << 20,
+        &mut out,
+    );
+    let _ = std::fs::remove_file(&path);
+    read.map(|()| out.len())
+}
 pub use source::{FilesSource, FilesSourceOptions, FilesStart, DEFAULT_MAX_FILE_BYTES};
 
 use std::fs::{self, File, OpenOptions};
