@@ -1266,11 +1266,44 @@ fn default_replication() -> i32 {
 }
 
 /// `metrics: {prometheus: "127.0.0.1:9000"}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSpec {
-    /// Address of the Prometheus scrape endpoint.
+    /// Address of the Prometheus scrape endpoint (`/metrics`).
     pub prometheus: String,
+    /// When set, a scrape must carry `Authorization: Bearer <token>`
+    /// (Prometheus' `authorization` setting). Masked wherever shown.
+    #[serde(default)]
+    pub auth_token: Option<String>,
+    /// TLS on the endpoint.
+    #[serde(default)]
+    pub tls: Option<TlsSpec>,
+}
+
+impl fmt::Debug for MetricsSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MetricsSpec")
+            .field("prometheus", &self.prometheus)
+            .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// `tls: {cert: server.pem, key: server.key, ca: ca.pem}` on an HTTP
+/// service: its socket speaks TLS only.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSpec {
+    /// The certificate chain served (PEM).
+    pub cert: String,
+    /// Its private key (PEM).
+    pub key: String,
+    /// The CA certificates (PEM) a peer's certificate must chain to when
+    /// an instance forwards a read to another; default: `cert` itself
+    /// (the instances sharing one certificate).
+    #[serde(default)]
+    pub ca: Option<String>,
 }
 
 /// `serve:`: interactive queries over HTTP.
@@ -1288,6 +1321,10 @@ pub struct ServeSpec {
     /// the instances of one query share it. Masked wherever shown.
     #[serde(default)]
     pub auth_token: Option<String>,
+    /// TLS on the socket; reads forwarded to the other instances go over
+    /// `https` (the instances of one query share the setting).
+    #[serde(default)]
+    pub tls: Option<TlsSpec>,
 }
 
 impl fmt::Debug for ServeSpec {
@@ -1296,6 +1333,7 @@ impl fmt::Debug for ServeSpec {
             .field("listen", &self.listen)
             .field("advertised", &self.advertised)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -1318,6 +1356,9 @@ pub struct UiSpec {
     /// wherever shown.
     #[serde(default)]
     pub auth_token: Option<String>,
+    /// TLS on the socket.
+    #[serde(default)]
+    pub tls: Option<TlsSpec>,
 }
 
 impl fmt::Debug for UiSpec {
@@ -1325,6 +1366,7 @@ impl fmt::Debug for UiSpec {
         f.debug_struct("UiSpec")
             .field("listen", &self.listen)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -2794,12 +2836,16 @@ sink: {kind: kafka, topic: out}
 
     /// The HTTP services' tokens never show in `Debug` either.
     #[test]
-    fn serve_and_ui_tokens_are_masked() {
-        let text = "name: t\nsource: {kind: kafka, topic: t}\nsink: {kind: stdout}\nserve: {listen: \"127.0.0.1:1\", auth_token: \"${TOKEN}\"}\nui: {listen: \"127.0.0.1:2\", auth_token: \"${TOKEN}\"}\n";
+    fn serve_ui_and_metrics_tokens_are_masked() {
+        let text = "name: t\nsource: {kind: kafka, topic: t}\nsink: {kind: stdout}\nserve: {listen: \"127.0.0.1:1\", auth_token: \"${TOKEN}\"}\nui: {listen: \"127.0.0.1:2\", auth_token: \"${TOKEN}\"}\nmetrics: {prometheus: \"127.0.0.1:3\", auth_token: \"${TOKEN}\", tls: {cert: c.pem, key: k.pem}}\n";
         let lookup = |name: &str| (name == "TOKEN").then(|| "hunter2-token".to_string());
         let file = PipelineFile::parse_with_env(text, &lookup).unwrap();
         assert_eq!(
             file.serve.as_ref().unwrap().auth_token.as_deref(),
+            Some("hunter2-token")
+        );
+        assert_eq!(
+            file.metrics.as_ref().unwrap().auth_token.as_deref(),
             Some("hunter2-token")
         );
         let shown = format!("{file:?}");

@@ -191,16 +191,17 @@ impl StatusLine {
 
 fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let (_, file) = load(path).map_err(|_| anyhow::anyhow!("invalid pipeline file"))?;
-    if let Some(m) = &file.metrics {
-        let addr: std::net::SocketAddr = m
-            .prometheus
-            .parse()
-            .with_context(|| format!("metrics.prometheus: `{}` is not host:port", m.prometheus))?;
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .context("starting the Prometheus endpoint")?;
-    }
+    // Served by tidemark's own HTTP service: its timeouts, connection cap,
+    // token and TLS, which the exporter's listener has none of.
+    let _metrics = match &file.metrics {
+        Some(_) => {
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .context("installing the Prometheus recorder")?;
+            tidemark_connectors::start_metrics(&file, std::sync::Arc::new(move || handle.render()))?
+        }
+        None => None,
+    };
     let base = path.parent().unwrap_or(Path::new("."));
     let stop = tidemark::runtime::StopHandle::default();
     let on_ctrl_c = stop.clone();

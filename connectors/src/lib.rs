@@ -23,5 +23,6 @@ pub use from_pipeline::{
 };
 pub use kafka_clients::KafkaClients;
 pub use runner::{is_transient, PipelineRunner};
+pub use serving::start_metrics;
 pub use tidemark_kafka::split_memory_budget;
 pub use topology_runner::TopologyRunner;

@@ -4,10 +4,12 @@
 
 use std::sync::Arc;
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind};
+use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind, TlsSpec};
 use tidemark::runtime::{StateService, Topology};
 use tidemark_kafka::GroupMembers;
-use tidemark_serve::{HttpOptions, HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer};
+use tidemark_serve::{
+    HttpOptions, HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer, TlsConfig,
+};
 
 /// The instances of a query: its consumer group's members.
 struct GroupPeers(GroupMembers);
@@ -68,7 +70,7 @@ pub(crate) fn start(
         // One process reads the files: it holds every key.
         SourceKind::Files => None,
     };
-    let options = http_options("serve.auth_token", &serve.auth_token)?;
+    let options = http_options("serve", &serve.auth_token, &serve.tls)?;
     StateServer::start_with(
         &serve.listen,
         serve.advertised(),
@@ -99,17 +101,49 @@ fn check_advertised(serve: &ServeSpec) -> Result<()> {
 /// The HTTP options of a service whose token is `auth_token` (the setting
 /// `key`): an empty token (a `${VAR}` set to nothing) is refused rather
 /// than taken as "no token".
-fn http_options(key: &str, auth_token: &Option<String>) -> Result<HttpOptions> {
+/// The options of the service whose configuration is under `service`
+/// (`serve`, `ui`, `metrics`): its token and TLS files.
+fn http_options(
+    service: &'static str,
+    auth_token: &Option<String>,
+    tls: &Option<TlsSpec>,
+) -> Result<HttpOptions> {
     if auth_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         return Err(Error::config(
-            key,
+            format!("{service}.auth_token"),
             "the token is empty: set it (for instance from `${VAR}`) or remove the key",
         ));
     }
+    let tls_key = match service {
+        "serve" => "serve.tls",
+        "ui" => "ui.tls",
+        _ => "metrics.tls",
+    };
+    let tls = tls
+        .as_ref()
+        .map(|t| TlsConfig::from_pem_files(tls_key, &t.cert, &t.key, t.ca.as_deref()))
+        .transpose()
+        .map_err(|e| Error::config(e.key(), e.to_string()))?;
     Ok(HttpOptions {
         auth_token: auth_token.clone(),
+        tls,
         ..HttpOptions::default()
     })
+}
+
+/// Serves Prometheus' text, as `render` gives it, when `file` asks for a
+/// metrics endpoint (`metrics.prometheus`), with its token and TLS.
+pub fn start_metrics(
+    file: &PipelineFile,
+    render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+) -> Result<Option<HttpServer>> {
+    let Some(metrics) = &file.metrics else {
+        return Ok(None);
+    };
+    let options = http_options("metrics", &metrics.auth_token, &metrics.tls)?;
+    HttpServer::start_metrics_with(&metrics.prometheus, render, options)
+        .map(Some)
+        .map_err(|e| Error::config(e.key(), e.to_string()))
 }
 
 /// Starts the web page over `history` when `file` asks for it.
@@ -120,7 +154,7 @@ pub(crate) fn start_ui(
     let Some(ui) = &file.ui else {
         return Ok(None);
     };
-    let options = http_options("ui.auth_token", &ui.auth_token)?;
+    let options = http_options("ui", &ui.auth_token, &ui.tls)?;
     HttpServer::start_ui_with(&ui.listen, history.clone(), options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))

@@ -33,6 +33,9 @@ pub struct HttpOptions {
     /// When set, every route but the health probes asks for
     /// `Authorization: Bearer <token>` and answers `401` without it.
     pub auth_token: Option<String>,
+    /// When set, the socket speaks TLS only (the handshake within
+    /// `header_read_timeout`), and forwarded reads go over `https`.
+    pub tls: Option<crate::TlsConfig>,
 }
 
 impl Default for HttpOptions {
@@ -42,6 +45,7 @@ impl Default for HttpOptions {
             max_connections: 1024,
             max_concurrent_reads: 64,
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -54,8 +58,14 @@ impl std::fmt::Debug for HttpOptions {
             .field("max_connections", &self.max_connections)
             .field("max_concurrent_reads", &self.max_concurrent_reads)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
+            .field("tls", &self.tls.is_some())
             .finish()
     }
+}
+
+/// `/healthz`: the service answers (liveness; no token asked).
+pub(crate) async fn healthz() -> &'static str {
+    "ok"
 }
 
 /// Paths answered without the token: orchestrators' probes carry none.
@@ -174,20 +184,26 @@ pub(crate) async fn serve(
                 .map_request(|request: hyper::Request<Incoming>| request.map(Body::new)),
         );
         let header_read_timeout = options.header_read_timeout;
-        let mut close_signal = close_signal.clone();
+        let close_signal = close_signal.clone();
+        let tls = options
+            .tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.server.clone()));
         tokio::spawn(async move {
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .keep_alive(true);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = close_signal.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+            match tls {
+                None => answer(stream, service, header_read_timeout, close_signal).await,
+                Some(acceptor) => {
+                    // A client that opens the socket and never finishes the
+                    // handshake is closed like one that sends no headers.
+                    let handshake =
+                        tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await;
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            answer(stream, service, header_read_timeout, close_signal).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, key, "a TLS handshake failed"),
+                        Err(_) => tracing::debug!(key, "a TLS handshake timed out"),
+                    }
                 }
             }
             drop(permit);
@@ -197,6 +213,40 @@ pub(crate) async fn serve(
     let _ = closing.send(true);
     let all = u32::try_from(options.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(Duration::from_secs(5), open.acquire_many(all)).await;
+}
+
+/// Answers the requests of one connection until it closes, or closes it
+/// gracefully when the service stops.
+async fn answer<S, A>(
+    stream: S,
+    service: TowerToHyperService<A>,
+    header_read_timeout: Duration,
+    mut close_signal: tokio::sync::watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    TowerToHyperService<A>: hyper::service::Service<
+            hyper::Request<Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    <TowerToHyperService<A> as hyper::service::Service<hyper::Request<Incoming>>>::Future:
+        Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = close_signal.changed() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
+        }
+    }
 }
 
 /// A request limiter: at most `max` requests wait for the query's state at

@@ -22,10 +22,12 @@
 mod connections;
 mod peers;
 mod routes;
+mod tls;
 mod ui;
 
 pub use connections::HttpOptions;
 pub use peers::{Peer, PeerDirectory};
+pub use tls::TlsConfig;
 pub use ui::ProgressHistory;
 
 use std::net::SocketAddr;
@@ -45,13 +47,21 @@ pub enum ServeError {
         /// Why.
         reason: String,
     },
+    /// The certificate, key or trusted CA cannot be read or used.
+    #[error("{key}: {reason}")]
+    Tls {
+        /// The configuration key (`serve.tls`, `ui.tls`, `metrics.tls`).
+        key: &'static str,
+        /// Which file, and why.
+        reason: String,
+    },
 }
 
 impl ServeError {
     /// The configuration key at fault.
     pub fn key(&self) -> &'static str {
         match self {
-            ServeError::Listen { key, .. } => key,
+            ServeError::Listen { key, .. } | ServeError::Tls { key, .. } => key,
         }
     }
 }
@@ -66,6 +76,8 @@ pub(crate) struct Service {
     /// The token this service asks for, sent on with forwarded reads (the
     /// instances of one query share it).
     pub(crate) auth_token: Option<String>,
+    /// With TLS, forwarded reads go over `https` with this trust.
+    pub(crate) peer_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// A running HTTP service (interactive queries or the web page); stops
@@ -107,6 +119,7 @@ impl HttpServer {
             peers,
             reads: connections::ReadSlots::new(options.max_concurrent_reads),
             auth_token: options.auth_token.clone(),
+            peer_tls: options.tls.as_ref().map(|t| t.client.clone()),
         });
         let server = HttpServer::serve("serve.listen", listen, routes::router(service), options)?;
         tracing::info!(address = %server.address, advertised, "serving interactive queries");
@@ -130,6 +143,36 @@ impl HttpServer {
     ) -> Result<Self, ServeError> {
         let server = HttpServer::serve("ui.listen", listen, ui::router(history), options)?;
         tracing::info!(address = %server.address, "serving the web page");
+        Ok(server)
+    }
+
+    /// Serves what `render` returns (Prometheus' text format) at
+    /// `/metrics` on `listen`, within `options`' limits and behind its
+    /// token when it has one; `/healthz` answers without it.
+    pub fn start_metrics_with(
+        listen: &str,
+        render: Arc<dyn Fn() -> String + Send + Sync>,
+        options: HttpOptions,
+    ) -> Result<Self, ServeError> {
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let render = render.clone();
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4",
+                            )],
+                            render(),
+                        )
+                    }
+                }),
+            )
+            .route("/healthz", axum::routing::get(connections::healthz));
+        let server = HttpServer::serve("metrics.prometheus", listen, app, options)?;
+        tracing::info!(address = %server.address, "serving Prometheus metrics");
         Ok(server)
     }
 

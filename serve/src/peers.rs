@@ -35,19 +35,26 @@ pub(crate) enum PeerAnswer {
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Asks `peer` for `key` (column → text) in `store`, from its own tasks,
-/// with the service's token when it has one (the instances of a query
-/// share it).
+/// with the service's token when it has one and over `https` when it
+/// serves TLS (the instances of a query share both).
 pub(crate) fn ask(
     peer: &Peer,
     store: &str,
     key: &BTreeMap<String, String>,
     range: &[(&str, &str)],
-    auth_token: Option<&str>,
+    service: &crate::Service,
 ) -> PeerAnswer {
-    let agent = ureq::AgentBuilder::new().timeout(PEER_TIMEOUT).build();
-    let url = format!("http://{}/v1/stores/{store}/keys", peer.advertised);
-    let mut request = agent.get(&url).query("local", "true");
-    if let Some(token) = auth_token {
+    let mut agent = ureq::AgentBuilder::new().timeout(PEER_TIMEOUT);
+    let scheme = match &service.peer_tls {
+        Some(tls) => {
+            agent = agent.tls_config(tls.clone());
+            "https"
+        }
+        None => "http",
+    };
+    let url = format!("{scheme}://{}/v1/stores/{store}/keys", peer.advertised);
+    let mut request = agent.build().get(&url).query("local", "true");
+    if let Some(token) = service.auth_token.as_deref() {
         request = request.set("Authorization", &format!("Bearer {token}"));
     }
     for (column, value) in key

@@ -21,6 +21,7 @@ pub(crate) fn router(service: Arc<Service>) -> Router {
         .route("/v1/stores", get(stores))
         .route("/v1/stores/{store}/keys", get(key_in_query))
         .route("/v1/stores/{store}/keys/{key}", get(key_in_path))
+        .route("/healthz", get(crate::connections::healthz))
         .with_state(service)
 }
 
@@ -227,7 +228,7 @@ fn ask_peers(
         .collect();
     let mut unanswered = Vec::new();
     for peer in peers.iter().filter(|p| p.advertised != service.advertised) {
-        match ask(peer, store, key, &range, service.auth_token.as_deref()) {
+        match ask(peer, store, key, &range, service) {
             PeerAnswer::Found(body) => return Answer::ok(body),
             PeerAnswer::NotThere => {}
             PeerAnswer::Retry(reason) => unanswered.push(reason),
@@ -363,6 +364,7 @@ mod tests {
             peers: Some(Arc::new(Members(vec![me.clone()]))),
             reads: crate::connections::ReadSlots::new(1),
             auth_token: None,
+            peer_tls: None,
         };
         let peers = members(&service).unwrap();
         let pending = tasks_pending(&service, &peers, &[0]).expect("partition 2 pending");

@@ -90,6 +90,7 @@ pub(crate) fn router(history: ProgressHistory) -> Router {
             "/api/status",
             get(|State(h): State<ProgressHistory>| async move { Json(h.status()) }),
         )
+        .route("/healthz", get(crate::connections::healthz))
         .with_state(history)
 }
 
