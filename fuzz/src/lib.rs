@@ -3,7 +3,10 @@
 //! file, a state store or changelog another process wrote, the pipeline
 //! file — and returns. An error is the right answer to bytes that are not
 //! what the decoder reads; a panic, an abort (an allocation sized from the
-//! bytes) or a hang is a defect.
+//! bytes) or a hang is a defect. The HTTP target sends its bytes as a raw
+//! request to the interactive-query service of a query running in this
+//! process (its store of a dedup and a window aggregation, behind a
+//! token), through hyper's parser, the token check and every route.
 //!
 //! `cargo test -p tidemark-fuzz` replays `fuzz/corpus/<target>/` (the
 //! crashes found so far among them) and mutates seed inputs for a few
@@ -13,6 +16,10 @@
 
 use apache_avro::Schema as AvroSchema;
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
 use tidemark::record::Record;
 use tidemark::runtime::Decoder;
 use tidemark::schema::{FieldType, Schema};
@@ -34,6 +41,7 @@ pub const TARGETS: &[Target] = &[
     ("dedup_state", dedup_state),
     ("join_state", join_state),
     ("table_join_state", table_join_state),
+    ("http_request", http_request),
 ];
 
 fn record(bytes: &[u8]) -> Record {
@@ -144,4 +152,75 @@ pub fn join_state(bytes: &[u8]) {
 /// A stream–table join's table row.
 pub fn table_join_state(bytes: &[u8]) {
     let _ = tidemark_operators::fuzzing::table_join_state(bytes);
+}
+
+/// The token of the served query.
+pub const HTTP_TOKEN: &str = "fuzz-token";
+
+/// Set by the panic hook when any thread panics: a panic in the server's
+/// threads does not reach the target's caller by itself.
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// The address of the interactive-query service of a query running in
+/// this process on a files source (started at the first call).
+fn served_query() -> Option<&'static str> {
+    static ADDRESS: OnceLock<Option<String>> = OnceLock::new();
+    ADDRESS
+        .get_or_init(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                PANICKED.store(true, Ordering::SeqCst);
+                previous(info);
+            }));
+            let dir = tempfile::tempdir().ok()?.keep();
+            std::fs::create_dir_all(dir.join("in")).ok()?;
+            std::fs::write(
+                dir.join("in/1.jsonl"),
+                "{\"ts\": \"2026-01-01T10:00:00Z\", \"id\": \"a\", \"n\": 5}\n",
+            )
+            .ok()?;
+            let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+            let text = format!(
+                "name: fuzz-http\nsource: {{kind: files, path: in, schema: {{ts: timestamp, id: string, n: long}}}}\nevent_time: ts\nwatermark: 1 minute\nsteps:\n  - dedup: {{keys: [id, n]}}\n  - window_aggregate: {{keys: [id], window: {{tumbling: 1 hour}}, aggregates: [{{fn: count, as: c}}]}}\noutput_mode: update\ntrigger: {{micro_batch: 50 milliseconds}}\nsink: {{kind: jsonl, path: out.jsonl}}\nserve: {{listen: \"127.0.0.1:{port}\", auth_token: \"{HTTP_TOKEN}\"}}\n"
+            );
+            let file = tidemark::pipeline::PipelineFile::parse(&text).ok()?;
+            let runner = tidemark_connectors::PipelineRunner::new(file, dir);
+            std::thread::spawn(move || runner.run());
+            let address = format!("127.0.0.1:{port}");
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect(&address).is_err() {
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Some(address)
+        })
+        .as_deref()
+}
+
+/// A raw HTTP request to the served query's interactive-query service;
+/// its answer is read and dropped. Panics when any thread panicked.
+pub fn http_request(bytes: &[u8]) {
+    let _ = http_exchange(bytes);
+}
+
+/// Sends `bytes` to the served query's interactive-query service and
+/// returns what it answered. Panics when any thread panicked.
+pub fn http_exchange(bytes: &[u8]) -> Vec<u8> {
+    let Some(address) = served_query() else {
+        panic!("the served query did not start");
+    };
+    let mut answer = Vec::new();
+    if let Ok(mut socket) = std::net::TcpStream::connect(address) {
+        let _ = socket.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = socket.write_all(bytes);
+        let _ = socket.shutdown(std::net::Shutdown::Write);
+        let _ = socket.read_to_end(&mut answer);
+    }
+    assert!(
+        !PANICKED.load(Ordering::SeqCst),
+        "a thread of the served query panicked"
+    );
+    answer
 }

@@ -223,6 +223,25 @@ fn fuzz(name: &str) {
     eprintln!("{name}: {runs} inputs in {seconds} s (TIDEMARK_FUZZ_SEED={seed})");
 }
 
+/// The HTTP target reaches the state, not only the parser: its seed
+/// reading a key is answered with the key's window.
+#[test]
+fn the_http_target_reads_the_served_querys_state() {
+    let request = b"GET /v1/stores/op1/keys/a HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer fuzz-token\r\nConnection: close\r\n\r\n";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = String::from_utf8_lossy(&tidemark_fuzz::http_exchange(request)).into_owned();
+        if answer.starts_with("HTTP/1.1 200") && answer.contains("\"c\":1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never answered with the key: {answer}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 macro_rules! targets {
     ($($name:ident),* $(,)?) => {
         $(
@@ -253,4 +272,5 @@ targets!(
     dedup_state,
     join_state,
     table_join_state,
+    http_request,
 );
