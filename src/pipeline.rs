@@ -1300,8 +1300,8 @@ pub struct TlsSpec {
     /// Its private key (PEM).
     pub key: String,
     /// The CA certificates (PEM) a peer's certificate must chain to when
-    /// an instance forwards a read to another; default: `cert` itself
-    /// (the instances sharing one certificate).
+    /// an instance forwards a read to another: required by `serve.tls`,
+    /// unused by `ui` and `metrics`.
     #[serde(default)]
     pub ca: Option<String>,
 }

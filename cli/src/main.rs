@@ -198,7 +198,12 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
             let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("installing the Prometheus recorder")?;
-            tidemark_connectors::start_metrics(&file, std::sync::Arc::new(move || handle.render()))?
+            let render = std::sync::Arc::new(move || handle.render());
+            tidemark_connectors::start_metrics(
+                &file,
+                path.parent().unwrap_or(Path::new(".")),
+                render,
+            )?
         }
         None => None,
     };

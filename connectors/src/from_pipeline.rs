@@ -80,7 +80,9 @@ impl tidemark::runtime::TableFeed for BoxedFeed {
     }
 }
 
-fn resolve(base: &Path, path: &str) -> PathBuf {
+/// `path` of the pipeline file, relative to `base` (its directory) unless
+/// absolute.
+pub(crate) fn resolve(base: &Path, path: &str) -> PathBuf {
     let p = Path::new(path);
     if p.is_absolute() {
         p.to_path_buf()

@@ -123,8 +123,8 @@ impl PipelineRunner {
         } else {
             crate::check_output_topics(&self.file)?;
         }
-        let _server = crate::serving::start(&self.file, &topology, &self.state)?;
-        let _ui = crate::serving::start_ui(&self.file, &self.history)?;
+        let _server = crate::serving::start(&self.file, &self.base, &topology, &self.state)?;
+        let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, self.file.trigger.0, &self.stop, |index| {
             self.run_stage(&names[index], index, co_partitioned, &identity)

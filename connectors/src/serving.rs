@@ -2,6 +2,7 @@
 //! over the state of the stage writing the sink, with the other instances
 //! found through that stage's consumer group.
 
+use std::path::Path;
 use std::sync::Arc;
 use tidemark::error::{Error, Result};
 use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind, TlsSpec};
@@ -46,6 +47,7 @@ impl PeerDirectory for GroupPeers {
 /// stops when the returned value drops.
 pub(crate) fn start(
     file: &PipelineFile,
+    base: &Path,
     topology: &Topology,
     service: &StateService,
 ) -> Result<Option<StateServer>> {
@@ -70,7 +72,7 @@ pub(crate) fn start(
         // One process reads the files: it holds every key.
         SourceKind::Files => None,
     };
-    let options = http_options("serve", &serve.auth_token, &serve.tls)?;
+    let options = http_options("serve", base, &serve.auth_token, &serve.tls)?;
     StateServer::start_with(
         &serve.listen,
         serve.advertised(),
@@ -102,9 +104,11 @@ fn check_advertised(serve: &ServeSpec) -> Result<()> {
 /// `key`): an empty token (a `${VAR}` set to nothing) is refused rather
 /// than taken as "no token".
 /// The options of the service whose configuration is under `service`
-/// (`serve`, `ui`, `metrics`): its token and TLS files.
+/// (`serve`, `ui`, `metrics`): its token and TLS files (relative to
+/// `base`, the pipeline file's directory, as every path of the file).
 fn http_options(
     service: &'static str,
+    base: &Path,
     auth_token: &Option<String>,
     tls: &Option<TlsSpec>,
 ) -> Result<HttpOptions> {
@@ -119,9 +123,19 @@ fn http_options(
         "ui" => "ui.tls",
         _ => "metrics.tls",
     };
+    if let (Some(TlsSpec { ca: None, .. }), "serve") = (tls, service) {
+        return Err(Error::config(
+            "serve.tls.ca",
+            "the CA certificates (PEM) the instances' certificates chain to: an instance forwards reads to the others over https and verifies them against it",
+        ));
+    }
     let tls = tls
         .as_ref()
-        .map(|t| TlsConfig::from_pem_files(tls_key, &t.cert, &t.key, t.ca.as_deref()))
+        .map(|t| {
+            let path = |p: &str| crate::from_pipeline::resolve(base, p).display().to_string();
+            let ca = t.ca.as_deref().map(path);
+            TlsConfig::from_pem_files(tls_key, &path(&t.cert), &path(&t.key), ca.as_deref())
+        })
         .transpose()
         .map_err(|e| Error::config(e.key(), e.to_string()))?;
     Ok(HttpOptions {
@@ -132,15 +146,17 @@ fn http_options(
 }
 
 /// Serves Prometheus' text, as `render` gives it, when `file` asks for a
-/// metrics endpoint (`metrics.prometheus`), with its token and TLS.
+/// metrics endpoint (`metrics.prometheus`), with its token and TLS (its
+/// files relative to `base`, the pipeline file's directory).
 pub fn start_metrics(
     file: &PipelineFile,
+    base: &Path,
     render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
 ) -> Result<Option<HttpServer>> {
     let Some(metrics) = &file.metrics else {
         return Ok(None);
     };
-    let options = http_options("metrics", &metrics.auth_token, &metrics.tls)?;
+    let options = http_options("metrics", base, &metrics.auth_token, &metrics.tls)?;
     HttpServer::start_metrics_with(&metrics.prometheus, render, options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))
@@ -149,12 +165,13 @@ pub fn start_metrics(
 /// Starts the web page over `history` when `file` asks for it.
 pub(crate) fn start_ui(
     file: &PipelineFile,
+    base: &Path,
     history: &ProgressHistory,
 ) -> Result<Option<HttpServer>> {
     let Some(ui) = &file.ui else {
         return Ok(None);
     };
-    let options = http_options("ui", &ui.auth_token, &ui.tls)?;
+    let options = http_options("ui", base, &ui.auth_token, &ui.tls)?;
     HttpServer::start_ui_with(&ui.listen, history.clone(), options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))

@@ -23,8 +23,9 @@ impl std::fmt::Debug for TlsConfig {
 impl TlsConfig {
     /// Serves the certificate chain in `cert` with the private key in
     /// `key` (PEM files); peers are trusted when their certificate chains
-    /// to a certificate in `ca`, or, without one, to `cert` itself (the
-    /// instances of a query sharing one certificate). `setting` names the
+    /// to a certificate in `ca` (without one, to `cert`'s own certificates,
+    /// which only a chain file that holds its issuer satisfies: give `ca`
+    /// where reads are forwarded). `setting` names the
     /// configuration key in errors (`serve.tls`).
     pub fn from_pem_files(
         setting: &'static str,

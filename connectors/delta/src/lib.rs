@@ -225,7 +225,7 @@ impl DeltaSink {
         sink.table = sink.open_existing()?;
         // A second writer is refused at its start, not at its first batch.
         sink.ensure_owner()?;
-        sink.sweep_orphans()?;
+        sink.sweep_orphans();
         Ok(sink)
     }
 
@@ -263,23 +263,31 @@ impl DeltaSink {
     /// Removes the data files of commits that never happened: staged
     /// commits already superseded (several instances), or the commit a
     /// crash or a failure interrupted (one instance).
-    fn sweep_orphans(&mut self) -> Result<()> {
-        if self.config.task_commits {
-            task_commits::sweep(self)?;
-        } else {
-            // Whether the interrupted commit landed is read from the
-            // table as it is now, not as this process last saw it.
-            if let Some(table) = self.table.as_mut() {
-                self.runtime
-                    .block_on(table.update_state())
-                    .map_err(|e| delta_error("reloading the table", e))?;
-            }
-            let removed = orphans::sweep_pending(self)?;
-            if removed > 0 {
-                tracing::info!(files = removed, table = %self.config.location, "removed the files of a commit that did not happen");
-            }
-            self.pending_recorded = false;
+    fn sweep_orphans(&mut self) {
+        // Best effort: a file left behind costs storage, never a wrong
+        // table, so a failing store does not stop the query.
+        let swept = match self.config.task_commits {
+            true => task_commits::sweep(self),
+            false => self.sweep_pending(),
+        };
+        if let Err(e) = swept {
+            tracing::warn!(error = %e, table = %self.config.location, "files of commits that did not happen were not removed; trying again later");
         }
+    }
+
+    fn sweep_pending(&mut self) -> Result<()> {
+        // Whether the interrupted commit landed is read from the table as
+        // it is now, not as this process last saw it.
+        if let Some(table) = self.table.as_mut() {
+            self.runtime
+                .block_on(table.update_state())
+                .map_err(|e| delta_error("reloading the table", e))?;
+        }
+        let removed = orphans::sweep_pending(self)?;
+        if removed > 0 {
+            tracing::info!(files = removed, table = %self.config.location, "removed the files of a commit that did not happen");
+        }
+        self.pending_recorded = false;
         Ok(())
     }
 
@@ -298,7 +306,8 @@ impl DeltaSink {
         let Some(owner) = self.lease_owner() else {
             return Ok(());
         };
-        if let Some(renewer) = owner::ensure_owner(self, owner)? {
+        let renewing = self.lease.as_ref().is_some_and(owner::Renewer::is_running);
+        if let Some(renewer) = owner::ensure_owner(self, owner, renewing)? {
             self.lease = Some(renewer);
         }
         Ok(())
@@ -417,6 +426,11 @@ impl DeltaSink {
     /// the table already holds it.
     fn commit_buffer(&mut self, txn_version: Option<u64>) -> Result<()> {
         let started = Instant::now();
+        if self.pending_recorded {
+            // The last commit failed: its files go before anything of
+            // this one is planned (the sweep reloads the table).
+            self.sweep_orphans();
+        }
         let buffered = std::mem::take(&mut self.buffer);
         let num_rows: usize = buffered.iter().map(|(_, part)| part.num_rows()).sum();
         self.last_commit = Instant::now();
@@ -514,10 +528,6 @@ impl DeltaSink {
         started: Instant,
         upsert_keys: Option<&[String]>,
     ) -> Result<()> {
-        if self.pending_recorded {
-            // The last commit failed: its files go before new ones come.
-            self.sweep_orphans()?;
-        }
         let table = self.table.as_mut().expect("the table exists");
         let mode = if plan.widened {
             WriteMode::MergeSchema
@@ -562,7 +572,7 @@ impl DeltaSink {
                 .map_err(|e| delta_error("reloading the table", e))?;
             Ok::<_, Error>(version)
         })?;
-        orphans::clear_pending(self)?;
+        orphans::clear_pending(self);
         self.pending_recorded = false;
         self.commits += 1;
         self.record_commit_latency(started);

@@ -32,8 +32,15 @@ use tidemark::error::Result;
 /// Where a one-instance writer records the files of the commit under way.
 const PENDING_DIR: &str = "_tidemark/pending";
 
+/// The record of this instance's commit under way: one per query and
+/// instance, so that an instance taking the table over never acts on the
+/// record of another (a paused owner may still commit the files it names).
 fn pending_path(sink: &DeltaSink) -> Result<deltalake::Path> {
-    deltalake::Path::parse(format!("{PENDING_DIR}/{}.json", sink.config.app_id))
+    let name = match &sink.config.owner {
+        Some(owner) => format!("{}-{owner}", sink.config.app_id),
+        None => sink.config.app_id.clone(),
+    };
+    deltalake::Path::parse(format!("{PENDING_DIR}/{name}.json"))
         .map_err(|e| delta_error("a pending commit's path", e))
 }
 
@@ -49,17 +56,15 @@ pub(crate) fn record_pending(sink: &DeltaSink, adds: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The commit landed: its record goes.
-pub(crate) fn clear_pending(sink: &DeltaSink) -> Result<()> {
-    let Some(table) = &sink.table else {
-        return Ok(());
+/// The commit landed: its record goes. Best effort: a record left names
+/// files the table references, which a sweep keeps.
+pub(crate) fn clear_pending(sink: &DeltaSink) {
+    let (Some(table), Ok(path)) = (&sink.table, pending_path(sink)) else {
+        return;
     };
-    match sink
-        .runtime
-        .block_on(table.object_store().delete(&pending_path(sink)?))
-    {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(delta_error("removing the record of a commit", e)),
+    match sink.runtime.block_on(table.object_store().delete(&path)) {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => tracing::debug!(error = %e, "the record of a landed commit was not removed"),
     }
 }
 
@@ -84,8 +89,11 @@ pub(crate) fn sweep_pending(sink: &DeltaSink) -> Result<usize> {
     };
     // An unreadable record names nothing to remove.
     let adds: Vec<String> = serde_json::from_slice(&bytes).unwrap_or_default();
-    let removed = remove_unreferenced(sink, &adds)?;
-    clear_pending(sink)?;
+    let removed = match adds.is_empty() {
+        true => 0,
+        false => remove_unreferenced(sink, &adds, &referenced_paths(sink)?)?,
+    };
+    clear_pending(sink);
     Ok(removed)
 }
 
@@ -130,10 +138,14 @@ pub(crate) fn sweep_staged(
         }
     }
     let mut files = 0;
+    let referenced = match obsolete.is_empty() {
+        true => HashSet::new(),
+        false => referenced_paths(sink)?,
+    };
     for path in &obsolete {
         let adds = sink.runtime.block_on(read_adds(store.as_ref(), path));
         // An entry that cannot be read names nothing to remove.
-        files += remove_unreferenced(sink, &adds.unwrap_or_default())?;
+        files += remove_unreferenced(sink, &adds.unwrap_or_default(), &referenced)?;
         delete(sink, store.as_ref(), path)?;
     }
     if !obsolete.is_empty() {
@@ -148,11 +160,18 @@ pub(crate) fn sweep_staged(
 }
 
 /// The partition and sequence of a staged entry of query `app_id`
-/// (`<app_id>-<partition>-s<seq>-<pid>-<nanos>.json`).
+/// (`<app_id>-<partition>-s<seq>-<pid>-<nanos>.json`), read from the right
+/// so that a query whose id extends this one's is never taken for it.
 fn staged_partition_and_seq(app_id: &str, name: &str) -> Option<(i32, u64)> {
-    let rest = name.strip_prefix(app_id)?.strip_prefix('-')?;
-    let (partition, rest) = rest.split_once("-s")?;
-    let (seq, _) = rest.split_once('-')?;
+    let rest = name.strip_suffix(".json")?;
+    let (rest, nanos) = rest.rsplit_once('-')?;
+    let (rest, pid) = rest.rsplit_once('-')?;
+    let (rest, seq) = rest.rsplit_once("-s")?;
+    let (query, partition) = rest.rsplit_once('-')?;
+    let numbers = [nanos, pid, seq, partition];
+    if query != app_id || !numbers.iter().all(|n| n.parse::<u64>().is_ok()) {
+        return None;
+    }
     Some((partition.parse().ok()?, seq.parse().ok()?))
 }
 
@@ -172,16 +191,12 @@ async fn read_adds(
         .collect())
 }
 
-/// Removes those of `adds` (table-relative paths, as in add actions) that
-/// the table's state references neither as active files nor tombstones;
-/// returns how many went.
-fn remove_unreferenced(sink: &DeltaSink, adds: &[String]) -> Result<usize> {
+/// Every file the table's state references: its active files and its
+/// tombstones (files removed by a commit, which time travel still reads).
+fn referenced_paths(sink: &DeltaSink) -> Result<HashSet<String>> {
     let Some(table) = &sink.table else {
-        return Ok(0);
+        return Ok(HashSet::new());
     };
-    if adds.is_empty() {
-        return Ok(0);
-    }
     let referenced = sink.runtime.block_on(async {
         let state = table.snapshot()?;
         let mut paths: HashSet<String> = state
@@ -195,7 +210,19 @@ fn remove_unreferenced(sink: &DeltaSink, adds: &[String]) -> Result<usize> {
         }
         Ok::<_, deltalake::DeltaTableError>(paths)
     });
-    let referenced = referenced.map_err(|e| delta_error("reading the table's files", e))?;
+    referenced.map_err(|e| delta_error("reading the table's files", e))
+}
+
+/// Removes those of `adds` (table-relative paths, as in add actions) not
+/// in `referenced`; returns how many went.
+fn remove_unreferenced(
+    sink: &DeltaSink,
+    adds: &[String],
+    referenced: &HashSet<String>,
+) -> Result<usize> {
+    let Some(table) = &sink.table else {
+        return Ok(0);
+    };
     let store = table.object_store();
     let mut removed = 0;
     for add in adds {
@@ -203,8 +230,10 @@ fn remove_unreferenced(sink: &DeltaSink, adds: &[String]) -> Result<usize> {
         if referenced.contains(decoded.as_ref()) {
             continue;
         }
-        let path = deltalake::Path::parse(decoded.as_ref())
-            .map_err(|e| delta_error("a data file's path", e))?;
+        let Ok(path) = deltalake::Path::parse(decoded.as_ref()) else {
+            tracing::debug!(path = %decoded, "an unusable path in a commit's record; left alone");
+            continue;
+        };
         delete(sink, store.as_ref(), &path)?;
         removed += 1;
     }
@@ -232,6 +261,10 @@ mod tests {
         // Another query whose id starts alike is not this one's.
         assert_eq!(
             staged_partition_and_seq("q", "q-1-3-s17-4242-1700000000000.json"),
+            None
+        );
+        assert_eq!(
+            staged_partition_and_seq("q", "q-3-s9-3-s17-4242-1700000000000.json"),
             None
         );
         assert_eq!(staged_partition_and_seq("q-1", "q-1-x.json"), None);

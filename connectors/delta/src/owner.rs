@@ -89,8 +89,13 @@ fn lease_ms() -> i64 {
 
 /// Makes sure `sink`'s instance holds the table's lease before it commits
 /// (see the module documentation); a table not created yet has none.
-/// Starts the renewing thread once the lease is held.
-pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<Option<Renewer>> {
+/// Returns a renewing thread, started once the lease is held, unless one
+/// is `renewing` already.
+pub(crate) fn ensure_owner(
+    sink: &DeltaSink,
+    owner: &str,
+    renewing: bool,
+) -> Result<Option<Renewer>> {
     let Some(table) = &sink.table else {
         return Ok(None);
     };
@@ -103,8 +108,12 @@ pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<Option<Renew
     if let Some(lease) = &lease {
         let age_ms = now_ms().saturating_sub(lease.renewed_ms);
         if lease.owner == owner && age_ms < renew_ms {
-            // Held, and renewed recently: no write on every commit.
-            return Ok(None);
+            // Held, and renewed recently: no write on every commit (a
+            // restart within the renewal interval starts its thread).
+            return match renewing {
+                true => Ok(None),
+                false => Renewer::start(sink, owner).map(Some),
+            };
         }
         if lease.owner != owner && age_ms < lease_ms() {
             return Err(Error::config(
@@ -129,12 +138,10 @@ pub(crate) fn ensure_owner(sink: &DeltaSink, owner: &str) -> Result<Option<Renew
     }
     sink.runtime
         .block_on(write_lease(store.as_ref(), owner, &sink.config.app_id))?;
-    Ok(Some(Renewer::start(
-        store,
-        owner.to_string(),
-        sink.config.app_id.clone(),
-        sink.config.location.clone(),
-    )?))
+    match renewing {
+        true => Ok(None),
+        false => Renewer::start(sink, owner).map(Some),
+    }
 }
 
 /// Renews the lease every [`RENEW_EVERY`] on a thread of its own while
@@ -147,12 +154,15 @@ pub(crate) struct Renewer {
 }
 
 impl Renewer {
-    fn start(
-        store: Arc<dyn ObjectStore>,
-        owner: String,
-        app_id: String,
-        location: String,
-    ) -> Result<Self> {
+    fn start(sink: &DeltaSink, owner: &str) -> Result<Self> {
+        let Some(table) = &sink.table else {
+            return Err(Error::Internal(
+                "a lease renewed on a table not created".into(),
+            ));
+        };
+        let store = table.object_store();
+        let (owner, app_id) = (owner.to_string(), sink.config.app_id.clone());
+        let location = sink.config.location.clone();
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -165,6 +175,12 @@ impl Renewer {
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Whether it still renews (it stops once another instance holds the
+    /// lease).
+    pub(crate) fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 

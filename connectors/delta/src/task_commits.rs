@@ -197,8 +197,8 @@ pub(super) fn publish(sink: &mut DeltaSink, batch_id: u64) -> Result<()> {
     for s in &staged {
         remove_staged(sink, &s.name);
     }
-    if sink.commits.is_multiple_of(SWEEP_EVERY) {
-        sweep(sink)?;
+    if sink.commits > 0 && sink.commits.is_multiple_of(SWEEP_EVERY) {
+        sink.sweep_orphans();
     }
     sink.maintain()
 }

@@ -203,6 +203,20 @@ impl ProgressLog {
             fs::remove_file(&old)
                 .map_err(|e| Error::io(format!("removing {}", old.display()), e))?;
         }
+        // An older compact entry a crash left beside its successor.
+        for stale in list_dir(&dir)? {
+            let name = stale
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let older = name
+                .strip_suffix(COMPACT_SUFFIX)
+                .and_then(|id| id.parse::<u64>().ok())
+                .is_some_and(|id| id < committed);
+            if older {
+                let _ = fs::remove_file(&stale);
+            }
+        }
         tracing::debug!(
             batch_id = committed,
             files = compacted.files.len(),

@@ -288,8 +288,11 @@ impl Standbys {
             .collect();
         let mut changed = !unwanted.is_empty();
         for partition in unwanted {
-            // Its files and checkpoint stay: a later placement resumes them.
+            // Its files stay, its checkpoint goes: a copy left behind for
+            // long could miss deletes the changelog's compaction dropped
+            // meanwhile, so a later use restores it from the start.
             self.warm.remove(&partition);
+            let _ = std::fs::remove_file(self.checkpoint_file(partition));
         }
         for partition in wanted {
             if self.warm.contains_key(&partition) {
@@ -387,7 +390,9 @@ impl Standbys {
 /// partition numbers assigned to each, when the group is stable.
 fn read_members(consumer: &BaseConsumer, group: &str) -> Result<Option<Vec<Member>>> {
     let list = consumer
-        .fetch_group_list(Some(group), Duration::from_secs(5))
+        // On the processing thread, between batches: a coordinator slower
+        // than this leaves the last placement in force, not the batch.
+        .fetch_group_list(Some(group), Duration::from_millis(500))
         .map_err(|e| Error::Source(format!("describing group `{group}`: {e}")))?;
     let Some(described) = list.groups().iter().find(|g| g.name() == group) else {
         return Ok(None);
