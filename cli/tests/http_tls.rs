@@ -232,3 +232,93 @@ fn the_services_speak_tls_with_the_certificate_given() {
         "{stderr}"
     );
 }
+
+/// Two instances of a Kafka query with `serve.tls` and a token, splitting
+/// a four-partition topic: every key asked on the first is answered, those
+/// the second holds forwarded to it over https (verified against `ca`,
+/// the token passed on).
+#[test]
+fn a_read_forwarded_to_the_instance_holding_the_key_goes_over_tls() {
+    use tidemark_integration_tests::{create_topic, produce, unique};
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = certificates(dir.path());
+    let (input, output, app) = (unique("tls-in"), unique("tls-out"), unique("tls-app"));
+    create_topic(&input, 4);
+    create_topic(&output, 1);
+    let ports = [free_port(), free_port()];
+    let tls = format!("{{cert: \"{cert}\", key: \"{key}\", ca: \"{ca}\"}}");
+    let mut replicas: Vec<_> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let instance_dir = dir.path().join(format!("i{i}"));
+            std::fs::create_dir_all(&instance_dir).unwrap();
+            let file = instance_dir.join("pipeline.yaml");
+            std::fs::write(
+                &file,
+                format!(
+                    r#"application_id: {app}
+source:
+  kind: kafka
+  topic: {input}
+  group: {app}
+  keyed_by: [id]
+  format: json
+  schema: {{ts: timestamp, id: string}}
+  properties: {{session.timeout.ms: "10000"}}
+event_time: ts
+watermark: 10 minutes
+steps:
+  - window_aggregate:
+      keys: [id]
+      window: {{tumbling: 1 hour}}
+      aggregates: [{{fn: count, as: n}}]
+output_mode: update
+trigger: {{micro_batch: 200 milliseconds}}
+sink: {{kind: kafka, topic: {output}, format: json}}
+state_dir: state
+serve: {{listen: "127.0.0.1:{port}", advertised: "127.0.0.1:{port}", auth_token: "{TOKEN}", tls: {tls}}}
+"#
+                ),
+            )
+            .unwrap();
+            common::start_replica_as(&file, Some(&format!("i{i}")))
+        })
+        .collect();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let records: Vec<(String, Vec<u8>)> = keys
+        .iter()
+        .map(|id| {
+            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "{id}"}}"#);
+            (id.clone(), value.into_bytes())
+        })
+        .collect();
+    produce(&input, &records);
+
+    let agent = trusting(&ca);
+    let first = format!("https://127.0.0.1:{}", ports[0]);
+    let mut served_by = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for id in &keys {
+        let url = format!("{first}/v1/stores/op0/keys/{id}");
+        let body = loop {
+            match get(&agent, &url, true) {
+                Ok((200, body)) => break body,
+                // Not read yet, or a rebalance settling.
+                other => assert!(Instant::now() < deadline, "{id} never answered: {other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["rows"][0]["n"], 1, "{id}: {body}");
+        served_by.insert(body["served_by"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        served_by.len(),
+        2,
+        "both instances answered through the first: {served_by:?}"
+    );
+    for replica in &mut replicas {
+        interrupt(&mut replica.child);
+    }
+}

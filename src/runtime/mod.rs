@@ -260,6 +260,11 @@ pub trait Sink: Send {
     /// are already out (at-least-once) or inside the source's transaction
     /// (which the abort discards) has nothing to do.
     fn abort(&mut self, _batch_id: u64) {}
+    /// Called at every turn of the query loop, with a batch or without: a
+    /// sink holding something on the query's behalf (the Delta sink's
+    /// writer lease) keeps it only while the loop shows life, as a Kafka
+    /// consumer leaves its group when it stops polling.
+    fn alive(&mut self) {}
     /// The largest event time each input (`topic/partition`) delivered in
     /// the batch about to commit; called before [`Sink::commit`]. A
     /// repartition sink forwards it as [`WatermarkMarker`]s.
@@ -385,6 +390,9 @@ impl<T: Sink + ?Sized> Sink for Box<T> {
     }
     fn abort(&mut self, batch_id: u64) {
         (**self).abort(batch_id)
+    }
+    fn alive(&mut self) {
+        (**self).alive()
     }
     fn write_tasks(&mut self, batch_id: u64, rows: &[Row], tasks: &[(i32, usize)]) -> Result<()> {
         (**self).write_tasks(batch_id, rows, tasks)

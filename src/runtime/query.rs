@@ -361,6 +361,7 @@ impl<'a> TriggerLoop<'a> {
     /// One poll: its records run through the tasks; the batch commits when
     /// its checkpoint is due (every poll in micro-batch mode).
     fn step(&mut self) -> Result<Flow> {
+        self.sink.alive();
         self.answer_state_requests(None);
         if self.open_batch.is_none() {
             self.between_batches()?;

@@ -148,6 +148,9 @@ pub struct DeltaSink {
     tasks: task_commits::TaskBuffers,
     /// The thread renewing the writer lease, once it is held.
     lease: Option<owner::Renewer>,
+    /// When the query loop last showed life (epoch ms): the lease is
+    /// renewed only while it does.
+    alive_at_ms: std::sync::Arc<std::sync::atomic::AtomicI64>,
     /// A commit's files were recorded and the commit did not finish: they
     /// are removed before the next (see the `orphans` module).
     pending_recorded: bool,
@@ -220,6 +223,7 @@ impl DeltaSink {
             compactor: None,
             tasks: Default::default(),
             lease: None,
+            alive_at_ms: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(owner::now_ms())),
             pending_recorded: false,
         };
         sink.table = sink.open_existing()?;
@@ -875,6 +879,11 @@ fn key_strings(batch: &RecordBatch, keys: &[String]) -> Result<Vec<String>> {
 impl Sink for DeltaSink {
     fn describe(&self) -> String {
         format!("DeltaSink[{}]", self.config.location)
+    }
+
+    fn alive(&mut self) {
+        self.alive_at_ms
+            .store(owner::now_ms(), std::sync::atomic::Ordering::Relaxed);
     }
 
     fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {

@@ -14,7 +14,10 @@
 //! is skipped), an expired one (its owner died) is taken over, and its own
 //! is renewed when a quarter of [`LEASE`] has passed. A thread renews it
 //! as often between commits, so an idle owner (no input for minutes) keeps
-//! its table. An instance whose lease another took over after it expired
+//! its table, but only while the query loop shows life (a turn within
+//! [`MAX_SILENCE`], Kafka's `max.poll.interval.ms`): a process whose query
+//! thread hangs lets the table go, as a consumer that stops polling leaves
+//! its group. An instance whose lease another took over after it expired
 //! (a zombie, paused past [`LEASE`]) finds that out at its next commit and
 //! stops. Reading and writing the lease is not atomic with the commit: an
 //! instance paused between the two for longer than the lease can still
@@ -24,6 +27,7 @@
 use crate::{delta_error, DeltaSink};
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,6 +40,12 @@ pub const LEASE: Duration = Duration::from_secs(60);
 /// How often the lease is renewed: a quarter of [`LEASE`], so that three
 /// renewals in a row can fail (a slow store) before it runs out.
 const RENEW_EVERY: Duration = Duration::from_secs(15);
+
+/// How long the query loop may go without a turn (one batch running that
+/// long, or a hung thread) before the lease is no longer renewed for it:
+/// Kafka's `max.poll.interval.ms` default. A batch that ran longer takes
+/// its lease back at its commit if no other instance took it meanwhile.
+pub const MAX_SILENCE: Duration = Duration::from_secs(300);
 
 /// The lease file, under the table's root.
 const OWNER_FILE: &str = "_tidemark/owner.json";
@@ -51,7 +61,8 @@ struct Lease {
     renewed_ms: i64,
 }
 
-fn now_ms() -> i64 {
+/// Now, in epoch milliseconds.
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -110,10 +121,7 @@ pub(crate) fn ensure_owner(
         if lease.owner == owner && age_ms < renew_ms {
             // Held, and renewed recently: no write on every commit (a
             // restart within the renewal interval starts its thread).
-            return match renewing {
-                true => Ok(None),
-                false => Renewer::start(sink, owner).map(Some),
-            };
+            return renewer_unless(renewing, sink, owner);
         }
         if lease.owner != owner && age_ms < lease_ms() {
             return Err(Error::config(
@@ -138,6 +146,11 @@ pub(crate) fn ensure_owner(
     }
     sink.runtime
         .block_on(write_lease(store.as_ref(), owner, &sink.config.app_id))?;
+    renewer_unless(renewing, sink, owner)
+}
+
+/// A renewing thread for the held lease, unless one runs already.
+fn renewer_unless(renewing: bool, sink: &DeltaSink, owner: &str) -> Result<Option<Renewer>> {
     match renewing {
         true => Ok(None),
         false => Renewer::start(sink, owner).map(Some),
@@ -163,12 +176,20 @@ impl Renewer {
         let store = table.object_store();
         let (owner, app_id) = (owner.to_string(), sink.config.app_id.clone());
         let location = sink.config.location.clone();
+        let alive_at_ms = Arc::clone(&sink.alive_at_ms);
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name("delta-lease".into())
             .spawn(move || {
-                renew_until_stopped(&stopping, store.as_ref(), &owner, &app_id, &location)
+                let lease = LeaseHolder {
+                    store: store.as_ref(),
+                    owner: &owner,
+                    app_id: &app_id,
+                    location: &location,
+                    alive_at_ms: &alive_at_ms,
+                };
+                renew_until_stopped(&stopping, &lease)
             })
             .map_err(|e| Error::io("starting the Delta writer lease's thread", e))?;
         Ok(Renewer {
@@ -195,13 +216,24 @@ impl Drop for Renewer {
     }
 }
 
-fn renew_until_stopped(
-    stop: &(Mutex<bool>, Condvar),
-    store: &dyn ObjectStore,
-    owner: &str,
-    app_id: &str,
-    location: &str,
-) {
+/// What the renewing thread renews, for whom.
+struct LeaseHolder<'a> {
+    store: &'a dyn ObjectStore,
+    owner: &'a str,
+    app_id: &'a str,
+    location: &'a str,
+    /// When the query loop last showed life (epoch ms).
+    alive_at_ms: &'a AtomicI64,
+}
+
+/// Whether a query loop last alive at `alive_at_ms` still has its lease
+/// renewed at `now_ms`.
+fn loop_shows_life(alive_at_ms: i64, now_ms: i64) -> bool {
+    let limit_ms = i64::try_from(MAX_SILENCE.as_millis()).unwrap_or(i64::MAX);
+    now_ms.saturating_sub(alive_at_ms) <= limit_ms
+}
+
+fn renew_until_stopped(stop: &(Mutex<bool>, Condvar), lease: &LeaseHolder) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -213,6 +245,7 @@ fn renew_until_stopped(
         }
     };
     let (stopped, wake) = stop;
+    let mut silent = false;
     loop {
         let guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
         let (guard, _) = wake
@@ -222,22 +255,37 @@ fn renew_until_stopped(
             return;
         }
         drop(guard);
+        let alive = loop_shows_life(lease.alive_at_ms.load(Ordering::Relaxed), now_ms());
+        if !alive {
+            if !silent {
+                tracing::warn!(
+                    table = %lease.location,
+                    "the query loop has not turned for {} s: the Delta table's writer lease is no longer renewed (another instance may take the table over; this one's next commit takes it back if none did)",
+                    MAX_SILENCE.as_secs()
+                );
+            }
+            silent = true;
+            continue;
+        }
+        silent = false;
         let renewed = runtime.block_on(async {
-            match read_lease(store).await {
-                Ok(Some(lease)) if lease.owner != owner => Ok(Some(lease.owner)),
-                Ok(_) => write_lease(store, owner, app_id).await.map(|()| None),
+            match read_lease(lease.store).await {
+                Ok(Some(held)) if held.owner != lease.owner => Ok(Some(held.owner)),
+                Ok(_) => write_lease(lease.store, lease.owner, lease.app_id)
+                    .await
+                    .map(|()| None),
                 Err(e) => Err(delta_error("reading the table's writer lease", e)),
             }
         });
         match renewed {
-            Ok(None) => tracing::trace!(table = %location, "writer lease renewed"),
+            Ok(None) => tracing::trace!(table = %lease.location, "writer lease renewed"),
             Ok(Some(other)) => {
                 // The next commit refuses, naming it.
-                tracing::warn!(table = %location, owner = %other, "another instance took the Delta table's writer lease");
+                tracing::warn!(table = %lease.location, owner = %other, "another instance took the Delta table's writer lease");
                 return;
             }
             Err(e) => {
-                tracing::warn!(table = %location, error = %e, "the Delta table's writer lease was not renewed; retrying")
+                tracing::warn!(table = %lease.location, error = %e, "the Delta table's writer lease was not renewed; retrying")
             }
         }
     }
@@ -263,5 +311,21 @@ pub(crate) fn release(sink: &DeltaSink, owner: &str) {
         Ok(true) => tracing::debug!(table = %sink.config.location, "writer lease released"),
         Ok(false) => {}
         Err(e) => tracing::debug!(error = %e, "the writer lease was not released"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_is_renewed_only_while_the_query_loop_turns() {
+        let now = 1_000_000_000;
+        let limit = i64::try_from(MAX_SILENCE.as_millis()).unwrap();
+        assert!(loop_shows_life(now, now));
+        assert!(loop_shows_life(now - limit, now));
+        assert!(!loop_shows_life(now - limit - 1, now));
+        // A clock stepping back never stops renewal.
+        assert!(loop_shows_life(now + 5_000, now));
     }
 }

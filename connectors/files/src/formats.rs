@@ -186,16 +186,6 @@ fn open(input: &Input) -> Result<Box<dyn Read>> {
     }))
 }
 
-/// The whole decompressed content (CSV is read twice: to infer its types,
-/// then its rows).
-fn read_all(input: &Input) -> Result<Vec<u8>> {
-    let mut data = Vec::new();
-    open(input)?
-        .read_to_end(&mut data)
-        .map_err(|e| input_error(input, e))?;
-    Ok(data)
-}
-
 // ---------------------------------------------------------------------------
 // JSON lines
 
@@ -312,13 +302,13 @@ impl Encoder for TimestampTextEncoder<'_> {
 const CSV_CHUNK_ROWS: usize = 1024;
 
 /// One CSV row as it stands in the file.
-#[derive(Debug, Clone, Copy)]
-struct CsvLine<'a> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CsvLine {
     /// The 1-based physical line it starts on.
     number: i64,
     /// Its bytes, without the line terminator; several physical lines when
     /// a quoted field holds a newline.
-    bytes: &'a [u8],
+    bytes: Vec<u8>,
 }
 
 /// Where a CSV parser stands within a row, to know whether a newline ends
@@ -346,70 +336,132 @@ impl Quoting {
     }
 }
 
-/// The rows of a CSV text (header first), blank lines left out. A quote
-/// never closed makes the rest of the file one row, as for Arrow.
-fn csv_lines(data: &[u8]) -> Vec<CsvLine<'_>> {
-    let mut lines = Vec::new();
-    // The line number and byte offset of the row being gathered.
-    let mut open: Option<(i64, usize)> = None;
-    let mut quoting = Quoting::FieldStart;
-    let mut offset = 0;
-    for (index, line) in data.split(|b| *b == b'\n').enumerate() {
-        let end = offset + line.len();
-        if open.is_some() || !is_blank(line) {
-            let (number, start) = *open.get_or_insert((index as i64 + 1, offset));
+/// The rows of a CSV text (header first) as they are read, blank lines left
+/// out: the file is never held whole. A quote never closed makes the rest of
+/// the file one row, as for Arrow.
+struct CsvLines<R> {
+    reader: R,
+    /// The physical lines read so far.
+    lines_read: i64,
+}
+
+impl<R: BufRead> CsvLines<R> {
+    fn new(reader: R) -> Self {
+        CsvLines {
+            reader,
+            lines_read: 0,
+        }
+    }
+
+    /// The next row, or `None` at the end of the text.
+    fn next_line(&mut self) -> std::io::Result<Option<CsvLine>> {
+        let mut open: Option<CsvLine> = None;
+        let mut quoting = Quoting::FieldStart;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if self.reader.read_until(b'\n', &mut line)? == 0 {
+                // Only a row whose last line ended in a newline is still
+                // open here: that newline is inside its quoted field.
+                if let Some(row) = &mut open {
+                    row.bytes.push(b'\n');
+                }
+                return Ok(open);
+            }
+            self.lines_read += 1;
+            let ended = line.last() == Some(&b'\n');
+            if ended {
+                line.pop();
+            }
+            let row = match &mut open {
+                Some(row) => {
+                    row.bytes.push(b'\n');
+                    row
+                }
+                None if is_blank(&line) => continue,
+                None => open.insert(CsvLine {
+                    number: self.lines_read,
+                    bytes: Vec::new(),
+                }),
+            };
+            row.bytes.extend_from_slice(&line);
             quoting = line.iter().fold(quoting, |q, b| q.next(*b));
             if quoting != Quoting::Quoted {
-                let bytes = &data[start..end];
-                let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
-                lines.push(CsvLine { number, bytes });
-                open = None;
-                quoting = Quoting::FieldStart;
+                if row.bytes.last() == Some(&b'\r') {
+                    row.bytes.pop();
+                }
+                return Ok(open);
+            }
+            if !ended {
+                return Ok(open);
             }
         }
-        offset = end + 1;
     }
-    if let Some((number, start)) = open {
-        lines.push(CsvLine {
-            number,
-            bytes: &data[start..],
-        });
+}
+
+/// The rows of a [`CsvLines`] joined back into a text for Arrow's schema
+/// inference, read as they are needed.
+struct CsvText<R> {
+    lines: CsvLines<R>,
+    /// The current row and its `\n`, and how much of it was handed out.
+    pending: Vec<u8>,
+    handed: usize,
+}
+
+impl<R: BufRead> Read for CsvText<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.handed == self.pending.len() {
+            let Some(line) = self.lines.next_line()? else {
+                return Ok(0);
+            };
+            self.pending = line.bytes;
+            self.pending.push(b'\n');
+            self.handed = 0;
+        }
+        let rest = &self.pending[self.handed..];
+        let count = rest.len().min(buf.len());
+        buf[..count].copy_from_slice(&rest[..count]);
+        self.handed += count;
+        Ok(count)
     }
-    lines
 }
 
 /// Reads a CSV file with a header row: one JSON-object record per row, a
-/// [`READ_ERROR_HEADER`] record per line Arrow refuses.
+/// [`READ_ERROR_HEADER`] record per line Arrow refuses. The file is read as
+/// a stream, [`CSV_CHUNK_ROWS`] rows at a time; without a pipeline schema
+/// it is read twice, first to infer the column types.
 fn read_csv(input: &Input, topic: &Arc<str>, schema: &Schema, out: &mut Vec<Record>) -> Result<()> {
-    let file = input.file;
-    let data = read_all(input)?;
-    let lines = csv_lines(&data);
-    let Some((header, rows)) = lines.split_first() else {
+    let mut lines = CsvLines::new(BufReader::new(open(input)?));
+    let reading = |e| input_error(input, e);
+    let Some(header) = lines.next_line().map_err(reading)? else {
         return Ok(());
     };
+    let columns = match schema.is_empty() {
+        true => inferred_csv_schema(input, &header)?,
+        false => typed_csv_schema(input.file, &header, schema)?,
+    };
     let reader = CsvRows {
-        schema: csv_schema(file, header, rows, schema)?,
+        schema: columns,
         encoders: TimestampText::for_schema(schema),
         topic,
     };
-    for chunk in rows.chunks(CSV_CHUNK_ROWS) {
-        reader.read_chunk(chunk, out);
+    let mut chunk = Vec::with_capacity(CSV_CHUNK_ROWS);
+    while let Some(line) = lines.next_line().map_err(reading)? {
+        chunk.push(line);
+        if chunk.len() == CSV_CHUNK_ROWS {
+            reader.read_chunk(&chunk, out);
+            chunk.clear();
+        }
+    }
+    if !chunk.is_empty() {
+        reader.read_chunk(&chunk, out);
     }
     Ok(())
 }
 
 /// The Arrow schema to read a CSV file's rows with: the header's columns,
-/// typed by the pipeline's schema, or inferred from the file when it has
-/// none.
-fn csv_schema(
-    file: &Path,
-    header: &CsvLine,
-    rows: &[CsvLine],
-    schema: &Schema,
-) -> Result<SchemaRef> {
-    if schema.is_empty() {
-        return inferred_csv_schema(file, header, rows);
-    }
+/// typed by the pipeline's schema.
+fn typed_csv_schema(file: &Path, header: &CsvLine, schema: &Schema) -> Result<SchemaRef> {
     let fields: Vec<Field> = csv_header(file, header)?
         .into_iter()
         .map(|name| {
@@ -436,7 +488,7 @@ fn arrow_type(ty: Option<FieldType>) -> DataType {
 fn csv_header(file: &Path, header: &CsvLine) -> Result<Vec<String>> {
     let (schema, _) = arrow_csv::reader::Format::default()
         .with_header(true)
-        .infer_schema(header.bytes, Some(0))
+        .infer_schema(header.bytes.as_slice(), Some(0))
         .map_err(|e| {
             Error::Source(format!(
                 "{}: line {}: cannot read the CSV header: {e}",
@@ -447,24 +499,30 @@ fn csv_header(file: &Path, header: &CsvLine) -> Result<Vec<String>> {
     Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
 }
 
-/// Column types inferred from the whole file. Only numbers and booleans are
-/// kept: Arrow would rewrite dates and timestamps it recognizes, and the
-/// decoder of an empty schema keeps text as it is. Rows with too few or too
-/// many fields do not stop the inference (they are refused one by one
-/// later); if it fails anyway (bad UTF-8), every column is text.
-fn inferred_csv_schema(file: &Path, header: &CsvLine, rows: &[CsvLine]) -> Result<SchemaRef> {
-    let text = csv_text(std::iter::once(header).chain(rows));
+/// Column types inferred from the whole file, read as a stream of its own.
+/// Only numbers and booleans are kept: Arrow would rewrite dates and
+/// timestamps it recognizes, and the decoder of an empty schema keeps text
+/// as it is. Rows with too few or too many fields do not stop the inference
+/// (they are refused one by one later); if it fails anyway (bad UTF-8),
+/// every column is text. A file that cannot be read fails the second read,
+/// which names it.
+fn inferred_csv_schema(input: &Input, header: &CsvLine) -> Result<SchemaRef> {
+    let text = CsvText {
+        lines: CsvLines::new(BufReader::new(open(input)?)),
+        pending: Vec::new(),
+        handed: 0,
+    };
     let inferred = arrow_csv::reader::Format::default()
         .with_header(true)
         .with_truncated_rows(true)
-        .infer_schema(text.as_slice(), None);
+        .infer_schema(text, None);
     let fields: Vec<Field> = match inferred {
         Ok((schema, _)) => schema
             .fields()
             .iter()
             .map(|f| Field::new(f.name(), kept_inferred_type(f.data_type()), true))
             .collect(),
-        Err(_) => csv_header(file, header)?
+        Err(_) => csv_header(input.file, header)?
             .into_iter()
             .map(|name| Field::new(name, DataType::Utf8, true))
             .collect(),
@@ -482,10 +540,10 @@ fn kept_inferred_type(ty: &DataType) -> DataType {
 }
 
 /// CSV lines joined back into a text for Arrow.
-fn csv_text<'a>(lines: impl IntoIterator<Item = &'a CsvLine<'a>>) -> Vec<u8> {
+fn csv_text(lines: &[CsvLine]) -> Vec<u8> {
     let mut text = Vec::new();
     for line in lines {
-        text.extend_from_slice(line.bytes);
+        text.extend_from_slice(&line.bytes);
         text.push(b'\n');
     }
     text
@@ -525,7 +583,7 @@ impl CsvRows<'_> {
             Ok(Err(rows)) => format!("the line holds {} CSV rows, not one", rows.len()),
             Err(e) => csv_error_reason(&e, &self.schema),
         };
-        let mut bad = record(self.topic, line.number, line.bytes.to_vec());
+        let mut bad = record(self.topic, line.number, line.bytes.clone());
         bad.headers
             .push((READ_ERROR_HEADER.to_string(), reason.into_bytes()));
         bad
@@ -618,12 +676,21 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
     // unreadable, not a reason to stop the process. Nothing shared is
     // touched inside, so unwinding out of it leaves no broken state.
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(opened)
-            .and_then(|builder| builder.build())
-            .map_err(|e| unreadable(&e))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(opened).map_err(|e| unreadable(&e))?;
+        let reader = builder.build().map_err(|e| unreadable(&e))?;
+        // Parquet compresses and dictionary-encodes inside the file: the
+        // rows as they are held, not the file's size, are what the cap
+        // bounds.
+        let mut held: u64 = 0;
         for batch in reader {
             let batch = batch.map_err(|e| unreadable(&e))?;
-            rows.extend(json_rows(&batch, None).map_err(|e| unreadable(&e))?);
+            let batch_rows = json_rows(&batch, None).map_err(|e| unreadable(&e))?;
+            held += batch_rows.iter().map(|row| row.len() as u64).sum::<u64>();
+            if held > input.max_bytes {
+                return Err(past_size_cap(file, input.max_bytes));
+            }
+            rows.extend(batch_rows);
         }
         Ok::<_, Error>(())
     }));
@@ -756,6 +823,78 @@ mod tests {
 
     fn micros(rfc3339: &str) -> i64 {
         tidemark::time::parse_rfc3339(rfc3339).unwrap()
+    }
+
+    #[test]
+    fn a_small_parquet_file_of_many_equal_rows_is_capped_by_its_rows() {
+        // 4096 rows of one 1 KiB string: dictionary-encoded to a few KiB on
+        // disk, 4 MiB once read.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("repeated.parquet");
+        let schema = Arc::new(ArrowSchema::new(vec![Field::new(
+            "s",
+            DataType::Utf8,
+            true,
+        )]));
+        let value = "x".repeat(1024);
+        let column = StringArray::from(vec![value.as_str(); 4096]);
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(column)]).unwrap();
+        let file = File::create(&path).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 1 << 20);
+        let read_with_cap = |cap: u64| {
+            let mut out = Vec::new();
+            read_file(
+                &path,
+                FileFormat::Parquet,
+                &topic(),
+                &Schema::default(),
+                cap,
+                &mut out,
+            )
+            .map(|()| out.len())
+        };
+        let error = read_with_cap(1 << 20).unwrap_err().to_string();
+        assert!(error.contains("source.max_file_mb"), "{error}");
+        assert_eq!(read_with_cap(8 << 20).unwrap(), 4096);
+    }
+
+    #[test]
+    fn a_streamed_csv_file_reads_alike_in_chunks_with_and_without_a_schema() {
+        // More rows than one chunk, a quoted newline across a chunk's end,
+        // a bad line in the second chunk.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.csv");
+        let mut text = String::from("id,name\n");
+        for id in 1..=CSV_CHUNK_ROWS + 10 {
+            match id {
+                _ if id == CSV_CHUNK_ROWS => text.push_str(&format!("{id},\"a\nb\"\n")),
+                _ if id == CSV_CHUNK_ROWS + 5 => text.push_str("x,y,z\n"),
+                _ => text.push_str(&format!("{id},n{id}\n")),
+            }
+        }
+        std::fs::write(&path, &text).unwrap();
+        let typed = Schema::new([("id", FieldType::Long), ("name", FieldType::String)]);
+        for schema in [Schema::default(), typed] {
+            let records = read(&path, FileFormat::Csv, &schema).unwrap();
+            assert_eq!(records.len(), CSV_CHUNK_ROWS + 10);
+            let bad: Vec<i64> = records
+                .iter()
+                .filter(|r| !r.headers.is_empty())
+                .map(|r| r.position.offset)
+                .collect();
+            // The header is line 1 and the quoted row spans two lines.
+            assert_eq!(bad, vec![CSV_CHUNK_ROWS as i64 + 7]);
+            let quoted = &records[CSV_CHUNK_ROWS - 1];
+            assert_eq!(quoted.position.offset, CSV_CHUNK_ROWS as i64 + 1);
+            let value = String::from_utf8_lossy(quoted.value.as_deref().unwrap()).to_string();
+            assert!(value.contains("a\\nb"), "{value}");
+            let last = String::from_utf8_lossy(records.last().unwrap().value.as_deref().unwrap())
+                .to_string();
+            assert!(last.contains(&format!("{}", CSV_CHUNK_ROWS + 10)), "{last}");
+        }
     }
 
     #[test]
@@ -1026,10 +1165,12 @@ mod tests {
     #[test]
     fn csv_lines_follow_quoted_newlines() {
         let data = b"a,b\n\n1,\"x\ny\"\n2,y\"z\n  \n3,\"\"\"\"\n";
-        let found: Vec<(i64, &[u8])> = csv_lines(data)
-            .iter()
-            .map(|l| (l.number, l.bytes))
-            .collect();
+        let mut lines = CsvLines::new(&data[..]);
+        let mut found: Vec<(i64, Vec<u8>)> = Vec::new();
+        while let Some(line) = lines.next_line().unwrap() {
+            found.push((line.number, line.bytes));
+        }
+        let found: Vec<(i64, &[u8])> = found.iter().map(|(n, b)| (*n, b.as_slice())).collect();
         let expected: Vec<(i64, &[u8])> = vec![
             (1, b"a,b"),
             (3, b"1,\"x\ny\""),
