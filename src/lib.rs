@@ -11,9 +11,7 @@
 //! let query = Query::builder("clicks-per-user")
 //!     .event_time("ts")
 //!     .watermark("1 minute").unwrap()
-//!     .window_aggregate(["user"], WindowSpec::tumbling("1 minute").unwrap(), vec![
-//!         AggregateSpec::count(),
-//!     ])
+//!     .window_aggregate(["user"], tumbling("1 minute").unwrap(), vec![count()])
 //!     .trigger(Trigger::AvailableNow)
 //!     .build().unwrap();
 //! let mut source = VecSource::json_batches(vec![
@@ -29,6 +27,7 @@
 
 pub mod decode;
 mod env_vars;
+pub mod functions;
 mod json_columns;
 mod json_row;
 pub mod pipeline;
@@ -48,6 +47,10 @@ pub use error::{Error, Result};
 /// The names most programs need.
 pub mod prelude {
     pub use crate::aggregate::{AggregateFn, Aggregator};
+    pub use crate::functions::{
+        approx_count_distinct, approx_percentile, avg, count, count_of, max, max_by, min, min_by,
+        session, sliding, stddev, sum, tumbling, variance,
+    };
     pub use crate::operators::{AggregateInput, AggregateSpec, OutputMode};
     pub use crate::progress::QueryProgress;
     pub use crate::row::{Row, Value};

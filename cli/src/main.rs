@@ -40,6 +40,20 @@ enum Command {
         /// The pipeline file (YAML).
         file: PathBuf,
     },
+    /// Make a stopped pipeline start over (Kafka Streams' application reset
+    /// tool): its groups' input offsets to the earliest (or `--to-datetime`),
+    /// its changelog and repartition topics and its state directory deleted.
+    Reset {
+        /// The pipeline file (YAML).
+        file: PathBuf,
+        /// Move input offsets to the first record at or after this time
+        /// (RFC 3339, e.g. 2026-01-01T00:00:00Z) instead of the earliest.
+        #[arg(long)]
+        to_datetime: Option<String>,
+        /// Print what would be done, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn load(path: &Path) -> Result<(String, PipelineFile), ExitCode> {
@@ -191,35 +205,8 @@ impl StatusLine {
 
 fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let (_, file) = load(path).map_err(|_| anyhow::anyhow!("invalid pipeline file"))?;
-    // Served by tidemark's own HTTP service: its timeouts, connection cap,
-    // token and TLS, which the exporter's listener has none of.
-    let _metrics = match &file.metrics {
-        Some(_) => {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .context("installing the Prometheus recorder")?;
-            let render = std::sync::Arc::new(move || handle.render());
-            tidemark_connectors::start_metrics(
-                &file,
-                path.parent().unwrap_or(Path::new(".")),
-                render,
-            )?
-        }
-        None => None,
-    };
     let base = path.parent().unwrap_or(Path::new("."));
     let stop = tidemark::runtime::StopHandle::default();
-    let on_ctrl_c = stop.clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::spawn(move || {
-        runtime.block_on(async {
-            let _ = tokio::signal::ctrl_c().await;
-        });
-        eprintln!("\nstopping after the current batch…");
-        on_ctrl_c.stop();
-    });
     // The terminal line follows the stage that writes the sink; every
     // stage's progress goes to the JSON lines.
     let status = StatusLine {
@@ -227,11 +214,53 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         print_json: progress,
     };
     let sink_stage = file.name.clone();
-    let summary = tidemark_connectors::PipelineRunner::new(file, base)
-        .stop_handle(stop)
-        .on_progress(move |stage: &str, p: &QueryProgress| status.show(p, stage == sink_stage))
-        .run()?;
+    let runner = tidemark_connectors::PipelineRunner::new(file, base)
+        .stop_handle(stop.clone())
+        .on_progress(move |stage: &str, p: &QueryProgress| status.show(p, stage == sink_stage));
+    // Served by tidemark's own HTTP service: its timeouts, connection cap,
+    // token and TLS, which the exporter's listener has none of.
+    let _metrics = match &runner.file().metrics {
+        Some(_) => {
+            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .context("installing the Prometheus recorder")?;
+            let render = std::sync::Arc::new(move || handle.render());
+            tidemark_connectors::start_metrics(
+                runner.file(),
+                base,
+                render,
+                Some(&runner.run_status()),
+            )?
+        }
+        None => None,
+    };
+    stop_on_signals(stop)?;
+    let summary = runner.run()?;
     print_summary(&summary);
+    Ok(())
+}
+
+/// Stops the run after its current batch on Ctrl-C (SIGINT) or SIGTERM,
+/// the signal orchestrators send: the run then ends cleanly, exit code 0.
+fn stop_on_signals(stop: tidemark::runtime::StopHandle) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut terminate = {
+        let _entered = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("listening for SIGTERM")?
+    };
+    std::thread::spawn(move || {
+        let signal = runtime.block_on(async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "interrupt",
+                _ = terminate.recv() => "SIGTERM",
+            }
+        });
+        eprintln!("\n{signal}: stopping after the current batch…");
+        stop.stop();
+    });
     Ok(())
 }
 
@@ -288,5 +317,43 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Reset {
+            file,
+            to_datetime,
+            dry_run,
+        } => match reset(&file, to_datetime.as_deref(), dry_run) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// `tidemark reset`: prints the plan, then carries it out unless `dry_run`.
+fn reset(path: &Path, to_datetime: Option<&str>, dry_run: bool) -> anyhow::Result<()> {
+    use tidemark_connectors::kafka::reset::ResetTo;
+    let (_, file) = load(path).map_err(|_| anyhow::anyhow!("invalid pipeline file"))?;
+    let to = match to_datetime {
+        None => ResetTo::Earliest,
+        Some(text) => {
+            let micros = tidemark::time::parse_rfc3339(text).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--to-datetime `{text}` is not an RFC 3339 time (e.g. 2026-01-01T00:00:00Z)"
+                )
+            })?;
+            ResetTo::Time(micros.div_euclid(1000))
+        }
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    let plan = tidemark_connectors::ResetPlan::of(&file, base, to)?;
+    print!("{}", plan.describe());
+    if dry_run {
+        println!("(dry run: nothing changed)");
+        return Ok(());
+    }
+    plan.execute(&file)?;
+    println!("reset done");
+    Ok(())
 }

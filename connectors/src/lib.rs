@@ -13,7 +13,9 @@ pub use tidemark_kafka::{instance, state_backend};
 
 mod from_pipeline;
 mod kafka_clients;
+mod reset;
 mod runner;
+mod running;
 mod serving;
 mod topology_runner;
 
@@ -22,7 +24,9 @@ pub use from_pipeline::{
     instance_identity, join_needs_repartition, Connected,
 };
 pub use kafka_clients::KafkaClients;
+pub use reset::ResetPlan;
 pub use runner::{is_transient, PipelineRunner};
+pub use running::RunningPipeline;
 pub use serving::start_metrics;
 pub use tidemark_kafka::split_memory_budget;
 pub use topology_runner::TopologyRunner;

@@ -29,7 +29,8 @@ use tidemark::error::{Error, Result};
 use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::{
-    RunSummary, Stage, StageOutput, StateReader, StateService, StopHandle, Topology, Trigger,
+    RunStatus, RunSummary, Stage, StageOutput, StageStatus, StateReader, StateService, StopHandle,
+    Topology, Trigger,
 };
 
 /// Told of each batch's progress, with the name of the stage that ran it.
@@ -47,6 +48,8 @@ pub struct PipelineRunner {
     state: StateService,
     /// The progress of the stage writing the sink, for the web page.
     history: tidemark_serve::ProgressHistory,
+    /// Whether the run starts, restores, runs or ended (`/readyz`).
+    status: RunStatus,
 }
 
 /// How long a stage may keep failing before the run gives up, unless the
@@ -65,6 +68,7 @@ impl PipelineRunner {
             progress: Arc::new(|_: &str, _: &QueryProgress| {}),
             state: StateService::default(),
             history: Default::default(),
+            status: RunStatus::new(),
         }
     }
 
@@ -92,6 +96,29 @@ impl PipelineRunner {
         self.state.reader()
     }
 
+    /// The pipeline file it runs.
+    pub fn file(&self) -> &PipelineFile {
+        &self.file
+    }
+
+    /// What the run is doing (starting, restoring, running, stopping,
+    /// stopped, failed), shared with the HTTP services' `/readyz`.
+    pub fn run_status(&self) -> RunStatus {
+        self.status.clone()
+    }
+
+    /// Starts the run on a thread of its own and returns its handle: stop
+    /// it, wait for it (blocking or from async code), ask its state. See
+    /// [`crate::RunningPipeline`].
+    pub fn start(self) -> Result<crate::RunningPipeline> {
+        crate::RunningPipeline::start(self)
+    }
+
+    /// The handle stopping every stage of this runner.
+    pub(crate) fn stopper(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
     /// The stages this pipeline runs in ([`PipelineFile::topology`]).
     /// Joined topics with different partition counts are looked up on the
     /// broker: such a join is repartitioned.
@@ -103,6 +130,13 @@ impl PipelineRunner {
     /// Runs until the input ends (`available_now`) or a stop; returns the
     /// summary of the stage that writes the pipeline's sink.
     pub fn run(&self) -> Result<RunSummary> {
+        let result = self.run_stages();
+        self.status
+            .ended(result.as_ref().err().map(|e| e.to_string()));
+        result
+    }
+
+    fn run_stages(&self) -> Result<RunSummary> {
         // One identity for the process, kept across restarts of its stages:
         // every stage's transactional id derives from it.
         let identity = Arc::new(crate::instance_identity(&self.file, &self.base)?);
@@ -123,8 +157,9 @@ impl PipelineRunner {
         } else {
             crate::check_output_topics(&self.file)?;
         }
-        let _server = crate::serving::start(&self.file, &self.base, &topology, &self.state)?;
-        let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history)?;
+        let _server =
+            crate::serving::start(&self.file, &self.base, &topology, &self.state, &self.status)?;
+        let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history, &self.status)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         run_stages(&names, self.file.trigger.0, &self.stop, |index| {
             self.run_stage(&names[index], index, co_partitioned, &identity)
@@ -147,6 +182,7 @@ impl PipelineRunner {
     ) -> Result<RunSummary> {
         let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);
         let committed = Progress::default();
+        let status = self.status.stage(index);
         retry_transient(name, &self.stop, timeout, &committed, || {
             // The stage is planned afresh for each run: its operators and
             // connectors are built anew from the file.
@@ -155,7 +191,12 @@ impl PipelineRunner {
                 .topology(co_partitioned)?
                 .stages
                 .swap_remove(index);
-            self.run_once(stage, identity, committed.clone())
+            let run = self.run_once(stage, identity, committed.clone(), &status);
+            if run.is_err() {
+                // Until it is rebuilt (after a backoff, or never).
+                status.starting();
+            }
+            run
         })
     }
 
@@ -164,6 +205,7 @@ impl PipelineRunner {
         stage: Stage,
         identity: &Arc<InstanceIdentity>,
         committed: Progress,
+        status: &StageStatus,
     ) -> Result<RunSummary> {
         let serves_state = stage.output == StageOutput::Sink;
         let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
@@ -183,7 +225,8 @@ impl PipelineRunner {
                 progress(&name, p)
             })
             .build()?
-            .with_stop_handle(self.stop.clone());
+            .with_stop_handle(self.stop.clone())
+            .with_run_status(status.clone());
         query.run(source.as_mut(), sink.as_mut())
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tidemark::error::{Error, Result};
 use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind, TlsSpec};
-use tidemark::runtime::{StateService, Topology};
+use tidemark::runtime::{RunStatus, StateService, Topology};
 use tidemark_kafka::GroupMembers;
 use tidemark_serve::{
     HttpOptions, HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer, TlsConfig,
@@ -43,13 +43,14 @@ impl PeerDirectory for GroupPeers {
     }
 }
 
-/// Starts serving `service`'s query when `file` asks for it; the server
-/// stops when the returned value drops.
+/// Starts serving `service`'s query when `file` asks for it, `/readyz`
+/// answering for `status`; the server stops when the returned value drops.
 pub(crate) fn start(
     file: &PipelineFile,
     base: &Path,
     topology: &Topology,
     service: &StateService,
+    status: &RunStatus,
 ) -> Result<Option<StateServer>> {
     let Some(serve) = &file.serve else {
         return Ok(None);
@@ -72,7 +73,10 @@ pub(crate) fn start(
         // One process reads the files: it holds every key.
         SourceKind::Files => None,
     };
-    let options = http_options("serve", base, &serve.auth_token, &serve.tls)?;
+    let options = HttpOptions {
+        readiness: Some(status.clone()),
+        ..http_options("serve", base, &serve.auth_token, &serve.tls)?
+    };
     StateServer::start_with(
         &serve.listen,
         serve.advertised(),
@@ -147,16 +151,21 @@ fn http_options(
 
 /// Serves Prometheus' text, as `render` gives it, when `file` asks for a
 /// metrics endpoint (`metrics.prometheus`), with its token and TLS (its
-/// files relative to `base`, the pipeline file's directory).
+/// files relative to `base`, the pipeline file's directory), and `/readyz`
+/// for `status` when given.
 pub fn start_metrics(
     file: &PipelineFile,
     base: &Path,
     render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    status: Option<&RunStatus>,
 ) -> Result<Option<HttpServer>> {
     let Some(metrics) = &file.metrics else {
         return Ok(None);
     };
-    let options = http_options("metrics", base, &metrics.auth_token, &metrics.tls)?;
+    let options = HttpOptions {
+        readiness: status.cloned(),
+        ..http_options("metrics", base, &metrics.auth_token, &metrics.tls)?
+    };
     HttpServer::start_metrics_with(&metrics.prometheus, render, options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))
@@ -167,11 +176,15 @@ pub(crate) fn start_ui(
     file: &PipelineFile,
     base: &Path,
     history: &ProgressHistory,
+    status: &RunStatus,
 ) -> Result<Option<HttpServer>> {
     let Some(ui) = &file.ui else {
         return Ok(None);
     };
-    let options = http_options("ui", base, &ui.auth_token, &ui.tls)?;
+    let options = HttpOptions {
+        readiness: Some(status.clone()),
+        ..http_options("ui", base, &ui.auth_token, &ui.tls)?
+    };
     HttpServer::start_ui_with(&ui.listen, history.clone(), options)
         .map(Some)
         .map_err(|e| Error::config(e.key(), e.to_string()))

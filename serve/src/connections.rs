@@ -36,6 +36,10 @@ pub struct HttpOptions {
     /// When set, the socket speaks TLS only (the handshake within
     /// `header_read_timeout`), and forwarded reads go over `https`.
     pub tls: Option<crate::TlsConfig>,
+    /// When set, `/readyz` answers `200` while this run is ready (every
+    /// stage running on restored state) and `503` otherwise, with the
+    /// state's name, without the token (orchestrators' readiness probes).
+    pub readiness: Option<tidemark::runtime::RunStatus>,
 }
 
 impl Default for HttpOptions {
@@ -46,6 +50,7 @@ impl Default for HttpOptions {
             max_concurrent_reads: 64,
             auth_token: None,
             tls: None,
+            readiness: None,
         }
     }
 }
@@ -59,6 +64,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("max_concurrent_reads", &self.max_concurrent_reads)
             .field("auth_token", &self.auth_token.as_ref().map(|_| "***"))
             .field("tls", &self.tls.is_some())
+            .field("readiness", &self.readiness.is_some())
             .finish()
     }
 }
@@ -66,6 +72,17 @@ impl std::fmt::Debug for HttpOptions {
 /// `/healthz`: the service answers (liveness; no token asked).
 pub(crate) async fn healthz() -> &'static str {
     "ok"
+}
+
+/// `/readyz`: `200` while `status` is ready, `503` otherwise; the body
+/// names the state (never a failure's text: the probe asks no token).
+pub(crate) fn readyz(status: &tidemark::runtime::RunStatus) -> axum::response::Response {
+    let state = status.state();
+    let code = match state.is_ready() {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (code, axum::Json(serde_json::json!({"state": state.name()}))).into_response()
 }
 
 /// Paths answered without the token: orchestrators' probes carry none.

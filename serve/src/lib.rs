@@ -211,6 +211,16 @@ impl HttpServer {
                             return;
                         }
                     };
+                    let app = match options.readiness.clone() {
+                        Some(status) => app.route(
+                            "/readyz",
+                            axum::routing::get(move || {
+                                let status = status.clone();
+                                async move { connections::readyz(&status) }
+                            }),
+                        ),
+                        None => app,
+                    };
                     let mut app = connections::with_auth(app, &options);
                     if key == "ui.listen" && address.ip().is_loopback() {
                         app = connections::with_loopback_host(app);

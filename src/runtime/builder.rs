@@ -1211,6 +1211,7 @@ impl QueryBuilder {
             state: builder.state_service.take().unwrap_or_default(),
             builder,
             stop: StopHandle::default(),
+            status: None,
         })
     }
 }

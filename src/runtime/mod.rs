@@ -13,6 +13,7 @@ mod query;
 mod reporter;
 pub mod retry;
 mod router;
+mod run_status;
 pub(crate) mod stages;
 mod state_query;
 mod task;
@@ -24,6 +25,7 @@ pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use output::{BatchOutput, ColumnsOutput, OutputPart, TaskRuns};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
+pub use run_status::{RunState, RunStateListener, RunStatus, StageStatus};
 pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,

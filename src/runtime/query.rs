@@ -38,6 +38,8 @@ pub struct Query {
     pub(super) stop: StopHandle,
     /// Interactive queries' requests reach the loop through it.
     pub(super) state: StateService,
+    /// Where the loop reports whether it restores or runs.
+    pub(super) status: Option<super::StageStatus>,
 }
 
 /// Stops a running query from another thread, after the current batch.
@@ -86,6 +88,13 @@ impl Query {
     /// supervisor rebuilds after failures.
     pub fn with_stop_handle(mut self, handle: StopHandle) -> Self {
         self.stop = handle;
+        self
+    }
+
+    /// Reports on `status` whether the query starts, restores its tasks'
+    /// state or runs (a pipeline's [`super::RunStatus`], for readiness).
+    pub fn with_run_status(mut self, status: super::StageStatus) -> Self {
+        self.status = Some(status);
         self
     }
 
@@ -242,6 +251,8 @@ struct TriggerLoop<'a> {
     /// Waits before replaying an aborted batch, longer after each abort in
     /// a row: a broker restarting aborts every try at once.
     abort_backoff: Backoff,
+    /// Told whether the loop restores or runs.
+    status: Option<super::StageStatus>,
 }
 
 /// The wait before the first replay of an aborted batch, and its cap.
@@ -259,7 +270,11 @@ impl<'a> TriggerLoop<'a> {
             mut builder,
             stop,
             state,
+            status,
         } = query;
+        if let Some(status) = &status {
+            status.starting();
+        }
         let router = RecordRouter {
             inputs: Inputs::of(&builder),
             decoder: builder
@@ -303,6 +318,7 @@ impl<'a> TriggerLoop<'a> {
             stores: describe_stores(&builder),
             builder,
             abort_backoff: ABORT_BACKOFF,
+            status,
         }
     }
 
@@ -362,6 +378,9 @@ impl<'a> TriggerLoop<'a> {
     /// its checkpoint is due (every poll in micro-batch mode).
     fn step(&mut self) -> Result<Flow> {
         self.sink.alive();
+        if let (Some(status), true) = (&self.status, self.stop.is_stopped()) {
+            status.stopping();
+        }
         self.answer_state_requests(None);
         if self.open_batch.is_none() {
             self.between_batches()?;
@@ -389,7 +408,13 @@ impl<'a> TriggerLoop<'a> {
             self.sink.recover_task(partition, &commit)?;
         }
         // Held records are read again: the input is not done with.
-        self.exhausted &= !self.tasks.any_restoring();
+        let restoring = self.tasks.any_restoring();
+        self.exhausted &= !restoring;
+        match (&self.status, restoring) {
+            (Some(status), true) => status.restoring(),
+            (Some(status), false) => status.running(),
+            (None, _) => {}
+        }
         if !self.batch_due(&batch) {
             if self.exhausted {
                 return Ok(Flow::Finished);

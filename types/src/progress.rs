@@ -108,6 +108,36 @@ pub struct SourceProgress {
     pub metrics: BTreeMap<String, String>,
 }
 
+impl SourceProgress {
+    /// Each partition's lag at the end of the batch: its latest offset as
+    /// last fetched less the batch's end offset, never below 0 — `(topic,
+    /// partition, records)`, for the partitions both offsets name (a source
+    /// that knows no latest offset has none).
+    pub fn partition_lags(&self) -> Vec<(String, String, i64)> {
+        let mut lags = Vec::new();
+        let (Some(latest), Some(end)) =
+            (self.latest_offset.as_object(), self.end_offset.as_object())
+        else {
+            return lags;
+        };
+        for (topic, partitions) in latest {
+            let Some(partitions) = partitions.as_object() else {
+                continue;
+            };
+            for (partition, latest) in partitions {
+                let ended = end
+                    .get(topic)
+                    .and_then(|p| p.get(partition))
+                    .and_then(|o| o.as_i64());
+                if let (Some(latest), Some(ended)) = (latest.as_i64(), ended) {
+                    lags.push((topic.clone(), partition.clone(), (latest - ended).max(0)));
+                }
+            }
+        }
+        lags
+    }
+}
+
 /// Spark's `SinkProgress`.
 #[derive(Debug, Clone, Serialize, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -148,6 +178,16 @@ impl QueryProgress {
             metrics::gauge!("tidemark_watermark_seconds", "query" => name.clone())
                 .set(wm as f64 / 1e6);
         }
+        for source in &self.sources {
+            for (topic, partition, lag) in source.partition_lags() {
+                let labels = [
+                    ("query", name.clone()),
+                    ("topic", topic),
+                    ("partition", partition),
+                ];
+                metrics::gauge!("tidemark_consumer_lag", &labels).set(lag as f64);
+            }
+        }
         for op in &self.state_operators {
             let labels = [
                 ("query", name.clone()),
@@ -169,5 +209,34 @@ pub trait ProgressListener: Send {
 impl<F: FnMut(&QueryProgress) + Send> ProgressListener for F {
     fn on_progress(&mut self, progress: &QueryProgress) {
         self(progress)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partitions_lag_is_its_latest_offset_less_the_batchs_end() {
+        let source = SourceProgress {
+            end_offset: serde_json::json!({"in": {"0": 40, "1": 7}, "other": {"0": 3}}),
+            latest_offset: serde_json::json!({"in": {"0": 42, "1": 7, "2": 9}, "other": {"0": 1}}),
+            ..Default::default()
+        };
+        let mut lags = source.partition_lags();
+        lags.sort();
+        let lags: Vec<(&str, &str, i64)> = lags
+            .iter()
+            .map(|(t, p, l)| (t.as_str(), p.as_str(), *l))
+            .collect();
+        // Partition 2 has no end offset yet; a latest behind the end (a
+        // fetch older than the batch) is no lag, not a negative one.
+        assert_eq!(lags, [("in", "0", 2), ("in", "1", 0), ("other", "0", 0)]);
+        let files = SourceProgress {
+            end_offset: serde_json::json!({"files": 3}),
+            latest_offset: serde_json::Value::Null,
+            ..Default::default()
+        };
+        assert!(files.partition_lags().is_empty());
     }
 }

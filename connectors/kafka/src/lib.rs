@@ -13,6 +13,7 @@ mod dead_letter;
 mod exactly_once;
 mod group_members;
 mod producer;
+pub mod reset;
 mod sink;
 mod sink_progress;
 mod source;

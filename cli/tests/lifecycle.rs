@@ -1,0 +1,97 @@
+//! A run's life as an orchestrator sees it (#45 item 6): `/readyz` answers
+//! `503` until the run is ready, then `200`, on the `serve`, `ui` and
+//! metrics ports alike, without the token; SIGTERM stops the run after its
+//! batch and `tidemark run` exits 0, its output written.
+
+mod common;
+
+use common::{free_port, start_replica};
+use std::time::{Duration, Instant};
+
+/// `GET http://127.0.0.1:{port}{path}`: the status and body, or `None`
+/// when nothing answers.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    match ureq::get(&url).timeout(Duration::from_secs(5)).call() {
+        Ok(response) => Some((
+            response.status(),
+            response.into_string().unwrap_or_default(),
+        )),
+        Err(ureq::Error::Status(code, response)) => {
+            Some((code, response.into_string().unwrap_or_default()))
+        }
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn readyz_answers_once_the_run_is_ready_and_sigterm_ends_it_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("in")).unwrap();
+    std::fs::write(
+        dir.path().join("in/000.jsonl"),
+        "{\"ts\": \"2026-01-01T10:00:00Z\", \"id\": \"a\"}\n{\"ts\": \"2026-01-01T10:00:30Z\", \"id\": \"a\"}\n",
+    )
+    .unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    let [serve, ui, metrics] = ports;
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name: lifecycle
+source: {{kind: files, path: in, schema: {{ts: timestamp, id: string}}}}
+event_time: ts
+watermark: 1 minute
+steps:
+  - window_aggregate:
+      keys: [id]
+      window: {{tumbling: 1 minute}}
+      aggregates: [{{fn: count, as: n}}]
+output_mode: update
+trigger: {{micro_batch: 200 milliseconds}}
+sink: {{kind: jsonl, path: out.jsonl}}
+state_dir: state
+serve: {{listen: "127.0.0.1:{serve}", auth_token: "t0ken"}}
+ui: {{listen: "127.0.0.1:{ui}", auth_token: "t0ken"}}
+metrics: {{prometheus: "127.0.0.1:{metrics}", auth_token: "t0ken"}}
+"#
+        ),
+    )
+    .unwrap();
+    let mut running = start_replica(&file);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        let answer = get(serve, "/readyz");
+        if let Some(answer) = &answer {
+            if seen.last() != Some(answer) {
+                seen.push(answer.clone());
+            }
+        }
+        if matches!(&answer, Some((200, _))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready: {seen:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Anything before ready was a 503 naming the state.
+    for (code, body) in &seen[..seen.len() - 1] {
+        assert_eq!(*code, 503, "{body}");
+        assert!(body.contains("\"state\""), "{body}");
+    }
+    assert!(seen.last().unwrap().1.contains("running"), "{seen:?}");
+    for port in [ui, metrics] {
+        assert_eq!(get(port, "/readyz").map(|a| a.0), Some(200), "port {port}");
+    }
+    // The token still guards the rest.
+    assert_eq!(get(serve, "/v1/stores").map(|a| a.0), Some(401));
+
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &running.child.id().to_string()])
+        .status();
+    let exit = running.child.wait().unwrap();
+    assert!(exit.success(), "SIGTERM ended the run with {exit}");
+    let out = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    assert!(out.contains("\"n\":2"), "{out}");
+}

@@ -1,0 +1,165 @@
+//! `tidemark reset <file>`: a pipeline made to start over, as Kafka
+//! Streams' application reset tool does — its consumer groups' offsets on
+//! its input topics moved to their start (or to a time), the groups reading
+//! its repartition topics deleted, its internal topics (changelogs,
+//! repartition topics) deleted, its local state directory removed. Every
+//! instance must be stopped first: a group with members is refused.
+//!
+//! Its output is not touched. A Kafka sink receives the replayed results
+//! again; a Delta table remembers the batches it committed and would skip
+//! them, so a reset refuses while the table exists (delete it first).
+
+use crate::kafka::reset::{self, ResetTo};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use tidemark::error::{Error, Result};
+use tidemark::pipeline::{PipelineFile, SinkKind, SourceKind};
+use tidemark::runtime::StageInput;
+
+/// What a reset does, worked out before anything is changed (what
+/// `--dry-run` prints).
+#[derive(Debug, Clone)]
+pub struct ResetPlan {
+    /// Where input offsets go.
+    pub to: ResetTo,
+    /// Each consumer group reading input topics, with those topics: its
+    /// offsets are committed to `to`.
+    pub input_groups: Vec<(String, Vec<String>)>,
+    /// Groups reading repartition topics: deleted with their offsets.
+    pub internal_groups: Vec<String>,
+    /// Changelog and repartition topics: deleted (the next run creates them).
+    pub internal_topics: Vec<String>,
+    /// The local state directory: removed.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl ResetPlan {
+    /// Works out the reset of `file` (paths relative to `base`), reading the
+    /// cluster's topics; checks that no instance runs.
+    pub fn of(file: &PipelineFile, base: &Path, to: ResetTo) -> Result<Self> {
+        check_sink(file, base)?;
+        let state_dir = file
+            .state_spec()
+            .map(|s| crate::from_pipeline::resolve(base, &s.dir));
+        if file.source.kind != SourceKind::Kafka {
+            // A files source keeps what it read under the state directory.
+            return Ok(ResetPlan {
+                to,
+                input_groups: Vec::new(),
+                internal_groups: Vec::new(),
+                internal_topics: Vec::new(),
+                state_dir,
+            });
+        }
+        let co_partitioned = !crate::join_needs_repartition(file)?;
+        let topology = file.topology(co_partitioned)?;
+        // Joined streams read by a writer of their own are not the source
+        // stage's input.
+        let joins_apart = topology
+            .stages
+            .iter()
+            .any(|s| matches!(s.input, StageInput::Joined { .. }));
+        let mut input_groups = Vec::new();
+        let mut internal_groups = Vec::new();
+        for stage in &topology.stages {
+            let group = crate::from_pipeline::stage_group(file, &stage.input);
+            match &stage.input {
+                StageInput::Source => input_groups.push((group, source_topics(file, joins_apart))),
+                StageInput::Joined { topics, .. } => input_groups.push((group, topics.clone())),
+                StageInput::Repartition { .. } => internal_groups.push(group),
+            }
+        }
+        let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
+        for group in input_groups
+            .iter()
+            .map(|(g, _)| g)
+            .chain(internal_groups.iter())
+        {
+            reset::ensure_group_empty(&cluster, group)?;
+        }
+        Ok(ResetPlan {
+            to,
+            input_groups,
+            internal_groups,
+            internal_topics: reset::internal_topics(&cluster, &file.name)?,
+            state_dir,
+        })
+    }
+
+    /// The plan as lines for a person.
+    pub fn describe(&self) -> String {
+        let mut text = String::new();
+        let to = match self.to {
+            ResetTo::Earliest => "the earliest offset".to_string(),
+            ResetTo::Time(ms) => format!("the first record at or after {ms} ms since the epoch"),
+        };
+        for (group, topics) in &self.input_groups {
+            let _ = writeln!(
+                text,
+                "offsets of group `{group}` on {} -> {to}",
+                topics.join(", ")
+            );
+        }
+        for group in &self.internal_groups {
+            let _ = writeln!(text, "delete group `{group}`");
+        }
+        for topic in &self.internal_topics {
+            let _ = writeln!(text, "delete topic `{topic}`");
+        }
+        if let Some(dir) = &self.state_dir {
+            let _ = writeln!(text, "remove state directory {}", dir.display());
+        }
+        if text.is_empty() {
+            text.push_str("nothing to reset\n");
+        }
+        text
+    }
+
+    /// Carries the plan out on `file`'s cluster.
+    pub fn execute(&self, file: &PipelineFile) -> Result<()> {
+        if !self.input_groups.is_empty() || !self.internal_groups.is_empty() {
+            let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
+            for (group, topics) in &self.input_groups {
+                let moved = reset::reset_offsets(&cluster, group, topics, self.to)?;
+                tracing::info!(group, partitions = moved.len(), "offsets reset");
+            }
+            reset::delete_groups(&cluster, &self.internal_groups)?;
+            reset::delete_topics(&cluster, &self.internal_topics)?;
+        }
+        if let Some(dir) = &self.state_dir {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", dir.display()), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The topics the stage reading the source consumes: the source's, and
+/// its joins' unless they are read `apart` (by writers of their own).
+fn source_topics(file: &PipelineFile, apart: bool) -> Vec<String> {
+    match apart {
+        true => file.source.topic.clone().map(|t| t.0).unwrap_or_default(),
+        false => file.input_topics(),
+    }
+}
+
+/// A Delta table would skip the replayed batches (it records each batch
+/// id it committed): refused while it exists.
+fn check_sink(file: &PipelineFile, base: &Path) -> Result<()> {
+    if file.sink.kind != SinkKind::Delta {
+        return Ok(());
+    }
+    let path = file.sink.path.as_deref().unwrap_or_default();
+    let local = !path.contains("://") || path.starts_with("file://");
+    let table = crate::from_pipeline::resolve(base, path.trim_start_matches("file://"));
+    if local && !table.join("_delta_log").exists() {
+        return Ok(());
+    }
+    Err(Error::config(
+        "sink.path",
+        format!("the Delta table at `{path}` records the batches this query committed and would skip them when they are replayed: delete the table (or point `sink.path` at a new one) before resetting"),
+    ))
+}
