@@ -158,15 +158,7 @@ pub fn delete_topics(cluster: &KafkaConnection, topics: &[String]) -> Result<()>
     let results = runtime
         .block_on(admin.delete_topics(&names, &options))
         .map_err(|e| Error::Source(format!("deleting topics: {e}")))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
-            Err((name, code)) => {
-                return Err(Error::Source(format!("deleting topic `{name}`: {code}")))
-            }
-        }
-    }
-    Ok(())
+    each_deleted(results, RDKafkaErrorCode::UnknownTopicOrPartition, "topic")
 }
 
 /// Deletes `groups` with their committed offsets (one not there is not an
@@ -181,11 +173,22 @@ pub fn delete_groups(cluster: &KafkaConnection, groups: &[String]) -> Result<()>
     let results = runtime
         .block_on(admin.delete_groups(&names, &options))
         .map_err(|e| Error::Source(format!("deleting groups: {e}")))?;
+    each_deleted(results, RDKafkaErrorCode::GroupIdNotFound, "group")
+}
+
+/// Fails on the first deletion that failed for another reason than
+/// `absent` (the `what` was not there).
+fn each_deleted(
+    results: Vec<std::result::Result<String, (String, RDKafkaErrorCode)>>,
+    absent: RDKafkaErrorCode,
+    what: &str,
+) -> Result<()> {
     for result in results {
         match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
+            Ok(_) => {}
+            Err((_, code)) if code == absent => {}
             Err((name, code)) => {
-                return Err(Error::Source(format!("deleting group `{name}`: {code}")))
+                return Err(Error::Source(format!("deleting {what} `{name}`: {code}")))
             }
         }
     }
