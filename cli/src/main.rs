@@ -234,7 +234,7 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         }
         None => None,
     };
-    stop_on_signals(stop)?;
+    stop_on_signals(stop, runner.run_status())?;
     let summary = runner.run()?;
     print_summary(&summary);
     Ok(())
@@ -242,7 +242,10 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
 
 /// Stops the run after its current batch on Ctrl-C (SIGINT) or SIGTERM,
 /// the signal orchestrators send: the run then ends cleanly, exit code 0.
-fn stop_on_signals(stop: tidemark::runtime::StopHandle) -> anyhow::Result<()> {
+fn stop_on_signals(
+    stop: tidemark::runtime::StopHandle,
+    status: tidemark::runtime::RunStatus,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -259,6 +262,8 @@ fn stop_on_signals(stop: tidemark::runtime::StopHandle) -> anyhow::Result<()> {
             }
         });
         eprintln!("\n{signal}: stopping after the current batch…");
+        // Not ready from now on (`/readyz`), though the batch finishes.
+        status.stopping();
         stop.stop();
     });
     Ok(())

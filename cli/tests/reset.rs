@@ -102,7 +102,8 @@ fn a_reset_pipeline_runs_again_over_all_its_input_on_fresh_state() {
     interrupt(&mut running.child);
     let first = counts(&output);
     assert_eq!(last_counts(&first), expected, "{first:?}");
-    assert!(dir.path().join("state").exists());
+    let state = dir.path().join("state").join(&app);
+    assert!(state.exists());
 
     // A dry run names what it would do and does nothing. A stopped static
     // member stays in the group until its session times out (6 s here).
@@ -137,7 +138,7 @@ fn a_reset_pipeline_runs_again_over_all_its_input_on_fresh_state() {
         "{}",
         String::from_utf8_lossy(&done.stderr)
     );
-    assert!(!dir.path().join("state").exists());
+    assert!(!state.exists());
 
     // Run again to the end: all of the input, counted from nothing.
     std::fs::write(&file, pipeline(&app, &input, &output, "available_now")).unwrap();

@@ -1,9 +1,17 @@
-//! `tidemark reset <file>`: a pipeline made to start over, as Kafka
-//! Streams' application reset tool does — its consumer groups' offsets on
-//! its input topics moved to their start (or to a time), the groups reading
-//! its repartition topics deleted, its internal topics (changelogs,
-//! repartition topics) deleted, its local state directory removed. Every
-//! instance must be stopped first: a group with members is refused.
+//! `tidemark reset <file>`: a pipeline with a Kafka source made to start
+//! over, as Kafka Streams' application reset tool does — its consumer
+//! groups' offsets on its input topics moved to their start (or to a time),
+//! the groups reading its repartition topics deleted, its internal topics
+//! (changelogs, repartition topics, the watermark exchange) deleted, its
+//! local state removed. Every instance must be stopped first: a group with
+//! members is refused.
+//!
+//! Only what this pipeline made is touched, named exactly as it names it
+//! (never by a pattern, which could catch another pipeline's or a user's
+//! topic): `<stage>-op<i>-changelog` for each stateful step of each stage,
+//! its stages' repartition topics, `<name>-watermarks`; in the state
+//! directory, which pipelines may share, only `<dir>/<stage>` for each
+//! stage and its instance slot `<dir>/.instances/<name>`.
 //!
 //! Its output is not touched. A Kafka sink receives the replayed results
 //! again; a Delta table remembers the batches it committed and would skip
@@ -29,28 +37,21 @@ pub struct ResetPlan {
     pub internal_groups: Vec<String>,
     /// Changelog and repartition topics: deleted (the next run creates them).
     pub internal_topics: Vec<String>,
-    /// The local state directory: removed.
-    pub state_dir: Option<PathBuf>,
+    /// This pipeline's directories under its state directory: removed.
+    pub state_dirs: Vec<PathBuf>,
 }
 
 impl ResetPlan {
     /// Works out the reset of `file` (paths relative to `base`), reading the
     /// cluster's topics; checks that no instance runs.
     pub fn of(file: &PipelineFile, base: &Path, to: ResetTo) -> Result<Self> {
-        check_sink(file, base)?;
-        let state_dir = file
-            .state_spec()
-            .map(|s| crate::from_pipeline::resolve(base, &s.dir));
         if file.source.kind != SourceKind::Kafka {
-            // A files source keeps what it read under the state directory.
-            return Ok(ResetPlan {
-                to,
-                input_groups: Vec::new(),
-                internal_groups: Vec::new(),
-                internal_topics: Vec::new(),
-                state_dir,
-            });
+            return Err(Error::config(
+                "source.kind",
+                "`tidemark reset` resets a Kafka source's pipeline; a files source's record of what it read is its checkpoint (`source.checkpoint`, or `files-source` under the state directory): stop the pipeline and remove it, with the state directory",
+            ));
         }
+        check_sink(file, base)?;
         let co_partitioned = !crate::join_needs_repartition(file)?;
         let topology = file.topology(co_partitioned)?;
         // Joined streams read by a writer of their own are not the source
@@ -61,14 +62,41 @@ impl ResetPlan {
             .any(|s| matches!(s.input, StageInput::Joined { .. }));
         let mut input_groups = Vec::new();
         let mut internal_groups = Vec::new();
+        let mut candidates = vec![format!("{}-watermarks", file.name)];
+        let mut state_dirs = Vec::new();
+        let state_dir = file
+            .state_spec()
+            .map(|s| crate::from_pipeline::resolve(base, &s.dir));
         for stage in &topology.stages {
             let group = crate::from_pipeline::stage_group(file, &stage.input);
             match &stage.input {
                 StageInput::Source => input_groups.push((group, source_topics(file, joins_apart))),
-                StageInput::Joined { topics, .. } => input_groups.push((group, topics.clone())),
+                StageInput::Joined { topics, .. } => {
+                    input_groups.push((group, topics.clone()));
+                    candidates.push(format!("{}-watermarks", stage.name));
+                }
                 StageInput::Repartition { .. } => internal_groups.push(group),
             }
+            for store in stage.query.store_names() {
+                candidates.push(format!("{}-{store}-changelog", stage.name));
+            }
+            if let Some(dir) = &state_dir {
+                state_dirs.push(dir.join(&stage.name));
+            }
         }
+        candidates.extend(
+            topology
+                .repartition_topics()
+                .into_iter()
+                .map(|(topic, _)| topic.to_string()),
+        );
+        if let Some(dir) = &state_dir {
+            state_dirs.push(dir.join(".instances").join(&file.name));
+        }
+        // Never an input or output topic, whatever it is called.
+        let mut outside = file.input_topics();
+        outside.extend(file.sink.topic.clone());
+        candidates.retain(|topic| !outside.contains(topic));
         let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
         for group in input_groups
             .iter()
@@ -81,8 +109,8 @@ impl ResetPlan {
             to,
             input_groups,
             internal_groups,
-            internal_topics: reset::internal_topics(&cluster, &file.name)?,
-            state_dir,
+            internal_topics: reset::existing_topics(&cluster, &candidates)?,
+            state_dirs,
         })
     }
 
@@ -106,7 +134,7 @@ impl ResetPlan {
         for topic in &self.internal_topics {
             let _ = writeln!(text, "delete topic `{topic}`");
         }
-        if let Some(dir) = &self.state_dir {
+        for dir in &self.state_dirs {
             let _ = writeln!(text, "remove state directory {}", dir.display());
         }
         if text.is_empty() {
@@ -117,16 +145,14 @@ impl ResetPlan {
 
     /// Carries the plan out on `file`'s cluster.
     pub fn execute(&self, file: &PipelineFile) -> Result<()> {
-        if !self.input_groups.is_empty() || !self.internal_groups.is_empty() {
-            let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
-            for (group, topics) in &self.input_groups {
-                let moved = reset::reset_offsets(&cluster, group, topics, self.to)?;
-                tracing::info!(group, partitions = moved.len(), "offsets reset");
-            }
-            reset::delete_groups(&cluster, &self.internal_groups)?;
-            reset::delete_topics(&cluster, &self.internal_topics)?;
+        let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
+        for (group, topics) in &self.input_groups {
+            let moved = reset::reset_offsets(&cluster, group, topics, self.to)?;
+            tracing::info!(group, partitions = moved.len(), "offsets reset");
         }
-        if let Some(dir) = &self.state_dir {
+        reset::delete_groups(&cluster, &self.internal_groups)?;
+        reset::delete_topics(&cluster, &self.internal_topics)?;
+        for dir in &self.state_dirs {
             match std::fs::remove_dir_all(dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

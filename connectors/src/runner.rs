@@ -130,10 +130,19 @@ impl PipelineRunner {
     /// Runs until the input ends (`available_now`) or a stop; returns the
     /// summary of the stage that writes the pipeline's sink.
     pub fn run(&self) -> Result<RunSummary> {
-        let result = self.run_stages();
-        self.status
-            .ended(result.as_ref().err().map(|e| e.to_string()));
-        result
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_stages()));
+        match result {
+            Ok(result) => {
+                self.status
+                    .ended(result.as_ref().err().map(|e| e.to_string()));
+                result
+            }
+            Err(panic) => {
+                // The status ends too: a listener or a waiter is told.
+                self.status.ended(Some("a stage panicked".into()));
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 
     fn run_stages(&self) -> Result<RunSummary> {
@@ -161,6 +170,11 @@ impl PipelineRunner {
             crate::serving::start(&self.file, &self.base, &topology, &self.state, &self.status)?;
         let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history, &self.status)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
+        // Every stage counts from the start: under available_now the later
+        // ones wait for the earlier, and the run is not ready meanwhile.
+        for index in 0..names.len() {
+            self.status.stage(index);
+        }
         run_stages(&names, self.file.trigger.0, &self.stop, |index| {
             self.run_stage(&names[index], index, co_partitioned, &identity)
         })

@@ -63,6 +63,12 @@ impl RunningPipeline {
         self.stop.stop();
     }
 
+    /// A handle that stops the run (as [`Self::stop`]) from elsewhere: a
+    /// signal handler, while [`Self::join`] is awaited.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
     /// What the run is doing now.
     pub fn state(&self) -> RunState {
         self.status.state()
@@ -98,7 +104,8 @@ impl RunningPipeline {
     /// Stops the run and waits for it for at most `deadline`: its summary,
     /// or an error when it did not end in time (it goes on stopping, on its
     /// own thread; a batch stuck on a broker that is away holds it up to
-    /// the Kafka clients' timeouts).
+    /// the Kafka clients' timeouts). It blocks: from async code, call
+    /// [`Self::stop`] and await [`Self::join`] under `tokio::time::timeout`.
     pub fn stop_within(self, deadline: Duration) -> Result<RunSummary> {
         self.stop();
         let ended = self.status.wait_until(deadline, RunState::is_finished);

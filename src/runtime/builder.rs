@@ -506,6 +506,18 @@ impl QueryBuilder {
         self.steps.iter().any(|s| s.shape.is_stateful())
     }
 
+    /// The names of the stores its stateful steps keep (`op<index>`), as a
+    /// state backend opens them: with the query's name, what names their
+    /// changelog topics.
+    pub fn store_names(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter(|(_, step)| step.shape.is_stateful())
+            .map(|(index, _)| format!("op{index}"))
+            .collect()
+    }
+
     /// After this long without records, an input stops holding the
     /// watermark back.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {

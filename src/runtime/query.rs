@@ -258,6 +258,9 @@ struct TriggerLoop<'a> {
 /// The wait before the first replay of an aborted batch, and its cap.
 const ABORT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
+/// How often a wait between batches tells the sinks the loop is alive.
+const LIFE_SIGN_EVERY: Duration = Duration::from_secs(30);
+
 /// Aborts of one batch in a row after which the query is rebuilt instead
 /// of replaying the batch in place once more.
 const MAX_ABORTS_IN_A_ROW: u32 = 5;
@@ -343,6 +346,10 @@ impl<'a> TriggerLoop<'a> {
                 break;
             }
         }
+        if let (Some(status), true) = (&self.status, self.stop.is_stopped()) {
+            // Closing the tasks may take a while: not ready meanwhile.
+            status.stopping();
+        }
         Ok(())
     }
 
@@ -377,7 +384,7 @@ impl<'a> TriggerLoop<'a> {
     /// One poll: its records run through the tasks; the batch commits when
     /// its checkpoint is due (every poll in micro-batch mode).
     fn step(&mut self) -> Result<Flow> {
-        self.sink.alive();
+        self.show_life();
         if let (Some(status), true) = (&self.status, self.stop.is_stopped()) {
             status.stopping();
         }
@@ -743,7 +750,17 @@ impl<'a> TriggerLoop<'a> {
             if rest.is_zero() {
                 break;
             }
-            self.answer_state_requests(Some(rest));
+            // A long trigger interval still shows life (the Delta lease).
+            self.answer_state_requests(Some(rest.min(LIFE_SIGN_EVERY)));
+            self.show_life();
+        }
+    }
+
+    /// Tells the sinks the loop turns (see [`Sink::alive`]).
+    fn show_life(&mut self) {
+        self.sink.alive();
+        if let Some(late) = self.late_data.as_mut() {
+            late.alive();
         }
     }
 

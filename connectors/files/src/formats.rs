@@ -678,6 +678,18 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let builder =
             ParquetRecordBatchReaderBuilder::try_new(opened).map_err(|e| unreadable(&e))?;
+        // Compressed inside the file: the footer's uncompressed sizes are
+        // refused before anything is decoded (dictionaries are counted as
+        // the rows are read, below).
+        let uncompressed: i64 = builder
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|group| group.total_byte_size())
+            .sum();
+        if u64::try_from(uncompressed).map_or(true, |size| size > input.max_bytes) {
+            return Err(past_size_cap(file, input.max_bytes));
+        }
         let reader = builder.build().map_err(|e| unreadable(&e))?;
         // Parquet compresses and dictionary-encodes inside the file: the
         // rows as they are held, not the file's size, are what the cap

@@ -125,23 +125,17 @@ fn offset_at_time(
         }))
 }
 
-/// The topics on the cluster named as `application_id`'s internal topics
-/// are: `<application_id>-…-changelog` and `<application_id>-…-repartition`
-/// (Kafka Streams' reset tool picks its internal topics by the same rule).
-pub fn internal_topics(cluster: &KafkaConnection, application_id: &str) -> Result<Vec<String>> {
+/// Those of `candidates` that exist on the cluster.
+pub fn existing_topics(cluster: &KafkaConnection, candidates: &[String]) -> Result<Vec<String>> {
     let client: BaseConsumer = cluster.create_plain(&cluster.client_config(&[]), "reset client")?;
     let metadata = client
         .fetch_metadata(None, REQUEST_TIMEOUT)
         .map_err(|e| Error::Source(format!("listing topics: {e}")))?;
-    let prefix = format!("{application_id}-");
     let mut topics: Vec<String> = metadata
         .topics()
         .iter()
         .map(|t| t.name().to_string())
-        .filter(|name| {
-            name.starts_with(&prefix)
-                && (name.ends_with("-changelog") || name.ends_with("-repartition"))
-        })
+        .filter(|name| candidates.contains(name))
         .collect();
     topics.sort();
     Ok(topics)
