@@ -59,6 +59,16 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The crates a user adds as dependencies package as crates.io takes them:
+# versions on every internal dependency, metadata, no file outside the
+# package (no compile: the build below checks the code).
+step "cargo package (publishable crates)"
+if ! packaged="$(cargo package --workspace --no-verify --allow-dirty \
+  --exclude tidemark-bench --exclude tidemark-fuzz --exclude tidemark-integration-tests 2>&1)"; then
+  echo "$packaged"
+  exit 1
+fi
+
 step "cargo test"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"

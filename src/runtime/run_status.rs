@@ -125,7 +125,10 @@ impl RunStatus {
     }
 
     /// Calls `listener` with the old and new state at each change, on the
-    /// thread that made it (keep it short).
+    /// thread that made it: often the query's own, so it must be short and
+    /// never block. Changes made on two threads at once (two stages, a
+    /// stop) may reach it out of order; [`RunStatus::state`] is always the
+    /// current state.
     pub fn on_change(&self, listener: impl Fn(&RunState, &RunState) + Send + Sync + 'static) {
         self.lock().listeners.push(Arc::new(listener));
     }
