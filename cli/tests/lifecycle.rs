@@ -95,3 +95,60 @@ metrics: {{prometheus: "127.0.0.1:{metrics}", auth_token: "t0ken"}}
     let out = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
     assert!(out.contains("\"n\":2"), "{out}");
 }
+
+/// In process, against the broker: the handle tells which partitions this
+/// instance reads and how far behind each is.
+#[test]
+fn a_started_kafka_pipeline_reports_its_partitions_and_their_lag() {
+    use tidemark::runtime::RunState;
+    use tidemark_integration_tests::{create_topic, produce, unique};
+    let (input, output, app) = (unique("handle-in"), unique("handle-out"), unique("handle"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let rows: Vec<(String, Vec<u8>)> = (0..10)
+        .map(|i| {
+            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "k{i}"}}"#);
+            (format!("k{i}"), value.into_bytes())
+        })
+        .collect();
+    produce(&input, &rows);
+    let dir = tempfile::tempdir().unwrap();
+    let file = tidemark::pipeline::PipelineFile::parse(&format!(
+        r#"name: {app}
+kafka: {{bootstrap: "{}"}}
+source: {{kind: kafka, topic: {input}, schema: {{ts: timestamp, id: string}}}}
+steps:
+  - filter: "id <> 'none'"
+trigger: {{micro_batch: 200 milliseconds}}
+sink: {{kind: kafka, topic: {output}, format: json}}
+"#,
+        tidemark_integration_tests::bootstrap()
+    ))
+    .unwrap();
+    let running = tidemark_connectors::PipelineRunner::new(file, dir.path())
+        .start()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let expected: std::collections::BTreeSet<(String, i32)> =
+        [(input.clone(), 0), (input.clone(), 1)].into();
+    loop {
+        let read: i64 = running
+            .last_progress()
+            .values()
+            .map(|p| p.num_input_rows as i64)
+            .sum();
+        let lag = running.lag();
+        let caught_up = lag.len() == 2 && lag.iter().all(|(_, _, behind)| *behind == 0);
+        if running.assigned_partitions() == expected && caught_up {
+            assert_eq!(running.state(), RunState::Running);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "assigned {:?}, lag {lag:?}, last batch read {read}",
+            running.assigned_partitions()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    running.stop_within(Duration::from_secs(60)).unwrap();
+}

@@ -48,6 +48,8 @@ pub struct PipelineRunner {
     state: StateService,
     /// The progress of the stage writing the sink, for the web page.
     history: tidemark_serve::ProgressHistory,
+    /// Each stage's last progress report, by stage name.
+    last_progress: LastProgress,
     /// Whether the run starts, restores, runs or ended (`/readyz`).
     status: RunStatus,
 }
@@ -68,6 +70,7 @@ impl PipelineRunner {
             progress: Arc::new(|_: &str, _: &QueryProgress| {}),
             state: StateService::default(),
             history: Default::default(),
+            last_progress: LastProgress::default(),
             status: RunStatus::new(),
         }
     }
@@ -112,6 +115,11 @@ impl PipelineRunner {
     /// [`crate::RunningPipeline`].
     pub fn start(self) -> Result<crate::RunningPipeline> {
         crate::RunningPipeline::start(self)
+    }
+
+    /// Each stage's last progress report (shared with the handle).
+    pub(crate) fn last_progress(&self) -> LastProgress {
+        self.last_progress.clone()
     }
 
     /// The handle stopping every stage of this runner.
@@ -225,6 +233,7 @@ impl PipelineRunner {
         let connected = crate::connect_stage(&self.file, &stage, &self.base, identity)?;
         let (progress, name) = (self.progress.clone(), stage.name.clone());
         let history = serves_state.then(|| self.history.clone());
+        let last_progress = self.last_progress.clone();
         let (query, mut source, mut sink) = connected.wire(stage.query);
         let query = match serves_state {
             true => query.state_service(&self.state),
@@ -236,6 +245,7 @@ impl PipelineRunner {
                 if let Some(history) = &history {
                     history.record(p);
                 }
+                last_progress.record(&name, p);
                 progress(&name, p)
             })
             .build()?
@@ -337,6 +347,24 @@ pub(crate) fn retry_transient<T>(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Each stage's last progress report, by stage name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LastProgress(
+    Arc<std::sync::Mutex<std::collections::BTreeMap<String, QueryProgress>>>,
+);
+
+impl LastProgress {
+    fn record(&self, stage: &str, progress: &QueryProgress) {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        last.insert(stage.to_string(), progress.clone());
+    }
+
+    /// The reports, by stage name.
+    pub(crate) fn reports(&self) -> std::collections::BTreeMap<String, QueryProgress> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

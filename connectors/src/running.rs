@@ -20,14 +20,17 @@
 //! ```
 
 use crate::PipelineRunner;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
+use tidemark::progress::QueryProgress;
 use tidemark::runtime::{RunState, RunStatus, RunSummary, StateReader, StopHandle};
 
 /// A pipeline running on its own thread (see the module documentation).
 /// Dropping it asks the run to stop and does not wait.
 pub struct RunningPipeline {
     stop: StopHandle,
+    last_progress: crate::runner::LastProgress,
     status: RunStatus,
     state: StateReader,
     result: Option<tokio::sync::oneshot::Receiver<Result<RunSummary>>>,
@@ -38,6 +41,7 @@ impl RunningPipeline {
     /// Runs `runner` on a thread named `tidemark-pipeline`.
     pub(crate) fn start(runner: PipelineRunner) -> Result<Self> {
         let (stop, status, state) = (runner.stopper(), runner.run_status(), runner.state_reader());
+        let last_progress = runner.last_progress();
         let (send, result) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("tidemark-pipeline".into())
@@ -49,6 +53,7 @@ impl RunningPipeline {
             .map_err(|e| Error::io("starting the pipeline's thread", e))?;
         Ok(RunningPipeline {
             stop,
+            last_progress,
             status,
             state,
             result: Some(result),
@@ -78,6 +83,44 @@ impl RunningPipeline {
     /// for a state (`status().wait_until(timeout, RunState::is_ready)`).
     pub fn status(&self) -> &RunStatus {
         &self.status
+    }
+
+    /// Each stage's last progress report, by stage name (the pipeline's own
+    /// name for the stage writing the sink); empty before a first batch.
+    pub fn last_progress(&self) -> BTreeMap<String, QueryProgress> {
+        self.last_progress.reports()
+    }
+
+    /// The input partitions (`topic`, `partition`) the stages read in
+    /// their last batches: this instance's assignment, as of those batches.
+    pub fn assigned_partitions(&self) -> BTreeSet<(String, i32)> {
+        let mut assigned = BTreeSet::new();
+        for report in self.last_progress.reports().values() {
+            for source in &report.sources {
+                let Some(topics) = source.end_offset.as_object() else {
+                    continue;
+                };
+                for (topic, partitions) in topics {
+                    let numbers = partitions.as_object().into_iter().flat_map(|p| p.keys());
+                    assigned.extend(
+                        numbers
+                            .filter_map(|n| n.parse().ok())
+                            .map(|n| (topic.clone(), n)),
+                    );
+                }
+            }
+        }
+        assigned
+    }
+
+    /// Each partition's lag at the end of its stage's last batch (see
+    /// `SourceProgress::partition_lags`): `(topic, partition, records)`.
+    pub fn lag(&self) -> Vec<(String, String, i64)> {
+        self.last_progress
+            .reports()
+            .values()
+            .flat_map(|report| report.sources.iter().flat_map(|s| s.partition_lags()))
+            .collect()
     }
 
     /// Reads the state of the stage writing the sink (interactive queries).
