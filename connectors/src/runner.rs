@@ -395,6 +395,7 @@ pub fn is_transient(error: &Error) -> bool {
             | Error::Expression { .. }
             | Error::Undeliverable { .. }
             | Error::Internal(_)
+            | Error::Processor { .. }
     )
 }
 

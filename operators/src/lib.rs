@@ -13,6 +13,7 @@ mod fixed_windows;
 pub mod fuzzing;
 mod join;
 mod join_store;
+pub mod processor;
 mod rolling;
 mod session_windows;
 mod state_codec;
@@ -25,6 +26,10 @@ mod window_aggregate;
 
 pub use dedup::{DedupSpec, Deduplicate};
 pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
+pub use processor::{
+    GroupKey, ListState, MapState, ProcessorContext, ProcessorError, ProcessorResult,
+    ProcessorStep, StateDeclarations, StatefulProcessor, TimeDomain, Timer, ValueState,
+};
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};

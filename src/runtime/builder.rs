@@ -814,6 +814,75 @@ impl QueryBuilder {
         ))
     }
 
+    /// Runs a user's stateful processor per key of the `keys` columns
+    /// (Spark 4's `transformWithState`; see
+    /// [`crate::operators::processor`]). `build` makes each task's
+    /// processor and declares its states. Keyed by the record key's
+    /// columns it runs where the records are; otherwise its rows go
+    /// through the repartition topic, as a grouping's do. Append or update
+    /// output mode.
+    ///
+    /// ```
+    /// use tidemark::operators::processor::*;
+    /// use tidemark::prelude::*;
+    ///
+    /// /// Counts each user's clicks and emits the running count.
+    /// struct Clicks {
+    ///     count: ValueState<u64>,
+    /// }
+    /// #[derive(serde::Deserialize)]
+    /// struct Click {}
+    /// #[derive(serde::Serialize)]
+    /// struct Count {
+    ///     user: String,
+    ///     clicks: u64,
+    /// }
+    /// impl StatefulProcessor for Clicks {
+    ///     type Input = Click;
+    ///     type Output = Count;
+    ///     fn handle_inputs(
+    ///         &mut self,
+    ///         key: &GroupKey,
+    ///         rows: Vec<Click>,
+    ///         ctx: &mut ProcessorContext<'_, Count>,
+    ///     ) -> ProcessorResult {
+    ///         let clicks = self.count.get(ctx)?.unwrap_or(0) + rows.len() as u64;
+    ///         self.count.set(ctx, &clicks)?;
+    ///         ctx.emit(Count { user: key.as_str().unwrap_or_default().into(), clicks });
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let query = Query::builder("clicks")
+    ///     .process("clicks", &["user"], |states| Ok(Clicks { count: states.value("count")? }))
+    ///     .unwrap()
+    ///     .output_mode(OutputMode::Update)
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn process<P, K, F>(self, name: &str, keys: &[K], build: F) -> Result<Self>
+    where
+        P: crate::operators::StatefulProcessor,
+        K: AsRef<str>,
+        F: Fn(&mut crate::operators::StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        use crate::operators::ProcessorStep;
+        // Declared once here, so that a bad declaration fails the build.
+        ProcessorStep::new(name, keys, &build)?;
+        let keys: Vec<String> = keys.iter().map(|k| k.as_ref().to_string()).collect();
+        let name = name.to_string();
+        let shape = StepShape::Groups {
+            keys: keys.clone(),
+            kind: Grouping::Processor,
+        };
+        Ok(self.push_step(
+            shape,
+            Arc::new(move |_| match ProcessorStep::new(&name, &keys, &build) {
+                Ok(step) => Box::new(step),
+                Err(e) => Box::new(crate::operators::processor::Unbuildable::new(&name, e)),
+            }),
+        ))
+    }
+
     /// Names the main stream (the query's own input) in progress reports
     /// of a join's per-stream watermarks (default `main`).
     pub fn main_stream(mut self, name: &str) -> Self {

@@ -67,6 +67,8 @@ pub(crate) enum Grouping {
     Rolling,
     /// `dropDuplicates`.
     Dedup,
+    /// A user's stateful processor (`transformWithState`).
+    Processor,
 }
 
 impl StepShape {

@@ -11,11 +11,16 @@
 
 mod caching;
 mod changelog;
+mod keyed;
 mod rocks;
 
 pub use caching::CachingStore;
 pub use changelog::{
     ChangeLoggingStore, ChangelogChunk, ChangelogRecord, ChangelogWriter, VecChangelog,
+};
+pub use keyed::{
+    cell_prefix, key_section, DueTimer, KeyedStateCounts, KeyedStateStore, Micros, StateKind,
+    TimeDomain,
 };
 pub use rocks::{MemoryBudget, RocksDbStore, TaskDb};
 
@@ -81,6 +86,44 @@ pub trait StateStore: Send {
     /// memtables); called at each checkpoint.
     fn flush(&mut self) -> Result<(), StateError> {
         Ok(())
+    }
+}
+
+/// A boxed store is a store: layers stack over whatever store a backend
+/// hands out.
+impl StateStore for Box<dyn StateStore> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        (**self).get(key)
+    }
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        (**self).put(key, value)
+    }
+    fn delete(&mut self, key: &[u8]) -> Result<(), StateError> {
+        (**self).delete(key)
+    }
+    fn range(&self, start: &[u8], end: &[u8]) -> Result<Entries, StateError> {
+        (**self).range(start, end)
+    }
+    fn prefix(&self, prefix: &[u8]) -> Result<Entries, StateError> {
+        (**self).prefix(prefix)
+    }
+    fn first_in_range(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>, StateError> {
+        (**self).first_in_range(start, end)
+    }
+    fn approximate_len(&self) -> usize {
+        (**self).approximate_len()
+    }
+    fn write_batch(&mut self, entries: &[(Vec<u8>, Option<Vec<u8>>)]) -> Result<(), StateError> {
+        (**self).write_batch(entries)
+    }
+    fn restore_batch(&mut self, entries: &mut RestoreEntries<'_>) -> Result<(), StateError> {
+        (**self).restore_batch(entries)
+    }
+    fn flush(&mut self) -> Result<(), StateError> {
+        (**self).flush()
     }
 }
 

@@ -73,6 +73,19 @@ pub enum Error {
     /// would fail the same way, so the run ends with it, never retried.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A user's stateful processor returned an error or panicked: the
+    /// batch fails with the key it was handling and is not committed;
+    /// running again would meet the same rows, so the run ends with it.
+    #[error("stateful processor `{processor}` failed on key {key}: {source}")]
+    Processor {
+        /// The processor's step, as `describe` names it.
+        processor: String,
+        /// The grouping key being handled.
+        key: String,
+        /// The processor's error (or the panic's message).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// State could not be read or written.
     #[error("state error: {0}")]
     State(#[from] StateError),

@@ -1,0 +1,617 @@
+//! Typed keyed state: the named value, list and map states of a stateful
+//! processor, their processing-time TTL and the timers of each key, all in
+//! one [`StateStore`] so that they share its changelog, restore, standbys
+//! and transactions.
+//!
+//! Layout (one store; every part of a key sorts together, so a key's whole
+//! state is one prefix scan and the earliest timer or expiry one seek):
+//!
+//! | store key | value |
+//! |---|---|
+//! | `k` len(key) key `s` state `0x00` `v` | a value state's cell |
+//! | `k` len(key) key `s` state `0x00` `l` seq | one list element's cell |
+//! | `k` len(key) key `s` state `0x00` `n` | the list's next sequence number |
+//! | `k` len(key) key `s` state `0x00` `m` map-key | one map entry's cell |
+//! | `k` len(key) key `t` domain time | a timer of the key |
+//! | `t` domain time key | the same timer, in firing order |
+//! | `x` expiry cell-key | a cell's TTL, in expiry order |
+//!
+//! A cell is `0` and the value, or `1`, its expiry (little-endian
+//! microseconds) and the value; values are JSON (serde), so a state type
+//! that gains a field with a default reads what an older version wrote.
+//! Times sort as big-endian integers with the sign bit flipped.
+
+use crate::{StateError, StateStore};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Microseconds since the epoch.
+pub type Micros = i64;
+
+/// Which clock a timer follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeDomain {
+    /// Fires once the watermark reaches the timer's time.
+    EventTime,
+    /// Fires once a batch's processing time reaches the timer's time.
+    ProcessingTime,
+}
+
+impl TimeDomain {
+    fn tag(self) -> u8 {
+        match self {
+            TimeDomain::EventTime => b'e',
+            TimeDomain::ProcessingTime => b'p',
+        }
+    }
+
+    fn of_tag(tag: u8) -> Option<Self> {
+        match tag {
+            b'e' => Some(TimeDomain::EventTime),
+            b'p' => Some(TimeDomain::ProcessingTime),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of a declared state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// One value per key.
+    Value,
+    /// An ordered list per key, one store entry per element.
+    List,
+    /// A map per key, one store entry per map key.
+    Map,
+}
+
+impl StateKind {
+    fn tag(self) -> u8 {
+        match self {
+            StateKind::Value => b'v',
+            StateKind::List => b'l',
+            StateKind::Map => b'm',
+        }
+    }
+}
+
+/// Counts of what the keyed state did since they were last taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyedStateCounts {
+    /// Cells written (a value set, a list element or map entry added).
+    pub written: u64,
+    /// Cells removed by the processor (cleared, removed, replaced).
+    pub removed: u64,
+    /// Cells removed because their TTL ran out.
+    pub expired: u64,
+    /// Timers registered.
+    pub timers_registered: u64,
+    /// Timers deleted by the processor.
+    pub timers_deleted: u64,
+}
+
+/// A timer taken out of the store because it is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueTimer {
+    /// The timer's clock.
+    pub domain: TimeDomain,
+    /// Its time, in microseconds.
+    pub time: Micros,
+    /// The grouping key it belongs to (encoded).
+    pub key: Vec<u8>,
+}
+
+/// Typed keyed state over a store (see the module documentation).
+pub struct KeyedStateStore {
+    store: Box<dyn StateStore>,
+    /// Processing time: cells whose expiry is at or before it are gone.
+    now: Micros,
+    counts: KeyedStateCounts,
+}
+
+/// A time as bytes that sort as the times do.
+fn sortable(time: Micros) -> [u8; 8] {
+    ((time as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn time_of(bytes: &[u8]) -> Option<Micros> {
+    let raw: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    Some((u64::from_be_bytes(raw) ^ (1 << 63)) as i64)
+}
+
+/// The prefix of everything `key` holds.
+pub fn key_section(key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(key.len() + 16);
+    out.push(b'k');
+    out.extend((key.len() as u32).to_be_bytes());
+    out.extend(key);
+    out
+}
+
+/// The prefix of the cells of state `state` (of `kind`) of `key`.
+pub fn cell_prefix(key: &[u8], state: &str, kind: StateKind) -> Vec<u8> {
+    let mut out = key_section(key);
+    out.push(b's');
+    out.extend(state.as_bytes());
+    out.push(0);
+    out.push(kind.tag());
+    out
+}
+
+impl KeyedStateStore {
+    /// Typed keyed state in `store`.
+    pub fn new(store: Box<dyn StateStore>) -> Self {
+        KeyedStateStore {
+            store,
+            now: Micros::MIN,
+            counts: KeyedStateCounts::default(),
+        }
+    }
+
+    /// Sets the processing time TTLs count from and expire at.
+    pub fn set_processing_time(&mut self, now: Micros) {
+        self.now = now;
+    }
+
+    /// The store below.
+    pub fn store(&self) -> &dyn StateStore {
+        self.store.as_ref()
+    }
+
+    /// What was done since the last call.
+    pub fn take_counts(&mut self) -> KeyedStateCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    fn error(&self, reason: String) -> StateError {
+        StateError::Backend {
+            store: self.store.name().to_string(),
+            reason,
+        }
+    }
+
+    /// Decodes a cell, `None` when its TTL ran out.
+    fn decode_cell<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        cell: &[u8],
+    ) -> Result<Option<T>, StateError> {
+        let payload = match cell.first() {
+            Some(0) => &cell[1..],
+            Some(1) if cell.len() >= 9 => {
+                let expiry = i64::from_le_bytes(cell[1..9].try_into().expect("8 bytes"));
+                if expiry <= self.now {
+                    return Ok(None);
+                }
+                &cell[9..]
+            }
+            _ => {
+                return Err(self.error(format!(
+                    "a state cell of {} bytes has no header",
+                    cell.len()
+                )))
+            }
+        };
+        serde_json::from_slice(payload).map(Some).map_err(|e| {
+            self.error(format!(
+                "cannot read the state at {} as the processor's type: {e} (a field added to a state type needs #[serde(default)])",
+                String::from_utf8_lossy(key)
+            ))
+        })
+    }
+
+    fn encode_cell<T: Serialize>(
+        &self,
+        value: &T,
+        expiry: Option<Micros>,
+    ) -> Result<Vec<u8>, StateError> {
+        let mut cell = match expiry {
+            None => vec![0],
+            Some(e) => {
+                let mut c = vec![1];
+                c.extend(e.to_le_bytes());
+                c
+            }
+        };
+        serde_json::to_writer(&mut cell, value)
+            .map_err(|e| self.error(format!("cannot encode a state value: {e}")))?;
+        Ok(cell)
+    }
+
+    /// The value of the cell at `cell_key`, unless absent or expired.
+    pub fn get<T: DeserializeOwned>(&self, cell_key: &[u8]) -> Result<Option<T>, StateError> {
+        match self.store.get(cell_key)? {
+            Some(cell) => self.decode_cell(cell_key, &cell),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes the cell at `cell_key`; with a TTL it expires that long
+    /// after the current processing time.
+    pub fn put<T: Serialize>(
+        &mut self,
+        cell_key: &[u8],
+        value: &T,
+        ttl: Option<Micros>,
+    ) -> Result<(), StateError> {
+        let expiry = ttl.map(|ttl| self.now.saturating_add(ttl));
+        let cell = self.encode_cell(value, expiry)?;
+        self.store.put(cell_key, &cell)?;
+        if let Some(expiry) = expiry {
+            let mut index = Vec::with_capacity(cell_key.len() + 9);
+            index.push(b'x');
+            index.extend(sortable(expiry));
+            index.extend(cell_key);
+            self.store.put(&index, &[])?;
+        }
+        self.counts.written += 1;
+        Ok(())
+    }
+
+    /// Removes the cell at `cell_key` (its TTL entry goes when it is due).
+    pub fn delete(&mut self, cell_key: &[u8]) -> Result<(), StateError> {
+        self.store.delete(cell_key)?;
+        self.counts.removed += 1;
+        Ok(())
+    }
+
+    /// The live cells under `prefix`, in key order, with what follows the
+    /// prefix in their keys.
+    pub fn scan<T: DeserializeOwned>(
+        &self,
+        prefix: &[u8],
+    ) -> Result<Vec<(Vec<u8>, T)>, StateError> {
+        let mut out = Vec::new();
+        for (key, cell) in self.store.prefix(prefix)? {
+            if let Some(value) = self.decode_cell(&key, &cell)? {
+                out.push((key[prefix.len()..].to_vec(), value));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes every entry under `prefix`.
+    pub fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        for (key, _) in self.store.prefix(prefix)? {
+            self.store.delete(&key)?;
+            self.counts.removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Appends `value` to the list at `prefix` (a [`cell_prefix`] of
+    /// [`StateKind::List`]): one new entry, the others untouched.
+    pub fn append<T: Serialize>(
+        &mut self,
+        prefix: &[u8],
+        value: &T,
+        ttl: Option<Micros>,
+    ) -> Result<(), StateError> {
+        let mut next_key = prefix.to_vec();
+        next_key.pop();
+        next_key.push(b'n');
+        let seq = match self.store.get(&next_key)? {
+            Some(bytes) => u64::from_le_bytes(
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| self.error("a list's sequence number is not 8 bytes".into()))?,
+            ),
+            None => 0,
+        };
+        let mut element = prefix.to_vec();
+        element.extend(seq.to_be_bytes());
+        self.put(&element, value, ttl)?;
+        self.store.put(&next_key, &(seq + 1).to_le_bytes())
+    }
+
+    /// Removes the list at `prefix`, its sequence number too.
+    pub fn clear_list(&mut self, prefix: &[u8]) -> Result<(), StateError> {
+        self.delete_prefix(prefix)?;
+        let mut next_key = prefix.to_vec();
+        next_key.pop();
+        next_key.push(b'n');
+        self.store.delete(&next_key)
+    }
+
+    /// Registers a timer of `key` (a no-op when it exists).
+    pub fn register_timer(
+        &mut self,
+        key: &[u8],
+        domain: TimeDomain,
+        time: Micros,
+    ) -> Result<(), StateError> {
+        let (own, index) = timer_keys(key, domain, time);
+        if self.store.get(&own)?.is_none() {
+            self.store.put(&own, &[])?;
+            self.store.put(&index, &[])?;
+            self.counts.timers_registered += 1;
+        }
+        Ok(())
+    }
+
+    /// Deletes a timer of `key` (a no-op when there is none).
+    pub fn delete_timer(
+        &mut self,
+        key: &[u8],
+        domain: TimeDomain,
+        time: Micros,
+    ) -> Result<(), StateError> {
+        let (own, index) = timer_keys(key, domain, time);
+        if self.store.get(&own)?.is_some() {
+            self.store.delete(&own)?;
+            self.store.delete(&index)?;
+            self.counts.timers_deleted += 1;
+        }
+        Ok(())
+    }
+
+    /// The timers of `key`, by clock then time.
+    pub fn timers(&self, key: &[u8]) -> Result<Vec<(TimeDomain, Micros)>, StateError> {
+        let mut prefix = key_section(key);
+        prefix.push(b't');
+        let mut out = Vec::new();
+        for (entry, _) in self.store.prefix(&prefix)? {
+            let rest = &entry[prefix.len()..];
+            let domain = rest.first().copied().and_then(TimeDomain::of_tag);
+            match (domain, time_of(&rest[1.min(rest.len())..])) {
+                (Some(d), Some(t)) => out.push((d, t)),
+                _ => return Err(self.error("a timer entry is malformed".into())),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The earliest timer of `domain`, if any.
+    pub fn earliest_timer(&self, domain: TimeDomain) -> Result<Option<Micros>, StateError> {
+        let start = [b't', domain.tag()];
+        let end = [b't', domain.tag() + 1];
+        Ok(self
+            .store
+            .first_in_range(&start, &end)?
+            .and_then(|(k, _)| time_of(&k[2..])))
+    }
+
+    /// Takes out every timer of `domain` at or before `up_to`, in time
+    /// order (a timer registered again while they fire waits for the next
+    /// call).
+    pub fn take_due_timers(
+        &mut self,
+        domain: TimeDomain,
+        up_to: Micros,
+    ) -> Result<Vec<DueTimer>, StateError> {
+        let start = vec![b't', domain.tag()];
+        let mut end = start.clone();
+        match up_to.checked_add(1) {
+            Some(after) => end.extend(sortable(after)),
+            None => end = vec![b't', domain.tag() + 1],
+        }
+        let mut due = Vec::new();
+        for (index, _) in self.store.range(&start, &end)? {
+            let time =
+                time_of(&index[2..]).ok_or_else(|| self.error("a timer is malformed".into()))?;
+            let key = index[10..].to_vec();
+            let (own, _) = timer_keys(&key, domain, time);
+            self.store.delete(&own)?;
+            self.store.delete(&index)?;
+            due.push(DueTimer { domain, time, key });
+        }
+        Ok(due)
+    }
+
+    /// Removes every cell whose TTL ran out by the processing time and the
+    /// TTL entries that are due; returns how many cells went.
+    pub fn expire(&mut self) -> Result<u64, StateError> {
+        let mut end = vec![b'x'];
+        match self.now.checked_add(1) {
+            Some(after) => end.extend(sortable(after)),
+            None => end = vec![b'y'],
+        }
+        let mut expired = 0;
+        for (index, _) in self.store.range(b"x", &end)? {
+            let expiry = time_of(&index[1..])
+                .ok_or_else(|| self.error("a TTL entry is malformed".into()))?;
+            let cell_key = &index[9..];
+            // A cell written again since carries a later expiry: only the
+            // entry of its current one removes it.
+            if let Some(cell) = self.store.get(cell_key)? {
+                if cell.first() == Some(&1)
+                    && cell.len() >= 9
+                    && i64::from_le_bytes(cell[1..9].try_into().expect("8 bytes")) == expiry
+                {
+                    self.store.delete(cell_key)?;
+                    expired += 1;
+                }
+            }
+            self.store.delete(&index)?;
+        }
+        self.counts.expired += expired;
+        Ok(expired)
+    }
+
+    /// Removes every state and timer of `key`.
+    pub fn clear_key(&mut self, key: &[u8]) -> Result<(), StateError> {
+        for (domain, time) in self.timers(key)? {
+            self.delete_timer(key, domain, time)?;
+        }
+        self.delete_prefix(&key_section(key))
+    }
+
+    /// Everything `key` holds, for a read: `(state, kind, entry)` where
+    /// the entry is the value, a list element or a map entry's
+    /// `(map key, value)`, as JSON; expired cells left out.
+    pub fn read_key(
+        &self,
+        key: &[u8],
+    ) -> Result<Vec<(String, StateKind, serde_json::Value)>, StateError> {
+        let mut prefix = key_section(key);
+        prefix.push(b's');
+        let mut out = Vec::new();
+        for (entry, cell) in self.store.prefix(&prefix)? {
+            let rest = &entry[prefix.len()..];
+            let Some(end) = rest.iter().position(|b| *b == 0) else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(&rest[..end]).into_owned();
+            let (kind, sub) = match rest.get(end + 1) {
+                Some(b'v') => (StateKind::Value, &rest[end + 2..]),
+                Some(b'l') => (StateKind::List, &rest[end + 2..]),
+                Some(b'm') => (StateKind::Map, &rest[end + 2..]),
+                _ => continue,
+            };
+            let Some(value) = self.decode_cell::<serde_json::Value>(&entry, &cell)? else {
+                continue;
+            };
+            let value = match kind {
+                StateKind::Map => serde_json::json!({
+                    "key": serde_json::from_slice::<serde_json::Value>(sub)
+                        .unwrap_or_else(|_| String::from_utf8_lossy(sub).into()),
+                    "value": value,
+                }),
+                _ => value,
+            };
+            out.push((name, kind, value));
+        }
+        Ok(out)
+    }
+
+    /// Makes what was written durable (the store's flush).
+    pub fn flush(&mut self) -> Result<(), StateError> {
+        self.store.flush()
+    }
+
+    /// Entries in the store (estimated on disk).
+    pub fn approximate_len(&self) -> usize {
+        self.store.approximate_len()
+    }
+}
+
+/// A timer's entry under its key and its entry in firing order.
+fn timer_keys(key: &[u8], domain: TimeDomain, time: Micros) -> (Vec<u8>, Vec<u8>) {
+    let mut own = key_section(key);
+    own.push(b't');
+    own.push(domain.tag());
+    own.extend(sortable(time));
+    let mut index = Vec::with_capacity(key.len() + 10);
+    index.push(b't');
+    index.push(domain.tag());
+    index.extend(sortable(time));
+    index.extend(key);
+    (own, index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::InMemoryStore;
+
+    fn store() -> KeyedStateStore {
+        KeyedStateStore::new(Box::new(InMemoryStore::new("p")))
+    }
+
+    #[test]
+    fn values_lists_and_maps_live_per_key() {
+        let mut s = store();
+        let v = cell_prefix(b"a", "count", StateKind::Value);
+        s.put(&v, &3u64, None).unwrap();
+        assert_eq!(s.get::<u64>(&v).unwrap(), Some(3));
+        assert_eq!(
+            s.get::<u64>(&cell_prefix(b"b", "count", StateKind::Value))
+                .unwrap(),
+            None
+        );
+        let l = cell_prefix(b"a", "seen", StateKind::List);
+        for x in ["x", "y", "z"] {
+            s.append(&l, &x, None).unwrap();
+        }
+        let items: Vec<String> = s.scan(&l).unwrap().into_iter().map(|(_, v)| v).collect();
+        assert_eq!(items, ["x", "y", "z"]);
+        let mut m = cell_prefix(b"a", "by", StateKind::Map);
+        m.extend(br#""k1""#);
+        s.put(&m, &1.5f64, None).unwrap();
+        let read = s.read_key(b"a").unwrap();
+        assert_eq!(read.len(), 5, "{read:?}");
+        s.clear_key(b"a").unwrap();
+        assert!(s.read_key(b"a").unwrap().is_empty());
+        assert_eq!(
+            s.store().approximate_len(),
+            0,
+            "a cleared key leaves nothing"
+        );
+    }
+
+    #[test]
+    fn a_ttl_hides_a_cell_once_due_and_expire_removes_it_unless_rewritten() {
+        let mut s = store();
+        s.set_processing_time(1_000);
+        let (a, b) = (
+            cell_prefix(b"a", "v", StateKind::Value),
+            cell_prefix(b"b", "v", StateKind::Value),
+        );
+        s.put(&a, &1, Some(100)).unwrap();
+        s.put(&b, &2, Some(100)).unwrap();
+        s.set_processing_time(1_050);
+        s.put(&b, &3, Some(100)).unwrap(); // refreshed: now due at 1_150
+        s.set_processing_time(1_100);
+        assert_eq!(s.get::<i32>(&a).unwrap(), None, "due at 1_100");
+        assert_eq!(s.expire().unwrap(), 1);
+        assert_eq!(s.get::<i32>(&b).unwrap(), Some(3));
+        s.set_processing_time(1_150);
+        assert_eq!(s.expire().unwrap(), 1);
+        assert_eq!(s.store().approximate_len(), 0);
+    }
+
+    #[test]
+    fn timers_fire_in_time_order_once_and_can_be_deleted() {
+        let mut s = store();
+        s.register_timer(b"a", TimeDomain::EventTime, 30).unwrap();
+        s.register_timer(b"b", TimeDomain::EventTime, -5).unwrap();
+        s.register_timer(b"a", TimeDomain::EventTime, 10).unwrap();
+        s.register_timer(b"a", TimeDomain::ProcessingTime, 10)
+            .unwrap();
+        s.delete_timer(b"a", TimeDomain::EventTime, 10).unwrap();
+        assert_eq!(s.earliest_timer(TimeDomain::EventTime).unwrap(), Some(-5));
+        assert_eq!(
+            s.timers(b"a").unwrap(),
+            [
+                (TimeDomain::EventTime, 30),
+                (TimeDomain::ProcessingTime, 10)
+            ]
+        );
+        let due = s.take_due_timers(TimeDomain::EventTime, 30).unwrap();
+        let fired: Vec<(Micros, &[u8])> = due.iter().map(|t| (t.time, t.key.as_slice())).collect();
+        assert_eq!(fired, [(-5, &b"b"[..]), (30, &b"a"[..])]);
+        assert!(s
+            .take_due_timers(TimeDomain::EventTime, i64::MAX)
+            .unwrap()
+            .is_empty());
+        assert_eq!(s.timers(b"a").unwrap(), [(TimeDomain::ProcessingTime, 10)]);
+    }
+
+    #[test]
+    fn a_type_that_gained_a_defaulted_field_reads_old_state() {
+        #[derive(serde::Serialize)]
+        struct Old {
+            n: u32,
+        }
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct New {
+            n: u32,
+            #[serde(default)]
+            total: f64,
+        }
+        let mut s = store();
+        let v = cell_prefix(b"a", "period", StateKind::Value);
+        s.put(&v, &Old { n: 2 }, None).unwrap();
+        assert_eq!(s.get::<New>(&v).unwrap(), Some(New { n: 2, total: 0.0 }));
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Incompatible {
+            other: String,
+        }
+        let e = s.get::<Incompatible>(&v).unwrap_err().to_string();
+        assert!(e.contains("serde(default)"), "{e}");
+    }
+}
