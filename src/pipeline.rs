@@ -20,6 +20,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A whole pipeline file.
@@ -116,6 +117,10 @@ pub struct PipelineFile {
     /// progress (Spark UI's Structured Streaming tab).
     #[serde(default)]
     pub ui: Option<UiSpec>,
+    /// The stateful processors `process` steps name, registered by the
+    /// program (never read from the file).
+    #[serde(skip)]
+    pub processors: Processors,
 }
 
 /// A duration written as a Spark interval string; checked on read.
@@ -475,6 +480,10 @@ pub enum StepSpec {
     TableJoin(TableJoinYaml),
     /// Spark's `union` (by name) with a second stream.
     Union(Box<UnionYaml>),
+    /// `process: {processor: card_velocity, keys: [card]}`: a stateful
+    /// processor the program registered under that name
+    /// ([`PipelineFile::with_processor`]).
+    Process(ProcessYaml),
 }
 
 impl StepSpec {
@@ -501,12 +510,13 @@ impl StepSpec {
             StepSpec::Union(u) => StepShape::Unions {
                 keyed_by: u.keyed_by.clone(),
             },
+            StepSpec::Process(p) => groups(&p.keys, Grouping::Processor),
         }
     }
 }
 
 const STEP_NAMES: &str =
-    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union";
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union, process";
 
 /// `join: {topic, type, on, event_time, watermark, between | bounds | window, ...}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -732,6 +742,31 @@ pub struct DedupYaml {
     pub within_watermark: bool,
 }
 
+/// `process: {processor, keys}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessYaml {
+    /// The name the program registered the processor under.
+    pub processor: String,
+    /// The grouping columns: each key's rows go to one processor call.
+    pub keys: Vec<String>,
+}
+
+/// Adds a registered processor's step to a builder.
+pub type ProcessorStepBuilder =
+    Arc<dyn Fn(QueryBuilder, &[String]) -> Result<QueryBuilder> + Send + Sync>;
+
+/// The stateful processors a program offers its pipeline files, by name
+/// (code cannot be written in a file: the file names it).
+#[derive(Clone, Default)]
+pub struct Processors(BTreeMap<String, ProcessorStepBuilder>);
+
+impl fmt::Debug for Processors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
 /// `distinct: {}` (no settings).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -763,6 +798,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "join" => StepSpec::Join(map.next_value()?),
                     "table_join" => StepSpec::TableJoin(map.next_value()?),
                     "union" => StepSpec::Union(map.next_value()?),
+                    "process" => StepSpec::Process(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -1491,6 +1527,19 @@ impl PipelineFile {
         Ok(file)
     }
 
+    /// A pipeline from settings already in the file's shape (the keys
+    /// and values a file would hold, as a serde value): what a program's
+    /// builder hands over. Checked as a file is; an error names the key.
+    pub fn from_settings(settings: serde_json::Value) -> Result<PipelineFile> {
+        let file: PipelineFile = serde_path_to_error::deserialize(settings).map_err(|e| {
+            let path = e.path().to_string();
+            Error::config(path, e.into_inner().to_string())
+        })?;
+        file.check()
+            .map_err(|(key, message)| Error::config(key, message))?;
+        Ok(file)
+    }
+
     fn check(&self) -> std::result::Result<(), (String, String)> {
         let err = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
         match self.source.kind {
@@ -1795,6 +1844,7 @@ impl PipelineFile {
                 StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
                 StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
                 StepSpec::Dedup(d) => Some(d.keys.clone()),
+                StepSpec::Process(p) => Some(p.keys.clone()),
                 _ => None,
             };
             if let Some(keys) = keys {
@@ -1984,6 +2034,24 @@ impl PipelineFile {
         }
     }
 
+    /// Registers the stateful processor `name` for the file's `process`
+    /// steps that name it: `build` makes each task's processor and
+    /// declares its states (see [`QueryBuilder::process`]).
+    pub fn with_processor<P, F>(mut self, name: &str, build: F) -> Self
+    where
+        P: crate::operators::StatefulProcessor,
+        F: Fn(&mut crate::operators::StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        let build = Arc::new(build);
+        let step_name = name.to_string();
+        let add: ProcessorStepBuilder = Arc::new(move |b: QueryBuilder, keys: &[String]| {
+            let build = build.clone();
+            b.process(&step_name, keys, move |d| build(d))
+        });
+        self.processors.0.insert(name.to_string(), add);
+        self
+    }
+
     /// Builds the query from the file's settings and steps. Source, sink,
     /// decoder and dead-letter output are the connectors' part.
     pub fn query_builder(&self) -> Result<QueryBuilder> {
@@ -2080,6 +2148,18 @@ impl PipelineFile {
                 }
                 StepSpec::Dedup(d) => b.drop_duplicates(&d.keys)?,
                 StepSpec::Distinct(_) => b.distinct()?,
+                StepSpec::Process(p) => match self.processors.0.get(&p.processor) {
+                    Some(add) => add(b, &p.keys)?,
+                    None => {
+                        return Err(Error::config(
+                            "steps[].process.processor",
+                            format!(
+                                "no processor `{}` is registered; registered: {:?} (a program registers one with PipelineFile::with_processor)",
+                                p.processor, self.processors
+                            ),
+                        ))
+                    }
+                },
                 StepSpec::RollingWindow(r) => {
                     let measures = r
                         .measures

@@ -234,7 +234,9 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         }
         None => None,
     };
-    stop_on_signals(stop, runner.run_status())?;
+    tidemark_connectors::stop_on_signals(stop, runner.run_status(), |signal| {
+        eprintln!("\n{signal}: stopping after the current batch…");
+    })?;
     let summary = runner.run()?;
     print_summary(&summary);
     Ok(())
@@ -242,33 +244,6 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
 
 /// Stops the run after its current batch on Ctrl-C (SIGINT) or SIGTERM,
 /// the signal orchestrators send: the run then ends cleanly, exit code 0.
-fn stop_on_signals(
-    stop: tidemark::runtime::StopHandle,
-    status: tidemark::runtime::RunStatus,
-) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let mut terminate = {
-        let _entered = runtime.enter();
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("listening for SIGTERM")?
-    };
-    std::thread::spawn(move || {
-        let signal = runtime.block_on(async {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => "interrupt",
-                _ = terminate.recv() => "SIGTERM",
-            }
-        });
-        eprintln!("\n{signal}: stopping after the current batch…");
-        // Not ready from now on (`/readyz`), though the batch finishes.
-        status.stopping();
-        stop.stop();
-    });
-    Ok(())
-}
-
 fn print_summary(summary: &tidemark::runtime::RunSummary) {
     eprintln!(
         "\n{} batches, {} input records, {} output rows, {} bad records",

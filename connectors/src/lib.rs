@@ -12,6 +12,7 @@ pub use tidemark_kafka as kafka;
 pub use tidemark_kafka::{instance, state_backend};
 
 mod from_pipeline;
+mod kafka_app;
 mod kafka_clients;
 mod reset;
 mod runner;
@@ -23,10 +24,11 @@ pub use from_pipeline::{
     check_output_topics, connect, connect_as, connect_stage, ensure_repartition_topics,
     instance_identity, join_needs_repartition, Connected,
 };
+pub use kafka_app::KafkaApp;
 pub use kafka_clients::KafkaClients;
 pub use reset::ResetPlan;
 pub use runner::{is_transient, PipelineRunner};
-pub use running::RunningPipeline;
+pub use running::{stop_on_signals, RunningPipeline};
 pub use serving::start_metrics;
 pub use tidemark_kafka::split_memory_budget;
 pub use topology_runner::TopologyRunner;

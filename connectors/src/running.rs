@@ -61,6 +61,11 @@ impl RunningPipeline {
         })
     }
 
+    /// Stops the run on SIGTERM or SIGINT (see [`stop_on_signals`]).
+    pub fn stop_on_signals(&self) -> Result<()> {
+        stop_on_signals(self.stop.clone(), self.status.clone(), |_| {})
+    }
+
     /// Asks every stage to stop after its current batch (committed, its
     /// stores closed, the Delta lease released); returns at once.
     pub fn stop(&self) {
@@ -186,4 +191,41 @@ impl Drop for RunningPipeline {
 /// The run's thread ended without a result: it panicked.
 fn panicked() -> Error {
     Error::Internal("the pipeline's thread panicked".into())
+}
+
+/// Stops a run on SIGTERM (what orchestrators send) or SIGINT (Ctrl-C):
+/// `status` reports `stopping` at once (so `/readyz` turns away traffic)
+/// and `stop` ends the run after its current batch, committed. Listens on
+/// a thread of its own; returns once listening. `on_signal` is told which
+/// signal came (`interrupt` or `SIGTERM`) before the run is asked to stop.
+pub fn stop_on_signals(
+    stop: StopHandle,
+    status: RunStatus,
+    on_signal: impl FnOnce(&'static str) + Send + 'static,
+) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the signal listener", e))?;
+    let mut terminate = {
+        let _entered = runtime.enter();
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Error::io("listening for SIGTERM", e))?
+    };
+    std::thread::Builder::new()
+        .name("tidemark-signals".into())
+        .spawn(move || {
+            let signal = runtime.block_on(async {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => "interrupt",
+                    _ = terminate.recv() => "SIGTERM",
+                }
+            });
+            tracing::info!(signal, "stopping after the current batch");
+            on_signal(signal);
+            status.stopping();
+            stop.stop();
+        })
+        .map_err(|e| Error::io("starting the signal listener", e))?;
+    Ok(())
 }

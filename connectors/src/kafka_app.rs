@@ -1,0 +1,295 @@
+//! A Kafka application in one chain of calls, from Rust: topic in, steps
+//! (a user's stateful processor among them), topic out, with state,
+//! changelogs, exactly-once and the dead-letter topic set on it — no
+//! pipeline file written or edited.
+//!
+//! The settings land in the same checked model a pipeline file is read
+//! into ([`PipelineFile`]), so both run through one wiring: the same
+//! source, decoder, state backend, transactions and restarts.
+
+use crate::{PipelineRunner, RunningPipeline};
+use serde_json::{json, Map, Value as Json};
+use std::path::PathBuf;
+use std::time::Duration;
+use tidemark::error::{Error, Result};
+use tidemark::operators::{OutputMode, StateDeclarations, StatefulProcessor};
+use tidemark::pipeline::PipelineFile;
+use tidemark::watermark::WatermarkScope;
+
+/// Registers a processor on the file once it is built.
+type Registration = Box<dyn FnOnce(PipelineFile) -> PipelineFile + Send>;
+
+/// A Kafka application being assembled (see the module documentation).
+///
+/// ```no_run
+/// use tidemark_connectors::KafkaApp;
+/// let running = KafkaApp::new("orders-per-user")
+///     .bootstrap("127.0.0.1:9092")
+///     .input("orders", &[("user", "string"), ("amount", "double")])
+///     .filter("amount > 0")
+///     .to_topic("big-orders", &["user"])
+///     .start()
+///     .unwrap();
+/// running.stop();
+/// ```
+pub struct KafkaApp {
+    settings: Map<String, Json>,
+    steps: Vec<Json>,
+    registrations: Vec<Registration>,
+    base: PathBuf,
+    /// The first mistake made while assembling, reported by `build`.
+    mistake: Option<Error>,
+    /// Creates the output topic when missing.
+    create_output_topic: bool,
+}
+
+impl KafkaApp {
+    /// An application named `application_id`: its consumer group,
+    /// transactional ids, changelog and internal topic prefix, state
+    /// directory name (Kafka Streams' `application.id`).
+    pub fn new(application_id: &str) -> Self {
+        let mut settings = Map::new();
+        settings.insert("name".into(), application_id.into());
+        settings.insert("source".into(), json!({"kind": "kafka"}));
+        settings.insert("sink".into(), json!({"kind": "stdout"}));
+        KafkaApp {
+            settings,
+            steps: Vec::new(),
+            registrations: Vec::new(),
+            base: PathBuf::from("."),
+            mistake: None,
+            create_output_topic: false,
+        }
+    }
+
+    fn section(&mut self, name: &str) -> &mut Map<String, Json> {
+        let entry = self
+            .settings
+            .entry(name.to_string())
+            .or_insert_with(|| json!({}));
+        if !entry.is_object() {
+            *entry = json!({});
+        }
+        entry.as_object_mut().expect("an object")
+    }
+
+    /// The cluster's bootstrap servers (default: `KAFKA_BOOTSTRAP`, else
+    /// `127.0.0.1:9092`).
+    pub fn bootstrap(mut self, servers: &str) -> Self {
+        self.section("kafka")
+            .insert("bootstrap".into(), servers.into());
+        self
+    }
+
+    /// A librdkafka property every client of the application gets
+    /// (`security.protocol`, `sasl.*`, `ssl.*`); secrets are masked
+    /// wherever the settings are shown.
+    pub fn property(mut self, name: &str, value: &str) -> Self {
+        let kafka = self.section("kafka");
+        let properties = kafka.entry("properties").or_insert_with(|| json!({}));
+        if let Some(map) = properties.as_object_mut() {
+            map.insert(name.into(), value.into());
+        }
+        self
+    }
+
+    /// Reads JSON records of `topic` with these `(column, type)` fields
+    /// (`string`, `long`, `double`, `boolean`, `timestamp`); from the
+    /// earliest offset when the group has none.
+    pub fn input(mut self, topic: &str, schema: &[(&str, &str)]) -> Self {
+        let fields: Map<String, Json> = schema
+            .iter()
+            .map(|(name, kind)| (name.to_string(), Json::from(*kind)))
+            .collect();
+        let source = self.section("source");
+        source.insert("topic".into(), topic.into());
+        source.insert("schema".into(), Json::Object(fields));
+        self
+    }
+
+    /// The columns the input's record key is made of: a grouping by them
+    /// runs where the records are, without a repartition topic.
+    pub fn keyed_by(mut self, columns: &[&str]) -> Self {
+        self.section("source")
+            .insert("keyed_by".into(), json!(columns));
+        self
+    }
+
+    /// The event-time column and the watermark's delay (`"1 minute"`).
+    pub fn event_time(mut self, column: &str, watermark_delay: &str) -> Self {
+        self.settings.insert("event_time".into(), column.into());
+        self.settings
+            .insert("watermark".into(), watermark_delay.into());
+        self
+    }
+
+    /// One watermark per input partition instead of one per stream.
+    pub fn watermark_scope(mut self, scope: WatermarkScope) -> Self {
+        let text = match scope {
+            WatermarkScope::Partition => "partition",
+            WatermarkScope::Query => "query",
+        };
+        self.settings.insert("watermark_scope".into(), text.into());
+        self
+    }
+
+    /// Keeps rows for which `condition` (Spark SQL) is true.
+    pub fn filter(mut self, condition: &str) -> Self {
+        self.steps.push(json!({ "filter": condition }));
+        self
+    }
+
+    /// Adds the column `name` computed by `expression` (Spark SQL).
+    pub fn with_column(mut self, name: &str, expression: &str) -> Self {
+        self.steps
+            .push(json!({ "with_column": {"name": name, "expr": expression} }));
+        self
+    }
+
+    /// Runs a user's stateful processor per key of `keys` (see
+    /// [`tidemark::operators::processor`]); `build` makes each task's
+    /// processor and declares its states.
+    pub fn process<P, F>(mut self, name: &str, keys: &[&str], build: F) -> Self
+    where
+        P: StatefulProcessor,
+        F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        self.steps
+            .push(json!({ "process": {"processor": name, "keys": keys} }));
+        let name = name.to_string();
+        self.registrations.push(Box::new(move |file: PipelineFile| {
+            file.with_processor(&name, build)
+        }));
+        self
+    }
+
+    /// Writes rows as JSON to `topic`, keyed by the `key` columns.
+    pub fn to_topic(mut self, topic: &str, key: &[&str]) -> Self {
+        let mut sink = json!({"kind": "kafka", "topic": topic});
+        if !key.is_empty() {
+            sink["key"] = json!(key);
+        }
+        self.settings.insert("sink".into(), sink);
+        self
+    }
+
+    /// Creates the output topic at start when it does not exist, with as
+    /// many partitions as the input topic (a cluster that creates topics
+    /// on first write would give it its default count instead).
+    pub fn create_output_topic(mut self) -> Self {
+        self.create_output_topic = true;
+        self
+    }
+
+    /// Sends bad records to `topic` (default `<application id>-dlq`).
+    pub fn dead_letter_topic(mut self, topic: &str) -> Self {
+        self.settings.insert(
+            "dead_letter".into(),
+            json!({"kind": "kafka", "topic": topic}),
+        );
+        self
+    }
+
+    /// Keeps state in RocksDB under `dir`, logged to changelog topics.
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        let dir: PathBuf = dir.into();
+        self.settings.insert(
+            "state_dir".into(),
+            dir.to_string_lossy().into_owned().into(),
+        );
+        self
+    }
+
+    /// Output, state changes and offsets in one Kafka transaction per
+    /// batch.
+    pub fn exactly_once(mut self) -> Self {
+        self.settings
+            .insert("processing_guarantee".into(), "exactly_once".into());
+        self
+    }
+
+    /// Spark's output mode (append by default).
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        let text = match mode {
+            OutputMode::Append => "append",
+            OutputMode::Update => "update",
+            OutputMode::Complete => "complete",
+        };
+        self.settings.insert("output_mode".into(), text.into());
+        self
+    }
+
+    /// A micro-batch every `interval`.
+    pub fn trigger_every(mut self, interval: Duration) -> Self {
+        let text = tidemark::duration::format_duration(interval);
+        self.settings
+            .insert("trigger".into(), json!({ "micro_batch": text }));
+        self
+    }
+
+    /// Any other setting of the pipeline file's (see
+    /// `docs/pipeline-file.md`), by its top-level key: `serve`, `ui`,
+    /// `metrics`, `state`, `task_timeout`…
+    pub fn setting(mut self, key: &str, value: Json) -> Self {
+        if key == "steps" {
+            self.mistake.get_or_insert(Error::config(
+                "steps",
+                "steps are added by the builder's own calls",
+            ));
+            return self;
+        }
+        self.settings.insert(key.to_string(), value);
+        self
+    }
+
+    /// Relative paths (the state directory) resolve against `dir`
+    /// (default: the working directory).
+    pub fn base_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.base = dir.into();
+        self
+    }
+
+    /// The checked settings, as the engine runs them.
+    pub fn build(mut self) -> Result<PipelineFile> {
+        if let Some(mistake) = self.mistake.take() {
+            return Err(mistake);
+        }
+        self.settings
+            .insert("steps".into(), Json::Array(std::mem::take(&mut self.steps)));
+        let mut file = PipelineFile::from_settings(Json::Object(self.settings))?;
+        for register in self.registrations {
+            file = register(file);
+        }
+        // Every step is built once now, so that a mistake is reported here.
+        file.query_builder()?;
+        Ok(file)
+    }
+
+    /// A runner for the application (its progress listener, stop
+    /// handle); the output topic is created first when asked for.
+    pub fn runner(self) -> Result<PipelineRunner> {
+        let base = self.base.clone();
+        let create = self.create_output_topic;
+        let file = self.build()?;
+        if let (true, Some(topic)) = (create, file.sink.topic.clone()) {
+            let clients = crate::KafkaClients::of_pipeline(&file)?;
+            let input = file
+                .source
+                .topic
+                .as_ref()
+                .and_then(|t| t.0.first().cloned());
+            let partitions = match input {
+                Some(input) => tidemark_kafka::partition_count(&clients.source, &input)?,
+                None => 1,
+            };
+            tidemark_kafka::ensure_topic(&clients.sink, &topic, partitions.max(1))?;
+        }
+        Ok(PipelineRunner::new(file, base))
+    }
+
+    /// Starts the application on its own threads and returns its handle:
+    /// stop it, wait for it, ask its state, partitions and lag.
+    pub fn start(self) -> Result<RunningPipeline> {
+        self.runner()?.start()
+    }
+}
