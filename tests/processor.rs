@@ -580,3 +580,40 @@ fn declarations_and_output_modes_are_checked_when_the_query_is_built() {
         .to_string()
         .contains("process.keys"));
 }
+
+#[test]
+fn a_pipeline_file_names_a_processor_the_program_registered() {
+    let text = r#"
+name: files-and-code
+source: {kind: kafka, topic: t, schema: {user: string, ts: string, amount: double}}
+steps:
+  - filter: "amount > 0"
+  - process: {processor: totals, keys: [user]}
+output_mode: update
+sink: {kind: stdout}
+"#;
+    let file = tidemark::pipeline::PipelineFile::parse(text).unwrap();
+    let e = file.query_builder().err().expect("not registered");
+    assert!(e.to_string().contains("steps[].process.processor"), "{e}");
+    assert!(e.to_string().contains("totals"), "{e}");
+    let file = file.with_processor("totals", |states| {
+        Ok(Totals {
+            total: states.value("total")?,
+            amounts: states.list("amounts")?,
+            by_action: states.map("by_action")?,
+        })
+    });
+    let decoder = tidemark::decode::JsonDecoder::new(file.schema());
+    let run = PipelineTestDriver::new(file.query_builder().unwrap().decoder(decoder))
+        .pipe("t", r#"{"user": "a", "ts": "x", "amount": 2}"#)
+        .pipe("t", r#"{"user": "a", "ts": "x", "amount": -1}"#)
+        .pipe("t", r#"{"user": "a", "ts": "x", "amount": 3}"#)
+        .run()
+        .unwrap();
+    let totals: Vec<f64> = rows_of(&run)
+        .into_iter()
+        .filter(|r| r.1 == "total")
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(totals, [2.0, 5.0], "the filter ran before the processor");
+}
