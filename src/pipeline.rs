@@ -2036,7 +2036,8 @@ impl PipelineFile {
 
     /// Registers the stateful processor `name` for the file's `process`
     /// steps that name it: `build` makes each task's processor and
-    /// declares its states (see [`QueryBuilder::process`]).
+    /// declares its states (see [`QueryBuilder::process`]). It replaces a
+    /// processor registered before under the same name.
     pub fn with_processor<P, F>(mut self, name: &str, build: F) -> Self
     where
         P: crate::operators::StatefulProcessor,

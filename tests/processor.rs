@@ -617,3 +617,58 @@ sink: {kind: stdout}
         .collect();
     assert_eq!(totals, [2.0, 5.0], "the filter ran before the processor");
 }
+
+/// Two event-time timers per key; the first to fire deletes the second.
+struct Chain;
+
+impl StatefulProcessor for Chain {
+    type Input = Event;
+    type Output = Out;
+    fn handle_inputs(
+        &mut self,
+        _: &GroupKey,
+        rows: Vec<Event>,
+        ctx: &mut ProcessorContext<'_, Out>,
+    ) -> ProcessorResult {
+        let at = micros(&rows[0].ts);
+        ctx.register_event_time_timer(at + 60_000_000)?;
+        ctx.register_event_time_timer(at + 120_000_000)
+    }
+    fn handle_expired_timer(
+        &mut self,
+        key: &GroupKey,
+        timer: Timer,
+        ctx: &mut ProcessorContext<'_, Out>,
+    ) -> ProcessorResult {
+        ctx.delete_timer(TimeDomain::EventTime, timer.time + 60_000_000)?;
+        ctx.emit(out(&user_of(key), "fired", key.values().len() as f64));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_timer_deleted_by_a_handler_in_the_same_batch_does_not_fire_and_any_key_reads_back() {
+    let run = PipelineTestDriver::new(
+        Query::builder("chain")
+            .event_time("ts")
+            .watermark("0 seconds")
+            .unwrap()
+            .process("chain", &["user"], |_| Ok(Chain))
+            .unwrap()
+            .output_mode(OutputMode::Update),
+    )
+    .batch_at("2026-01-01T01:00:00Z")
+    .pipe("t", r#"{"user": "a\u0000b", "ts": "2026-01-01T00:00:00Z"}"#)
+    .batch_at("2026-01-01T01:00:01Z")
+    .pipe("t", r#"{"user": "z", "ts": "2026-01-01T00:05:00Z"}"#)
+    .run()
+    .unwrap();
+    // Both of a\0b's timers (00:01, 00:02) are due in batch 1: the first
+    // deletes the second.
+    let rows = rows_of(&run);
+    assert_eq!(
+        rows,
+        [("a\u{0}b".to_string(), "fired".to_string(), 1.0)],
+        "{rows:?}"
+    );
+}

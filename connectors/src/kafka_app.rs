@@ -154,6 +154,16 @@ impl KafkaApp {
         P: StatefulProcessor,
         F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
     {
+        let taken = self
+            .steps
+            .iter()
+            .any(|s| s["process"]["processor"].as_str() == Some(name));
+        if taken {
+            self.mistake.get_or_insert(Error::config(
+                "process",
+                format!("two processors are named `{name}`: give each its own name"),
+            ));
+        }
         self.steps
             .push(json!({ "process": {"processor": name, "keys": keys} }));
         let name = name.to_string();

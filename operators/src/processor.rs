@@ -20,7 +20,7 @@
 //! handled as it arrives. An `Err` or a panic fails the batch, naming the
 //! key; nothing of the batch is committed.
 
-use super::{encode_key_into, BatchContext, KeyRange, Operator, QueryableState};
+use super::{BatchContext, KeyRange, Operator, QueryableState};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
@@ -111,6 +111,63 @@ impl std::fmt::Display for GroupKey {
         let parts: Vec<String> = self.values.iter().map(|v| v.to_string()).collect();
         write!(f, "[{}]", parts.join(", "))
     }
+}
+
+/// The store bytes of a grouping key: each value tagged, a string with its
+/// length, so that any values (a string holding NUL bytes too) give
+/// distinct bytes and read back exactly (a timer names its key so).
+fn encode_group_key(values: &[Value], out: &mut Vec<u8>) {
+    out.clear();
+    for value in values {
+        match value {
+            Value::Null => out.push(0),
+            Value::Bool(b) => out.extend([1, *b as u8]),
+            Value::Long(x) => {
+                out.push(2);
+                out.extend(x.to_be_bytes());
+            }
+            Value::Double(x) => {
+                out.push(3);
+                out.extend(x.to_bits().to_be_bytes());
+            }
+            Value::Timestamp(x) => {
+                out.push(4);
+                out.extend(x.to_be_bytes());
+            }
+            Value::Str(s) => {
+                out.push(5);
+                out.extend((s.len() as u32).to_be_bytes());
+                out.extend(s.as_bytes());
+            }
+        }
+    }
+}
+
+/// The values [`encode_group_key`] wrote, `None` if `bytes` are not such.
+fn decode_group_key(mut bytes: &[u8]) -> Option<Vec<Value>> {
+    let fixed = |rest: &[u8]| -> Option<[u8; 8]> { rest.get(..8)?.try_into().ok() };
+    let mut values = Vec::new();
+    while let Some((&tag, rest)) = bytes.split_first() {
+        let (value, used) = match tag {
+            0 => (Value::Null, 0),
+            1 => (Value::Bool(*rest.first()? != 0), 1),
+            2 => (Value::Long(i64::from_be_bytes(fixed(rest)?)), 8),
+            3 => (
+                Value::Double(f64::from_bits(u64::from_be_bytes(fixed(rest)?))),
+                8,
+            ),
+            4 => (Value::Timestamp(i64::from_be_bytes(fixed(rest)?)), 8),
+            5 => {
+                let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+                let text = std::str::from_utf8(rest.get(4..4 + len)?).ok()?;
+                (Value::Str(Arc::from(text)), 4 + len)
+            }
+            _ => return None,
+        };
+        values.push(value);
+        bytes = &rest[used..];
+    }
+    Some(values)
 }
 
 /// One declared state: its name, kind and TTL.
@@ -238,8 +295,10 @@ impl<O> ProcessorContext<'_, O> {
         self.out.push(row);
     }
 
-    /// The watermark in effect for this batch (microseconds; the lowest
-    /// value before any event time was seen).
+    /// The watermark in effect for this batch (microseconds; 0, the
+    /// epoch, before any event time was seen). Without a watermark on the
+    /// query it stays there: an event-time timer after the epoch never
+    /// fires.
     pub fn watermark(&self) -> TimestampMicros {
         self.batch.watermark
     }
@@ -478,6 +537,22 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
         })
     }
 
+    /// Builds the processor once and drops it (without `close`, which
+    /// only a step that ran calls): whether `build` and its declarations
+    /// succeed.
+    pub fn check(
+        keys: &[impl AsRef<str>],
+        build: impl FnOnce(&mut StateDeclarations) -> Result<P>,
+    ) -> Result<()> {
+        if keys.is_empty() {
+            return Err(Error::config(
+                "process.keys",
+                "a stateful processor needs at least one grouping column",
+            ));
+        }
+        build(&mut StateDeclarations::default()).map(drop)
+    }
+
     fn failure(&self, key: &GroupKey, source: ProcessorError) -> Error {
         Error::Processor {
             processor: self.name.to_string(),
@@ -544,8 +619,13 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
         batch: &BatchContext,
         out: &mut Vec<Row>,
     ) -> Result<()> {
-        for due in self.state.take_due_timers(domain, up_to)? {
-            let values = tidemark_types::row::decode_key(&due.key).ok_or_else(|| {
+        for due in self.state.due_timers(domain, up_to)? {
+            // Deleted by a handler that ran since the due list was taken.
+            if !self.state.has_timer(&due.key, domain, due.time)? {
+                continue;
+            }
+            self.state.delete_timer(&due.key, domain, due.time)?;
+            let values = decode_group_key(&due.key).ok_or_else(|| {
                 Error::Internal(format!("{}: a timer's key cannot be decoded", self.name))
             })?;
             let key = GroupKey {
@@ -586,7 +666,7 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         let input: P::Input = crate::typed::from_row(&row).map_err(|e| {
             Error::bad_row("<row>", format!("not an input of {}: {e}", self.describe()))
         })?;
-        encode_key_into(values.iter(), &mut self.key_buffer);
+        encode_group_key(&values, &mut self.key_buffer);
         if ctx.real_time {
             // Handled as it arrives, its output sent at once.
             self.state.set_processing_time(ctx.processing_time);
@@ -623,11 +703,14 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         Ok(())
     }
 
+    /// A processing-time timer that is due, or an event-time timer the
+    /// watermark already reached (registered while timers fired), runs a
+    /// batch without new rows.
     fn wants_batch(&self, ctx: &BatchContext) -> bool {
-        matches!(
-            self.state.earliest_timer(TimeDomain::ProcessingTime),
-            Ok(Some(t)) if t <= ctx.processing_time
-        )
+        let due =
+            |domain, up_to| matches!(self.state.earliest_timer(domain), Ok(Some(t)) if t <= up_to);
+        due(TimeDomain::ProcessingTime, ctx.processing_time)
+            || due(TimeDomain::EventTime, ctx.watermark)
     }
 
     fn is_stateful(&self) -> bool {
@@ -682,7 +765,7 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
     /// `state`, `kind` and `value` (JSON text).
     fn read_key(&mut self, key: &[Value], _range: &KeyRange) -> Result<Vec<Row>> {
         let mut encoded = Vec::new();
-        encode_key_into(key.iter(), &mut encoded);
+        encode_group_key(key, &mut encoded);
         let mut rows = Vec::new();
         for (state, kind, value) in self.state.read_key(&encoded)? {
             let mut row = Row::with_capacity(self.keys.len() + 3);

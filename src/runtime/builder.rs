@@ -867,7 +867,7 @@ impl QueryBuilder {
     {
         use crate::operators::ProcessorStep;
         // Declared once here, so that a bad declaration fails the build.
-        ProcessorStep::new(name, keys, &build)?;
+        ProcessorStep::check(keys, &build)?;
         let keys: Vec<String> = keys.iter().map(|k| k.as_ref().to_string()).collect();
         let name = name.to_string();
         let shape = StepShape::Groups {

@@ -238,20 +238,31 @@ impl KeyedStateStore {
     ) -> Result<(), StateError> {
         let expiry = ttl.map(|ttl| self.now.saturating_add(ttl));
         let cell = self.encode_cell(value, expiry)?;
+        if ttl.is_some() {
+            self.forget_expiry(cell_key)?;
+        }
         self.store.put(cell_key, &cell)?;
         if let Some(expiry) = expiry {
-            let mut index = Vec::with_capacity(cell_key.len() + 9);
-            index.push(b'x');
-            index.extend(sortable(expiry));
-            index.extend(cell_key);
-            self.store.put(&index, &[])?;
+            self.store.put(&ttl_key(expiry, cell_key), &[])?;
         }
         self.counts.written += 1;
         Ok(())
     }
 
-    /// Removes the cell at `cell_key` (its TTL entry goes when it is due).
+    /// Removes the TTL entry of the cell at `cell_key`, if it has one: a
+    /// cell written again or removed leaves no stale entry behind.
+    fn forget_expiry(&mut self, cell_key: &[u8]) -> Result<(), StateError> {
+        if let Some(old) = self.store.get(cell_key)? {
+            if let Some(expiry) = cell_expiry(&old) {
+                self.store.delete(&ttl_key(expiry, cell_key))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the cell at `cell_key` and its TTL entry.
     pub fn delete(&mut self, cell_key: &[u8]) -> Result<(), StateError> {
+        self.forget_expiry(cell_key)?;
         self.store.delete(cell_key)?;
         self.counts.removed += 1;
         Ok(())
@@ -274,7 +285,10 @@ impl KeyedStateStore {
 
     /// Removes every entry under `prefix`.
     pub fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
-        for (key, _) in self.store.prefix(prefix)? {
+        for (key, cell) in self.store.prefix(prefix)? {
+            if let Some(expiry) = cell_expiry(&cell) {
+                self.store.delete(&ttl_key(expiry, &key))?;
+            }
             self.store.delete(&key)?;
             self.counts.removed += 1;
         }
@@ -332,6 +346,16 @@ impl KeyedStateStore {
         Ok(())
     }
 
+    /// Whether `key` has this timer.
+    pub fn has_timer(
+        &self,
+        key: &[u8],
+        domain: TimeDomain,
+        time: Micros,
+    ) -> Result<bool, StateError> {
+        Ok(self.store.get(&timer_keys(key, domain, time).0)?.is_some())
+    }
+
     /// Deletes a timer of `key` (a no-op when there is none).
     pub fn delete_timer(
         &mut self,
@@ -374,11 +398,11 @@ impl KeyedStateStore {
             .and_then(|(k, _)| time_of(&k[2..])))
     }
 
-    /// Takes out every timer of `domain` at or before `up_to`, in time
-    /// order (a timer registered again while they fire waits for the next
-    /// call).
-    pub fn take_due_timers(
-        &mut self,
+    /// Every timer of `domain` at or before `up_to`, in time order; the
+    /// caller deletes each as it fires it (and skips one a handler deleted
+    /// meanwhile: [`KeyedStateStore::has_timer`]).
+    pub fn due_timers(
+        &self,
         domain: TimeDomain,
         up_to: Micros,
     ) -> Result<Vec<DueTimer>, StateError> {
@@ -392,11 +416,11 @@ impl KeyedStateStore {
         for (index, _) in self.store.range(&start, &end)? {
             let time =
                 time_of(&index[2..]).ok_or_else(|| self.error("a timer is malformed".into()))?;
-            let key = index[10..].to_vec();
-            let (own, _) = timer_keys(&key, domain, time);
-            self.store.delete(&own)?;
-            self.store.delete(&index)?;
-            due.push(DueTimer { domain, time, key });
+            due.push(DueTimer {
+                domain,
+                time,
+                key: index[10..].to_vec(),
+            });
         }
         Ok(due)
     }
@@ -414,21 +438,38 @@ impl KeyedStateStore {
             let expiry = time_of(&index[1..])
                 .ok_or_else(|| self.error("a TTL entry is malformed".into()))?;
             let cell_key = &index[9..];
-            // A cell written again since carries a later expiry: only the
-            // entry of its current one removes it.
+            // Each entry is its cell's current expiry (a rewrite or a
+            // removal takes the old one out); checked all the same.
             if let Some(cell) = self.store.get(cell_key)? {
-                if cell.first() == Some(&1)
-                    && cell.len() >= 9
-                    && i64::from_le_bytes(cell[1..9].try_into().expect("8 bytes")) == expiry
-                {
+                if cell_expiry(&cell) == Some(expiry) {
                     self.store.delete(cell_key)?;
                     expired += 1;
+                    self.forget_empty_list(cell_key)?;
                 }
             }
             self.store.delete(&index)?;
         }
         self.counts.expired += expired;
         Ok(expired)
+    }
+
+    /// Removes a list's sequence number once its last element expired, so
+    /// that a key whose list expired leaves nothing behind.
+    fn forget_empty_list(&mut self, cell_key: &[u8]) -> Result<(), StateError> {
+        // A list element's key: a cell prefix ending in `l`, then 8 bytes.
+        let Some(prefix) = cell_key.len().checked_sub(8).map(|at| &cell_key[..at]) else {
+            return Ok(());
+        };
+        if prefix.last() != Some(&b'l') || prefix.get(prefix.len().wrapping_sub(2)) != Some(&0) {
+            return Ok(());
+        }
+        if self.store.prefix(prefix)?.is_empty() {
+            let mut next_key = prefix.to_vec();
+            next_key.pop();
+            next_key.push(b'n');
+            self.store.delete(&next_key)?;
+        }
+        Ok(())
     }
 
     /// Removes every state and timer of `key`.
@@ -486,6 +527,25 @@ impl KeyedStateStore {
     pub fn approximate_len(&self) -> usize {
         self.store.approximate_len()
     }
+}
+
+/// A cell's expiry, if it has a TTL.
+fn cell_expiry(cell: &[u8]) -> Option<Micros> {
+    match cell {
+        [1, expiry @ ..] if expiry.len() >= 8 => {
+            Some(i64::from_le_bytes(expiry[..8].try_into().expect("8 bytes")))
+        }
+        _ => None,
+    }
+}
+
+/// The TTL index entry of a cell expiring at `expiry`.
+fn ttl_key(expiry: Micros, cell_key: &[u8]) -> Vec<u8> {
+    let mut index = Vec::with_capacity(cell_key.len() + 9);
+    index.push(b'x');
+    index.extend(sortable(expiry));
+    index.extend(cell_key);
+    index
 }
 
 /// A timer's entry under its key and its entry in firing order.
@@ -560,7 +620,18 @@ mod tests {
         assert_eq!(s.get::<i32>(&b).unwrap(), Some(3));
         s.set_processing_time(1_150);
         assert_eq!(s.expire().unwrap(), 1);
-        assert_eq!(s.store().approximate_len(), 0);
+        assert_eq!(s.store().approximate_len(), 0, "no stale TTL entry left");
+        // A list whose elements all expired leaves nothing either.
+        let l = cell_prefix(b"c", "l", StateKind::List);
+        s.append(&l, &1, Some(10)).unwrap();
+        s.append(&l, &2, Some(10)).unwrap();
+        s.set_processing_time(1_160);
+        assert_eq!(s.expire().unwrap(), 2);
+        assert_eq!(
+            s.store().approximate_len(),
+            0,
+            "nor a list's sequence number"
+        );
     }
 
     #[test]
@@ -580,11 +651,15 @@ mod tests {
                 (TimeDomain::ProcessingTime, 10)
             ]
         );
-        let due = s.take_due_timers(TimeDomain::EventTime, 30).unwrap();
+        let due = s.due_timers(TimeDomain::EventTime, 30).unwrap();
         let fired: Vec<(Micros, &[u8])> = due.iter().map(|t| (t.time, t.key.as_slice())).collect();
         assert_eq!(fired, [(-5, &b"b"[..]), (30, &b"a"[..])]);
+        for t in &due {
+            assert!(s.has_timer(&t.key, t.domain, t.time).unwrap());
+            s.delete_timer(&t.key, t.domain, t.time).unwrap();
+        }
         assert!(s
-            .take_due_timers(TimeDomain::EventTime, i64::MAX)
+            .due_timers(TimeDomain::EventTime, i64::MAX)
             .unwrap()
             .is_empty());
         assert_eq!(s.timers(b"a").unwrap(), [(TimeDomain::ProcessingTime, 10)]);

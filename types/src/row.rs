@@ -288,32 +288,6 @@ pub fn encode_key_part(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// The values [`encode_key`] encoded, or `None` when `bytes` is not such
-/// an encoding (a string value holding a NUL byte cannot be told apart).
-pub fn decode_key(mut bytes: &[u8]) -> Option<Vec<Value>> {
-    let mut values = Vec::new();
-    let fixed =
-        |rest: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(rest.get(..8)?.try_into().ok()?)) };
-    while let Some((&tag, rest)) = bytes.split_first() {
-        let (value, used) = match tag {
-            0 => (Value::Null, 0),
-            1 => (Value::Bool(*rest.first()? != 0), 1),
-            2 => (Value::Long((fixed(rest)? ^ (1 << 63)) as i64), 8),
-            3 => (Value::Double(f64::from_bits(fixed(rest)?)), 8),
-            4 => (Value::Timestamp((fixed(rest)? ^ (1 << 63)) as i64), 8),
-            5 => {
-                let end = rest.iter().position(|b| *b == 0)?;
-                let text = std::str::from_utf8(&rest[..end]).ok()?;
-                (Value::Str(Arc::from(text)), end + 1)
-            }
-            _ => return None,
-        };
-        values.push(value);
-        bytes = &rest[used..];
-    }
-    Some(values)
-}
-
 /// The encoding of a string key value, from the text itself: a columnar
 /// batch encodes its string keys without making a [`Value`] of each.
 pub fn encode_key_str(text: &str, out: &mut Vec<u8>) {

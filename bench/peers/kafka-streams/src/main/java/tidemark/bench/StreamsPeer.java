@@ -41,7 +41,9 @@ import org.apache.kafka.streams.processor.TimestampExtractor;
  *   MODE       filter: JSON values with amount >= 0, written unchanged;
  *              window: 5-minute tumbling count and sum of amount per record
  *              key on the value's event_time (10-minute grace), every update
- *              written (update mode, the default 10 MiB record cache)
+ *              written (update mode, the default 10 MiB record cache);
+ *              card_velocity: the rules of tidemark's examples/card_velocity.rs
+ *              in the Processor API (see CardVelocity)
  *   GUARANTEE  at_least_once | exactly_once_v2
  * </pre>
  *
@@ -69,7 +71,7 @@ public final class StreamsPeer {
   public static void main(String[] args) throws Exception {
     if (args.length != 6) {
       System.err.println(
-          "usage: MODE(filter|window) BOOTSTRAP INPUT OUTPUT APPLICATION_ID GUARANTEE");
+          "usage: MODE(filter|window|card_velocity) BOOTSTRAP INPUT OUTPUT APPLICATION_ID GUARANTEE");
       System.exit(2);
     }
     String mode = args[0], bootstrap = args[1], input = args[2], output = args[3];
@@ -115,6 +117,11 @@ public final class StreamsPeer {
             return KeyValue.pair(window.key(), row.getBytes(StandardCharsets.UTF_8));
           })
           .to(output, Produced.with(Serdes.String(), Serdes.ByteArray()));
+      case "card_velocity" -> {
+        props.put(StreamsConfig.DEFAULT_TIMESTAMP_EXTRACTOR_CLASS_CONFIG,
+            CardVelocity.EventTime.class);
+        CardVelocity.build(builder, stream, output);
+      }
       default -> throw new IllegalArgumentException("unknown mode " + mode);
     }
 
