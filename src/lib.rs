@@ -25,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod async_step;
 pub mod decode;
 mod env_vars;
 pub mod functions;

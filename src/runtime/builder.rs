@@ -606,6 +606,55 @@ impl QueryBuilder {
         self.flat_map_typed::<In, Out, Option<Out>>(move |i| Some(f(i)))
     }
 
+    /// An asynchronous call per row (Flink's Async I/O; see
+    /// [`crate::async_step`]): `call` answers each `In` with an `Out`, at
+    /// most `options.concurrency` calls in flight, each within
+    /// `options.timeout`; the batch commits once every call answered, and
+    /// a failed call fails the batch.
+    ///
+    /// ```
+    /// use tidemark::async_step::AsyncOptions;
+    /// use tidemark::prelude::*;
+    /// #[derive(serde::Deserialize)]
+    /// struct Tx { card: String, amount: f64 }
+    /// #[derive(serde::Serialize)]
+    /// struct Scored { card: String, score: f64 }
+    /// let query = Query::builder("scoring")
+    ///     .map_async("score", AsyncOptions::default(), |tx: Tx| async move {
+    ///         // e.g. an HTTP call to a model server
+    ///         Ok::<_, std::io::Error>(Scored { card: tx.card, score: tx.amount / 1000.0 })
+    ///     })
+    ///     .unwrap()
+    ///     .build()
+    ///     .unwrap();
+    /// ```
+    pub fn map_async<In, Out, F, Fut, E>(
+        self,
+        name: &str,
+        options: crate::async_step::AsyncOptions,
+        call: F,
+    ) -> Result<Self>
+    where
+        In: serde::de::DeserializeOwned + Send + 'static,
+        Out: serde::Serialize + Send + 'static,
+        F: Fn(In) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::result::Result<Out, E>> + Send + 'static,
+        E: Into<crate::async_step::CallError> + 'static,
+    {
+        use crate::async_step::AsyncStep;
+        let call = Arc::new(call);
+        let probe = call.clone();
+        AsyncStep::<In, Out>::new(name, options, move |i| probe(i))?;
+        let name = name.to_string();
+        Ok(self.step(move || {
+            let call = call.clone();
+            Box::new(
+                AsyncStep::<In, Out>::new(&name, options, move |i| call(i))
+                    .expect("checked when the step was added"),
+            )
+        }))
+    }
+
     /// A typed flat_map: each `In` gives zero or more `Out`.
     pub fn flat_map_typed<In, Out, I>(self, f: impl Fn(In) -> I + Send + Sync + 'static) -> Self
     where

@@ -109,7 +109,8 @@ public final class CardVelocity {
       this.context = context;
       this.cards = context.getStateStore("cards");
       this.idleAt = context.getStateStore("idle-at");
-      context.schedule(Duration.ofSeconds(1), PunctuationType.STREAM_TIME, this::sweep);
+      // Once a minute of stream time: the watermark moves by no less.
+      context.schedule(Duration.ofMinutes(1), PunctuationType.STREAM_TIME, this::sweep);
     }
 
     /** Emits the idle rows the watermark (stream time less a minute) reached. */
