@@ -56,6 +56,10 @@ struct Period {
     latest: TimestampMicros,
     transactions: u64,
     total: f64,
+    /// How many declines the `declines` list keeps (so that a card with
+    /// none never reads it).
+    #[serde(default)]
+    kept_declines: u64,
 }
 
 /// What the processor writes.
@@ -110,39 +114,31 @@ impl CardVelocity {
         ctx.clear_all()
     }
 
-    fn handle_one(
+    /// Counts a row into the card's period (opening one if none is
+    /// open) and applies the decline rule.
+    fn count(
         &self,
         card: &str,
-        row: Transaction,
+        row: &Transaction,
+        ts: TimestampMicros,
+        period: &mut Option<Period>,
         ctx: &mut ProcessorContext<'_, Alert>,
     ) -> ProcessorResult {
-        let ts =
-            parse_rfc3339(&row.ts).ok_or_else(|| format!("`ts` {:?} is not a time", row.ts))?;
-        let mut period = match self.period.get(ctx)? {
-            Some(p) if ts >= p.latest + IDLE_AFTER => {
-                self.go_idle(card, &p, ctx)?;
-                None
-            }
-            other => other,
-        }
-        .unwrap_or(Period {
+        let p = period.get_or_insert(Period {
             latest: ts,
             transactions: 0,
             total: 0.0,
+            kept_declines: 0,
         });
-        if period.transactions == 0 || ts > period.latest {
-            if period.transactions > 0 {
-                ctx.delete_timer(TimeDomain::EventTime, period.latest + IDLE_AFTER)?;
-            }
-            period.latest = period.latest.max(ts);
-            ctx.register_event_time_timer(period.latest + IDLE_AFTER)?;
-        }
-        period.transactions += 1;
-        period.total += row.amount;
-        self.period.set(ctx, &period)?;
+        p.latest = p.latest.max(ts);
+        p.transactions += 1;
+        p.total += row.amount;
         match row.status {
-            Status::Declined => self.declines.append(ctx, &ts)?,
-            Status::Approved if row.amount >= LARGE_AMOUNT => {
+            Status::Declined => {
+                self.declines.append(ctx, &ts)?;
+                p.kept_declines += 1;
+            }
+            Status::Approved if row.amount >= LARGE_AMOUNT && p.kept_declines >= 3 => {
                 let recent = self
                     .declines
                     .get(ctx)?
@@ -158,9 +154,34 @@ impl CardVelocity {
                         amount: row.amount,
                     });
                     self.declines.clear(ctx)?;
+                    p.kept_declines = 0;
                 }
             }
             Status::Approved => {}
+        }
+        Ok(())
+    }
+
+    /// Forgets the declines the watermark passed by 10 minutes (they can
+    /// count no more).
+    fn forget_old_declines(
+        &self,
+        period: &mut Period,
+        ctx: &mut ProcessorContext<'_, Alert>,
+    ) -> ProcessorResult {
+        if period.kept_declines == 0 {
+            return Ok(());
+        }
+        let watermark = ctx.watermark();
+        let kept = self.declines.get(ctx)?;
+        let keep: Vec<TimestampMicros> = kept
+            .iter()
+            .copied()
+            .filter(|d| d.saturating_add(DECLINE_WINDOW) > watermark)
+            .collect();
+        if keep.len() < kept.len() {
+            self.declines.put(ctx, &keep)?;
+            period.kept_declines = keep.len() as u64;
         }
         Ok(())
     }
@@ -177,13 +198,30 @@ impl StatefulProcessor for CardVelocity {
         ctx: &mut ProcessorContext<'_, Alert>,
     ) -> ProcessorResult {
         let card = key.as_str().unwrap_or_default().to_string();
+        // Read once, written once: the rows of a batch change it in memory.
+        let mut period = self.period.get(ctx)?;
+        let mut timer = period.as_ref().map(|p| p.latest + IDLE_AFTER);
         for row in rows {
-            self.handle_one(&card, row, ctx)?;
+            let ts =
+                parse_rfc3339(&row.ts).ok_or_else(|| format!("`ts` {:?} is not a time", row.ts))?;
+            if let Some(p) = period.as_ref().filter(|p| ts >= p.latest + IDLE_AFTER) {
+                self.go_idle(&card, p, ctx)?;
+                (period, timer) = (None, None);
+            }
+            self.count(&card, &row, ts, &mut period, ctx)?;
         }
-        // Declines the watermark passed by 10 minutes can count no more.
-        let watermark = ctx.watermark();
-        self.declines
-            .retain(ctx, |d| d.saturating_add(DECLINE_WINDOW) > watermark)
+        let Some(mut period) = period else {
+            return Ok(());
+        };
+        self.forget_old_declines(&mut period, ctx)?;
+        let idle_at = period.latest + IDLE_AFTER;
+        if timer != Some(idle_at) {
+            if let Some(old) = timer {
+                ctx.delete_timer(TimeDomain::EventTime, old)?;
+            }
+            ctx.register_event_time_timer(idle_at)?;
+        }
+        self.period.set(ctx, &period)
     }
 
     fn handle_expired_timer(

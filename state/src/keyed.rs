@@ -46,6 +46,13 @@ impl TimeDomain {
         }
     }
 
+    fn index(self) -> usize {
+        match self {
+            TimeDomain::EventTime => 0,
+            TimeDomain::ProcessingTime => 1,
+        }
+    }
+
     fn of_tag(tag: u8) -> Option<Self> {
         match tag {
             b'e' => Some(TimeDomain::EventTime),
@@ -109,6 +116,13 @@ pub struct KeyedStateStore {
     /// Processing time: cells whose expiry is at or before it are gone.
     now: Micros,
     counts: KeyedStateCounts,
+    /// Per clock (event, processing): no timer is earlier. Timers fire in
+    /// time order and are deleted as they fire, so a scan from the
+    /// index's start would step over every fired timer's tombstone until
+    /// RocksDB compacts them; it starts here instead.
+    timer_floor: [Micros; 2],
+    /// No TTL entry is earlier (the same, for the TTL index).
+    expiry_floor: Micros,
 }
 
 /// A time as bytes that sort as the times do.
@@ -147,6 +161,8 @@ impl KeyedStateStore {
             store,
             now: Micros::MIN,
             counts: KeyedStateCounts::default(),
+            timer_floor: [Micros::MIN; 2],
+            expiry_floor: Micros::MIN,
         }
     }
 
@@ -243,6 +259,7 @@ impl KeyedStateStore {
         }
         self.store.put(cell_key, &cell)?;
         if let Some(expiry) = expiry {
+            self.expiry_floor = self.expiry_floor.min(expiry);
             self.store.put(&ttl_key(expiry, cell_key), &[])?;
         }
         self.counts.written += 1;
@@ -338,6 +355,8 @@ impl KeyedStateStore {
         time: Micros,
     ) -> Result<(), StateError> {
         let (own, index) = timer_keys(key, domain, time);
+        let floor = &mut self.timer_floor[domain.index()];
+        *floor = (*floor).min(time);
         if self.store.get(&own)?.is_none() {
             self.store.put(&own, &[])?;
             self.store.put(&index, &[])?;
@@ -390,7 +409,8 @@ impl KeyedStateStore {
 
     /// The earliest timer of `domain`, if any.
     pub fn earliest_timer(&self, domain: TimeDomain) -> Result<Option<Micros>, StateError> {
-        let start = [b't', domain.tag()];
+        let mut start = vec![b't', domain.tag()];
+        start.extend(sortable(self.timer_floor[domain.index()]));
         let end = [b't', domain.tag() + 1];
         Ok(self
             .store
@@ -400,18 +420,22 @@ impl KeyedStateStore {
 
     /// Every timer of `domain` at or before `up_to`, in time order; the
     /// caller deletes each as it fires it (and skips one a handler deleted
-    /// meanwhile: [`KeyedStateStore::has_timer`]).
+    /// meanwhile: [`KeyedStateStore::has_timer`]). Timers registered from
+    /// now on at or before `up_to` are found by the next call.
     pub fn due_timers(
-        &self,
+        &mut self,
         domain: TimeDomain,
         up_to: Micros,
     ) -> Result<Vec<DueTimer>, StateError> {
-        let start = vec![b't', domain.tag()];
-        let mut end = start.clone();
+        let floor = &mut self.timer_floor[domain.index()];
+        let mut start = vec![b't', domain.tag()];
+        start.extend(sortable(*floor));
+        let mut end = vec![b't', domain.tag()];
         match up_to.checked_add(1) {
             Some(after) => end.extend(sortable(after)),
             None => end = vec![b't', domain.tag() + 1],
         }
+        *floor = (*floor).max(up_to.saturating_add(1));
         let mut due = Vec::new();
         for (index, _) in self.store.range(&start, &end)? {
             let time =
@@ -433,8 +457,11 @@ impl KeyedStateStore {
             Some(after) => end.extend(sortable(after)),
             None => end = vec![b'y'],
         }
+        let mut start = vec![b'x'];
+        start.extend(sortable(self.expiry_floor));
+        self.expiry_floor = self.expiry_floor.max(self.now.saturating_add(1));
         let mut expired = 0;
-        for (index, _) in self.store.range(b"x", &end)? {
+        for (index, _) in self.store.range(&start, &end)? {
             let expiry = time_of(&index[1..])
                 .ok_or_else(|| self.error("a TTL entry is malformed".into()))?;
             let cell_key = &index[9..];
@@ -474,10 +501,28 @@ impl KeyedStateStore {
 
     /// Removes every state and timer of `key`.
     pub fn clear_key(&mut self, key: &[u8]) -> Result<(), StateError> {
-        for (domain, time) in self.timers(key)? {
-            self.delete_timer(key, domain, time)?;
+        let section = key_section(key);
+        // One scan: the key's timers (`t` after the section) take their
+        // index entries along.
+        for (entry, cell) in self.store.prefix(&section)? {
+            let rest = &entry[section.len()..];
+            match rest {
+                [b't', tag, time @ ..] => {
+                    if let (Some(domain), Some(time)) = (TimeDomain::of_tag(*tag), time_of(time)) {
+                        self.store.delete(&timer_keys(key, domain, time).1)?;
+                        self.counts.timers_deleted += 1;
+                    }
+                }
+                _ => {
+                    if let Some(expiry) = cell_expiry(&cell) {
+                        self.store.delete(&ttl_key(expiry, &entry))?;
+                    }
+                    self.counts.removed += 1;
+                }
+            }
+            self.store.delete(&entry)?;
         }
-        self.delete_prefix(&key_section(key))
+        Ok(())
     }
 
     /// Everything `key` holds, for a read: `(state, kind, entry)` where
