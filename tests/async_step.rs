@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark::async_step::AsyncOptions;
+use tidemark::async_step::{AsyncOptions, CallError};
 use tidemark::prelude::*;
 use tidemark::test_driver::PipelineTestDriver;
 
@@ -104,11 +104,9 @@ fn a_call_that_times_out_or_fails_fails_the_batch_naming_the_step() {
                 |tx: Tx| async move {
                     if tx.n == 1 {
                         tokio::time::sleep(Duration::from_millis(200)).await;
-                        if true {
-                            return Err("model server down".into());
-                        }
+                        return Err::<Scored, CallError>("model server down".into());
                     }
-                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Scored { n: tx.n, score: 0 })
+                    Ok(Scored { n: tx.n, score: 0 })
                 },
             )
             .unwrap();
@@ -116,8 +114,7 @@ fn a_call_that_times_out_or_fails_fails_the_batch_naming_the_step() {
             .pipe("t", r#"{"n": 0}"#)
             .pipe("t", r#"{"n": 1}"#)
             .run()
-            .err()
-            .expect("the batch fails");
+            .expect_err("the batch fails");
         let text = e.to_string();
         assert!(text.contains("score") && text.contains(expected), "{text}");
     }
