@@ -11,14 +11,19 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use std::time::Duration;
 use tidemark::prelude::*;
-use tidemark::schema::FieldType;
-use tidemark_connectors::files::StdoutSink;
-use tidemark_connectors::kafka::{ensure_topic, KafkaSource, KafkaSourceConfig};
+use tidemark_connectors::kafka::ensure_topic;
+use tidemark_connectors::KafkaApp;
 
 /// The input topic's name; each run gets its own (`sensor-readings-<pid>`),
 /// so that a rerun on a shared broker reads only its own readings.
 const TOPIC_PREFIX: &str = "sensor-readings";
 const MACHINES: [&str; 4] = ["drill-1", "drill-2", "loader-1", "truck-7"];
+
+/// The application's id, its own per run (its consumer group, its
+/// internal topics).
+fn app_id() -> String {
+    format!("machine-health-{}", std::process::id())
+}
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("warn").init();
@@ -37,6 +42,9 @@ fn main() -> anyhow::Result<()> {
         Err(_) => {
             let mock = MockCluster::new(1)?;
             mock.create_topic(topic, 4, 1)?;
+            // The query-wide watermark's exchange between instances: the
+            // mock cluster does not create topics on request.
+            mock.create_topic(&format!("{}-watermarks", app_id()), 1, 1)?;
             let b = mock.bootstrap_servers();
             (Some(mock), b)
         }
@@ -82,46 +90,38 @@ fn main() -> anyhow::Result<()> {
         sent
     );
 
-    let source = KafkaSource::new(KafkaSourceConfig {
-        cluster: tidemark_connectors::kafka::KafkaConnection::new(bootstrap.clone()),
-        topics: vec![topic.into()],
-        group: format!("quickstart-{}", std::process::id()),
-        earliest: true,
-        properties: Default::default(),
-    })?;
-    let schema = Schema::new([
-        ("event_time", FieldType::Timestamp),
-        ("machine", FieldType::String),
-        ("temperature", FieldType::Double),
-        ("pressure", FieldType::Double),
-    ]);
-    let query =
-        Query::builder("machine-health")
-            .decoder(tidemark::decode::JsonDecoder::new(schema))
-            .event_time("event_time")
-            .watermark("1 minute")?
-            .filter("temperature > 0")?
-            .window_aggregate(
-                ["machine"],
-                WindowSpec::tumbling("2 minutes")?,
-                vec![
-                    AggregateSpec::new(AggregateFn::built_in("count")?, AggregateInput::Star)
-                        .alias("readings"),
-                    AggregateSpec::new(
-                        AggregateFn::built_in("avg")?,
-                        AggregateInput::Column("temperature".into()),
-                    )
-                    .alias("avg_temperature"),
-                    AggregateSpec::new(
-                        AggregateFn::built_in("max")?,
-                        AggregateInput::Column("pressure".into()),
-                    ),
+    let summary =
+        KafkaApp::new(&format!("machine-health-{}", std::process::id()))
+            .bootstrap(&bootstrap)
+            .input(
+                topic,
+                &[
+                    ("event_time", "timestamp"),
+                    ("machine", "string"),
+                    ("temperature", "double"),
+                    ("pressure", "double"),
                 ],
             )
+            // Keyed by machine: each machine's windows live in one task.
+            .keyed_by(&["machine"])
+            .event_time("event_time", "1 minute")
+            .steps(|query| {
+                Ok(query.filter("temperature > 0")?.window_aggregate(
+                    ["machine"],
+                    tumbling("2 minutes")?,
+                    vec![
+                        count().alias("readings"),
+                        avg("temperature").alias("avg_temperature"),
+                        max("pressure"),
+                    ],
+                ))
+            })
             .output_mode(OutputMode::Append)
-            .trigger(Trigger::AvailableNow)
+            .available_now()
             .max_records_per_batch(100)
-            .on_progress(|p: &QueryProgress| {
+            .to_stdout()
+            .runner()?
+            .on_progress(|_stage: &str, p: &QueryProgress| {
                 let dropped: u64 = p
                     .state_operators
                     .iter()
@@ -136,9 +136,7 @@ fn main() -> anyhow::Result<()> {
                 dropped
             );
             })
-            .build()?;
-    let mut source = source;
-    let summary = query.run(&mut source, &mut StdoutSink)?;
+            .run()?;
     println!(
         "done: {} batches, {} input records, {} windows emitted, {} bad record(s) sent to the dead-letter output",
         summary.batches, summary.input_records, summary.output_rows, summary.bad_records

@@ -484,6 +484,9 @@ pub enum StepSpec {
     /// processor the program registered under that name
     /// ([`PipelineFile::with_processor`]).
     Process(ProcessYaml),
+    /// `code: features`: steps the program wrote on the query builder and
+    /// registered under that name ([`PipelineFile::with_steps`]).
+    Code(String),
 }
 
 impl StepSpec {
@@ -511,12 +514,13 @@ impl StepSpec {
                 keyed_by: u.keyed_by.clone(),
             },
             StepSpec::Process(p) => groups(&p.keys, Grouping::Processor),
+            StepSpec::Code(_) => StepShape::Opaque,
         }
     }
 }
 
 const STEP_NAMES: &str =
-    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union, process";
+    "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union, process, code";
 
 /// `join: {topic, type, on, event_time, watermark, between | bounds | window, ...}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -752,7 +756,13 @@ pub struct ProcessYaml {
     pub keys: Vec<String>,
 }
 
-/// Adds a registered processor's step to a builder.
+/// Where code steps registered under `name` are kept, apart from the
+/// processors' names.
+fn code_step_name(name: &str) -> String {
+    format!("code:{name}")
+}
+
+/// Adds a registered processor's step (or code steps) to a builder.
 pub type ProcessorStepBuilder =
     Arc<dyn Fn(QueryBuilder, &[String]) -> Result<QueryBuilder> + Send + Sync>;
 
@@ -799,6 +809,7 @@ impl<'de> Deserialize<'de> for StepSpec {
                     "table_join" => StepSpec::TableJoin(map.next_value()?),
                     "union" => StepSpec::Union(map.next_value()?),
                     "process" => StepSpec::Process(map.next_value()?),
+                    "code" => StepSpec::Code(map.next_value()?),
                     other => {
                         return Err(de::Error::custom(format!(
                             "unknown step `{other}`; steps: {STEP_NAMES}"
@@ -2053,6 +2064,20 @@ impl PipelineFile {
         self
     }
 
+    /// Registers steps written in Rust on the query builder — any built-in
+    /// operator, typed maps, async calls — for the file's `code: <name>`
+    /// steps: `add` appends them where the file names them. It replaces
+    /// steps registered before under the same name.
+    pub fn with_steps(
+        mut self,
+        name: &str,
+        add: impl Fn(QueryBuilder) -> Result<QueryBuilder> + Send + Sync + 'static,
+    ) -> Self {
+        let add: ProcessorStepBuilder = Arc::new(move |b: QueryBuilder, _: &[String]| add(b));
+        self.processors.0.insert(code_step_name(name), add);
+        self
+    }
+
     /// Builds the query from the file's settings and steps. Source, sink,
     /// decoder and dead-letter output are the connectors' part.
     pub fn query_builder(&self) -> Result<QueryBuilder> {
@@ -2157,6 +2182,17 @@ impl PipelineFile {
                             format!(
                                 "no processor `{}` is registered; registered: {:?} (a program registers one with PipelineFile::with_processor)",
                                 p.processor, self.processors
+                            ),
+                        ))
+                    }
+                },
+                StepSpec::Code(name) => match self.processors.0.get(&code_step_name(name)) {
+                    Some(add) => add(b, &[])?,
+                    None => {
+                        return Err(Error::config(
+                            "steps[].code",
+                            format!(
+                                "no steps `{name}` are registered (a program registers them with PipelineFile::with_steps)"
                             ),
                         ))
                     }

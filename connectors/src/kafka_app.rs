@@ -173,6 +173,66 @@ impl KafkaApp {
         self
     }
 
+    /// Adds steps written on the query builder — any built-in operator
+    /// (`window_aggregate`, `rolling_window`, `drop_duplicates`, joins…),
+    /// typed maps, async calls — at this point of the application:
+    ///
+    /// ```no_run
+    /// # use tidemark_connectors::KafkaApp;
+    /// use tidemark::prelude::*;
+    /// let app = KafkaApp::new("per-user")
+    ///     .input("clicks", &[("user", "string"), ("ts", "timestamp")])
+    ///     .event_time("ts", "1 minute")
+    ///     .steps(|q| Ok(q.window_aggregate(["user"], tumbling("5 minutes")?, vec![count()])))
+    ///     .to_topic("clicks-per-user", &["user"]);
+    /// ```
+    pub fn steps(
+        mut self,
+        add: impl Fn(tidemark::runtime::QueryBuilder) -> Result<tidemark::runtime::QueryBuilder>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        let name = format!("steps-{}", self.steps.len());
+        self.steps.push(json!({ "code": name }));
+        self.registrations.push(Box::new(move |file: PipelineFile| {
+            file.with_steps(&name, add)
+        }));
+        self
+    }
+
+    /// The real-time trigger: each record processed as it arrives, state
+    /// and offsets checkpointed every `checkpoint_interval` (update output
+    /// mode).
+    pub fn real_time(mut self, checkpoint_interval: Duration) -> Self {
+        let text = tidemark::duration::format_duration(checkpoint_interval);
+        self.settings
+            .insert("trigger".into(), json!({ "real_time": text }));
+        self
+    }
+
+    /// Processes what is there now in batches, then stops (Spark's
+    /// `Trigger.AvailableNow`).
+    pub fn available_now(mut self) -> Self {
+        self.settings
+            .insert("trigger".into(), "available_now".into());
+        self
+    }
+
+    /// Caps the records of one batch.
+    pub fn max_records_per_batch(mut self, max: usize) -> Self {
+        self.settings
+            .insert("max_records_per_batch".into(), max.into());
+        self
+    }
+
+    /// Writes rows as JSON lines to standard output (the default).
+    pub fn to_stdout(mut self) -> Self {
+        self.settings
+            .insert("sink".into(), json!({"kind": "stdout"}));
+        self
+    }
+
     /// Writes rows as JSON to `topic`, keyed by the `key` columns.
     pub fn to_topic(mut self, topic: &str, key: &[&str]) -> Self {
         let mut sink = json!({"kind": "kafka", "topic": topic});

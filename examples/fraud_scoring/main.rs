@@ -3,8 +3,10 @@
 //! lifetime count), and a card above the threshold is flagged on the alerts
 //! topic within milliseconds of the transaction that crossed it.
 //!
-//! With no broker configured it starts librdkafka's embedded mock cluster;
-//! with `KAFKA_BOOTSTRAP` set it uses that broker.
+//! The application is assembled in Rust (`KafkaApp`); `pipeline.yaml` is
+//! the same application as a file for `tidemark run`. With no broker
+//! configured it starts librdkafka's embedded mock cluster; with
+//! `KAFKA_BOOTSTRAP` set it uses that broker.
 //!
 //!     cargo run --example fraud_scoring
 
@@ -14,13 +16,38 @@ use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use std::time::{Duration, Instant};
-use tidemark::pipeline::PipelineFile;
+use tidemark::operators::{FrontierSpec, OutputMode, RollingMeasure};
 use tidemark::progress::QueryProgress;
-use tidemark::runtime::StopHandle;
+use tidemark::runtime::QueryBuilder;
 use tidemark_connectors::kafka::ensure_topic;
+use tidemark_connectors::KafkaApp;
 
-const PIPELINE: &str = include_str!("pipeline.yaml");
 const FRAUD_CARD: &str = "card-0666";
+
+/// Per card, a rolling 1-hour sum and count, a 10-minute average and a
+/// lifetime count, updated as each transaction arrives; cards above the
+/// threshold go on.
+fn card_features(query: QueryBuilder) -> tidemark::Result<QueryBuilder> {
+    let frontier = FrontierSpec {
+        alias: "scored_at".into(),
+        ..FrontierSpec::default()
+    };
+    let measures = vec![
+        RollingMeasure::of("sum", "amount")?
+            .over("1 hour")?
+            .alias("sum_1h"),
+        RollingMeasure::of("count", "amount")?
+            .over("1 hour")?
+            .alias("n_1h"),
+        RollingMeasure::of("avg", "amount")?
+            .over("10 minutes")?
+            .alias("avg_10m"),
+        RollingMeasure::of("count", "amount")?.alias("n_lifetime"),
+    ];
+    query
+        .rolling_window(&["card"], None, frontier, measures)?
+        .filter("sum_1h > 2000 or n_1h > 15")
+}
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("warn").init();
@@ -56,29 +83,36 @@ fn main() -> anyhow::Result<()> {
         }
     };
     println!("broker: {bootstrap}");
-    let yaml = PIPELINE
-        .replace("127.0.0.1:9092", &bootstrap)
-        .replace(
-            "topic: card-transactions",
-            &format!("topic: {transactions}"),
+    // The same application as pipeline.yaml, in Rust.
+    let running = KafkaApp::new(&format!("fraud-scoring-{run}"))
+        .bootstrap(&bootstrap)
+        .input(
+            &transactions,
+            &[
+                ("ts", "long"),
+                ("card", "string"),
+                ("amount", "double"),
+                ("merchant", "string"),
+            ],
         )
-        .replace("topic: fraud-alerts", &format!("topic: {alerts}"))
-        .replace("name: fraud-scoring", &format!("name: fraud-scoring-{run}"));
-    let file = PipelineFile::parse(&yaml)?;
-    let dir = tempfile::tempdir()?;
-    let connected = tidemark_connectors::connect(&file, dir.path())?;
-    let (query, mut source, mut sink) = connected.wire(file.query_builder()?);
-    let stop = StopHandle::default();
-    let query = query
-        .on_progress(|p: &QueryProgress| {
+        // Produced keyed by card: each card's features are kept where its
+        // transactions are, without a repartition topic.
+        .keyed_by(&["card"])
+        // Transactions older than this on arrival are ignored.
+        .event_time("ts", "10 seconds")
+        .steps(card_features)
+        .output_mode(OutputMode::Update)
+        // Checkpoint every 5 s; rows leave at once (at-least-once output).
+        .real_time(Duration::from_secs(5))
+        .to_topic(&alerts, &["card"])
+        .runner()?
+        .on_progress(|_stage: &str, p: &QueryProgress| {
             eprintln!(
                 "checkpoint: batch {} | {} transactions | {} alerts | latency ms {:?}",
                 p.batch_id, p.num_input_rows, p.sink.num_output_rows, p.latency_ms
             );
         })
-        .build()?
-        .with_stop_handle(stop.clone());
-    let running = std::thread::spawn(move || query.run(source.as_mut(), sink.as_mut()));
+        .start()?;
 
     // Eight seconds of traffic: 1,000 cards making small purchases, and one
     // card that starts buying expensive things fast after two seconds.
@@ -114,10 +148,7 @@ fn main() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     std::thread::sleep(Duration::from_secs(1));
-    stop.stop();
-    let summary = running
-        .join()
-        .map_err(|_| anyhow::anyhow!("query panicked"))??;
+    let summary = running.stop_within(Duration::from_secs(60))?;
 
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
