@@ -60,6 +60,10 @@ struct Period {
     /// none never reads it).
     #[serde(default)]
     kept_declines: u64,
+    /// The oldest kept decline's time (so that the list is read to forget
+    /// declines only once one can go).
+    #[serde(default)]
+    oldest_decline: Option<TimestampMicros>,
 }
 
 /// What the processor writes.
@@ -129,6 +133,7 @@ impl CardVelocity {
             transactions: 0,
             total: 0.0,
             kept_declines: 0,
+            oldest_decline: None,
         });
         p.latest = p.latest.max(ts);
         p.transactions += 1;
@@ -137,6 +142,7 @@ impl CardVelocity {
             Status::Declined => {
                 self.declines.append(ctx, &ts)?;
                 p.kept_declines += 1;
+                p.oldest_decline = Some(p.oldest_decline.map_or(ts, |o| o.min(ts)));
             }
             Status::Approved if row.amount >= LARGE_AMOUNT && p.kept_declines >= 3 => {
                 let recent = self
@@ -155,6 +161,7 @@ impl CardVelocity {
                     });
                     self.declines.clear(ctx)?;
                     p.kept_declines = 0;
+                    p.oldest_decline = None;
                 }
             }
             Status::Approved => {}
@@ -169,10 +176,13 @@ impl CardVelocity {
         period: &mut Period,
         ctx: &mut ProcessorContext<'_, Alert>,
     ) -> ProcessorResult {
-        if period.kept_declines == 0 {
-            return Ok(());
-        }
         let watermark = ctx.watermark();
+        match period.oldest_decline {
+            Some(oldest) if oldest.saturating_add(DECLINE_WINDOW) <= watermark => {}
+            // Kept by a version that did not note the oldest: read the list.
+            None if period.kept_declines > 0 => {}
+            _ => return Ok(()),
+        }
         let kept = self.declines.get(ctx)?;
         let keep: Vec<TimestampMicros> = kept
             .iter()
@@ -183,6 +193,7 @@ impl CardVelocity {
             self.declines.put(ctx, &keep)?;
             period.kept_declines = keep.len() as u64;
         }
+        period.oldest_decline = keep.iter().copied().min();
         Ok(())
     }
 }

@@ -52,13 +52,79 @@ impl Default for AsyncOptions {
     }
 }
 
+/// A call's index in the batch and its answer, or its timeout.
+type Answered<Out> = (
+    usize,
+    std::result::Result<std::result::Result<Out, CallError>, tokio::time::error::Elapsed>,
+);
+
+/// Waits for the next call to answer and keeps its answer; a failure or a
+/// timeout is the batch's error.
+async fn take_answer<Out: Send + 'static>(
+    calls: &mut tokio::task::JoinSet<Answered<Out>>,
+    answers: &mut Vec<(usize, Out)>,
+    name: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let Some(joined) = calls.join_next().await else {
+        return Ok(());
+    };
+    let (index, answer) =
+        joined.map_err(|e| Error::Source(format!("{name}: a call panicked: {e}")))?;
+    match answer {
+        Ok(Ok(out)) => {
+            answers.push((index, out));
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Error::Source(format!(
+            "{name}: the call for row {index} of the batch failed: {e}"
+        ))),
+        Err(_) => Err(Error::Source(format!(
+            "{name}: the call for row {index} of the batch took longer than {timeout:?}"
+        ))),
+    }
+}
+
 /// The operator (see the module documentation).
 pub struct AsyncStep<In, Out> {
     name: String,
     call: Call<In, Out>,
     options: AsyncOptions,
     pending: Vec<In>,
-    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// The runtime every async step's calls run on, shared by every task of
+/// the process: a client the user's call captures (an HTTP or gRPC
+/// client) keeps its connections' background work on the runtime that
+/// opened them, and it runs there between batches and for every task.
+fn calls_runtime() -> Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(runtime);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tidemark-async-calls")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("starting the runtime of async steps", e))?;
+    Ok(RUNTIME.get_or_init(|| runtime))
+}
+
+/// Runs `future` to its end on the calls' runtime; from a thread that is
+/// itself inside a runtime (a `#[tokio::test]` driving the test driver),
+/// on a thread of its own, since a runtime cannot block inside another.
+fn run_to_end<T: Send>(future: impl Future<Output = T> + Send) -> Result<T> {
+    let runtime = calls_runtime()?;
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Ok(runtime.block_on(future));
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime.block_on(future))
+            .join()
+            .map_err(|_| Error::Internal("an async step's calls panicked".into()))
+    })
 }
 
 impl<In, Out> AsyncStep<In, Out>
@@ -94,64 +160,33 @@ where
             call,
             options,
             pending: Vec::new(),
-            runtime: None,
         })
     }
 
-    fn runtime(&mut self) -> Result<&tokio::runtime::Runtime> {
-        if self.runtime.is_none() {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::io(format!("starting the runtime of {}", self.name), e))?;
-            self.runtime = Some(runtime);
-        }
-        Ok(self.runtime.as_ref().expect("just made"))
-    }
-
     /// Calls for every input, `concurrency` at a time; the answers in input
-    /// order, or in the order they came.
+    /// order, or in the order they came. The first failure ends the batch
+    /// as soon as it comes (the other calls are cancelled).
     fn call_all(&mut self, inputs: Vec<In>) -> Result<Vec<Out>> {
         let (call, options, name) = (self.call.clone(), self.options, self.name.clone());
         let count = inputs.len();
-        let runtime = self.runtime()?;
-        let answers = runtime.block_on(async move {
-            let permits = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
+        let mut answers = run_to_end(async move {
             let mut calls = tokio::task::JoinSet::new();
-            for (index, input) in inputs.into_iter().enumerate() {
-                let permit =
-                    permits.clone().acquire_owned().await.map_err(|e| {
-                        Error::Internal(format!("{name}: the call limit closed: {e}"))
-                    })?;
-                let future = call(input);
-                calls.spawn(async move {
-                    let answer = tokio::time::timeout(options.timeout, future).await;
-                    drop(permit);
-                    (index, answer)
-                });
-            }
             let mut answers: Vec<(usize, Out)> = Vec::with_capacity(count);
-            while let Some(joined) = calls.join_next().await {
-                let (index, answer) =
-                    joined.map_err(|e| Error::Source(format!("{name}: a call panicked: {e}")))?;
-                match answer {
-                    Ok(Ok(out)) => answers.push((index, out)),
-                    Ok(Err(e)) => {
-                        return Err(Error::Source(format!(
-                            "{name}: the call for row {index} of the batch failed: {e}"
-                        )))
-                    }
-                    Err(_) => {
-                        return Err(Error::Source(format!(
-                            "{name}: the call for row {index} of the batch took longer than {:?}",
-                            options.timeout
-                        )))
-                    }
+            for (index, input) in inputs.into_iter().enumerate() {
+                // A free slot: the answers that came are taken first.
+                while calls.len() >= options.concurrency {
+                    take_answer(&mut calls, &mut answers, &name, options.timeout).await?;
                 }
+                let future = call(input);
+                calls.spawn(
+                    async move { (index, tokio::time::timeout(options.timeout, future).await) },
+                );
+            }
+            while !calls.is_empty() {
+                take_answer(&mut calls, &mut answers, &name, options.timeout).await?;
             }
             Ok::<_, Error>(answers)
-        })?;
-        let mut answers = answers;
+        })??;
         if self.options.ordered {
             answers.sort_by_key(|(index, _)| *index);
         }

@@ -756,24 +756,21 @@ pub struct ProcessYaml {
     pub keys: Vec<String>,
 }
 
-/// Where code steps registered under `name` are kept, apart from the
-/// processors' names.
-fn code_step_name(name: &str) -> String {
-    format!("code:{name}")
-}
-
 /// Adds a registered processor's step (or code steps) to a builder.
 pub type ProcessorStepBuilder =
     Arc<dyn Fn(QueryBuilder, &[String]) -> Result<QueryBuilder> + Send + Sync>;
 
-/// The stateful processors a program offers its pipeline files, by name
-/// (code cannot be written in a file: the file names it).
+/// The stateful processors and code steps a program offers its pipeline
+/// files, by name (code cannot be written in a file: the file names it).
 #[derive(Clone, Default)]
-pub struct Processors(BTreeMap<String, ProcessorStepBuilder>);
+pub struct Processors {
+    processors: BTreeMap<String, ProcessorStepBuilder>,
+    code_steps: BTreeMap<String, ProcessorStepBuilder>,
+}
 
 impl fmt::Debug for Processors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.0.keys()).finish()
+        f.debug_list().entries(self.processors.keys()).finish()
     }
 }
 
@@ -2060,7 +2057,7 @@ impl PipelineFile {
             let build = build.clone();
             b.process(&step_name, keys, move |d| build(d))
         });
-        self.processors.0.insert(name.to_string(), add);
+        self.processors.processors.insert(name.to_string(), add);
         self
     }
 
@@ -2074,7 +2071,7 @@ impl PipelineFile {
         add: impl Fn(QueryBuilder) -> Result<QueryBuilder> + Send + Sync + 'static,
     ) -> Self {
         let add: ProcessorStepBuilder = Arc::new(move |b: QueryBuilder, _: &[String]| add(b));
-        self.processors.0.insert(code_step_name(name), add);
+        self.processors.code_steps.insert(name.to_string(), add);
         self
     }
 
@@ -2174,7 +2171,7 @@ impl PipelineFile {
                 }
                 StepSpec::Dedup(d) => b.drop_duplicates(&d.keys)?,
                 StepSpec::Distinct(_) => b.distinct()?,
-                StepSpec::Process(p) => match self.processors.0.get(&p.processor) {
+                StepSpec::Process(p) => match self.processors.processors.get(&p.processor) {
                     Some(add) => add(b, &p.keys)?,
                     None => {
                         return Err(Error::config(
@@ -2186,7 +2183,7 @@ impl PipelineFile {
                         ))
                     }
                 },
-                StepSpec::Code(name) => match self.processors.0.get(&code_step_name(name)) {
+                StepSpec::Code(name) => match self.processors.code_steps.get(name) {
                     Some(add) => add(b, &[])?,
                     None => {
                         return Err(Error::config(

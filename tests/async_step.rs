@@ -132,3 +132,13 @@ fn a_call_that_times_out_or_fails_fails_the_batch_naming_the_step() {
         .to_string()
         .contains("map_async.concurrency"));
 }
+
+/// A test driving the query from inside a tokio runtime (`#[tokio::test]`)
+/// runs the calls too: a runtime cannot block inside another, so they run
+/// from a thread of their own.
+#[tokio::test]
+async fn the_driver_runs_async_calls_from_inside_a_tokio_runtime() {
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let out = run(AsyncOptions::default(), in_flight, most);
+    assert_eq!(out, (0..ROWS).collect::<Vec<_>>());
+}

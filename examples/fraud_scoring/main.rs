@@ -18,7 +18,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use std::time::{Duration, Instant};
 use tidemark::operators::{FrontierSpec, OutputMode, RollingMeasure};
 use tidemark::progress::QueryProgress;
-use tidemark::runtime::QueryBuilder;
+use tidemark::runtime::{QueryBuilder, RunState};
 use tidemark_connectors::kafka::ensure_topic;
 use tidemark_connectors::KafkaApp;
 
@@ -113,6 +113,10 @@ fn main() -> anyhow::Result<()> {
             );
         })
         .start()?;
+    // Traffic starts once the application reads (its start-up checks done).
+    running
+        .status()
+        .wait_until(Duration::from_secs(60), RunState::is_ready);
 
     // Eight seconds of traffic: 1,000 cards making small purchases, and one
     // card that starts buying expensive things fast after two seconds.

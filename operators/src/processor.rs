@@ -621,10 +621,9 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
     ) -> Result<()> {
         for due in self.state.due_timers(domain, up_to)? {
             // Deleted by a handler that ran since the due list was taken.
-            if !self.state.has_timer(&due.key, domain, due.time)? {
+            if !self.state.take_timer(&due.key, domain, due.time)? {
                 continue;
             }
-            self.state.delete_timer(&due.key, domain, due.time)?;
             let values = decode_group_key(&due.key).ok_or_else(|| {
                 Error::Internal(format!("{}: a timer's key cannot be decoded", self.name))
             })?;

@@ -254,6 +254,10 @@ async fn answer<S, A>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
+        // A client may shut its writing side once its request is sent
+        // (`nc -N`, some HTTP/1.0 clients): it still gets its answer, which
+        // a state read sends a moment later, from the query's thread.
+        .half_close(true)
         .keep_alive(true);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);

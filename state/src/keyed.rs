@@ -347,7 +347,7 @@ impl KeyedStateStore {
         self.store.delete(&next_key)
     }
 
-    /// Registers a timer of `key` (a no-op when it exists).
+    /// Registers a timer of `key` (registering it again changes nothing).
     pub fn register_timer(
         &mut self,
         key: &[u8],
@@ -357,12 +357,29 @@ impl KeyedStateStore {
         let (own, index) = timer_keys(key, domain, time);
         let floor = &mut self.timer_floor[domain.index()];
         *floor = (*floor).min(time);
-        if self.store.get(&own)?.is_none() {
-            self.store.put(&own, &[])?;
-            self.store.put(&index, &[])?;
-            self.counts.timers_registered += 1;
-        }
+        // Written without asking first: a timer registered again is the
+        // same two empty entries (a read per registration saved).
+        self.store.put(&own, &[])?;
+        self.store.put(&index, &[])?;
+        self.counts.timers_registered += 1;
         Ok(())
+    }
+
+    /// Takes the timer out if `key` still has it (a handler may have
+    /// deleted it since the due list was read): whether it was there.
+    pub fn take_timer(
+        &mut self,
+        key: &[u8],
+        domain: TimeDomain,
+        time: Micros,
+    ) -> Result<bool, StateError> {
+        let (own, index) = timer_keys(key, domain, time);
+        if self.store.get(&own)?.is_none() {
+            return Ok(false);
+        }
+        self.store.delete(&own)?;
+        self.store.delete(&index)?;
+        Ok(true)
     }
 
     /// Whether `key` has this timer.
@@ -382,12 +399,12 @@ impl KeyedStateStore {
         domain: TimeDomain,
         time: Micros,
     ) -> Result<(), StateError> {
+        // Deleted without asking first: deleting what is not there
+        // changes nothing (a read per deletion saved).
         let (own, index) = timer_keys(key, domain, time);
-        if self.store.get(&own)?.is_some() {
-            self.store.delete(&own)?;
-            self.store.delete(&index)?;
-            self.counts.timers_deleted += 1;
-        }
+        self.store.delete(&own)?;
+        self.store.delete(&index)?;
+        self.counts.timers_deleted += 1;
         Ok(())
     }
 
@@ -420,7 +437,7 @@ impl KeyedStateStore {
 
     /// Every timer of `domain` at or before `up_to`, in time order; the
     /// caller deletes each as it fires it (and skips one a handler deleted
-    /// meanwhile: [`KeyedStateStore::has_timer`]). Timers registered from
+    /// meanwhile: [`KeyedStateStore::take_timer`]). Timers registered from
     /// now on at or before `up_to` are found by the next call.
     pub fn due_timers(
         &mut self,
