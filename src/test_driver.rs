@@ -43,18 +43,40 @@ use crate::pipeline::PipelineFile;
 use crate::progress::QueryProgress;
 use crate::record::{Record, SourcePosition};
 use crate::row::Row;
-use crate::runtime::testing::{CollectSink, VecSource};
-use crate::runtime::{Clock, DeadLetter, QueryBuilder, RunSummary, Sink, Trigger};
+use crate::runtime::testing::CollectSink;
+use crate::runtime::{
+    BatchRequest, Clock, DeadLetter, ManualClock, QueryBuilder, RunSummary, Sink, Source,
+    SourceBatch, Trigger,
+};
 use crate::time::TimestampMicros;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 /// Feeds a query batch by batch on a virtual clock (see the module).
 pub struct PipelineTestDriver {
     query: QueryBuilder,
-    batches: Vec<Vec<Record>>,
-    times: Vec<TimestampMicros>,
+    polls: Vec<DriverPoll>,
     next_offset: BTreeMap<(String, i32), i64>,
+}
+
+/// What one poll of the query's source hands it: a batch's records at its
+/// processing time, and event time reached without records.
+#[derive(Debug, Clone)]
+struct DriverPoll {
+    time: TimestampMicros,
+    records: Vec<Record>,
+    event_time_reached: Vec<(String, i32, TimestampMicros)>,
+}
+
+impl DriverPoll {
+    /// A poll at `time` with nothing in it yet.
+    fn at(time: TimestampMicros) -> Self {
+        DriverPoll {
+            time,
+            records: Vec::new(),
+            event_time_reached: Vec::new(),
+        }
+    }
 }
 
 /// What a [`PipelineTestDriver`] run wrote.
@@ -116,8 +138,7 @@ impl PipelineTestDriver {
     pub fn new(query: QueryBuilder) -> Self {
         PipelineTestDriver {
             query,
-            batches: Vec::new(),
-            times: Vec::new(),
+            polls: Vec::new(),
             next_offset: BTreeMap::new(),
         }
     }
@@ -141,17 +162,45 @@ impl PipelineTestDriver {
         Ok(Self::new(file.query_builder()?.decoder(decoder)))
     }
 
-    /// Opens the next batch, run at processing time `time` (RFC 3339). A
-    /// batch fed nothing is left out: the no-data batches a moved
-    /// watermark owes run by themselves, as in Spark, at the last time
-    /// given.
+    /// Opens the next batch, run at processing time `time` (RFC 3339): the
+    /// query's clock moves to `time` (Spark's `AdvanceManualClock`). A
+    /// batch fed nothing runs only when something is due at that time, as
+    /// in Spark: a processing-time timer or TTL expiry, a no-data batch
+    /// the watermark owes, or event time reached
+    /// ([`advance_event_time`](Self::advance_event_time)). After the last
+    /// batch, the no-data batches the watermark still owes run at the last
+    /// time given.
     pub fn batch_at(mut self, time: &str) -> Self {
         // A bad time in a test is the test's own mistake: said at once.
         let at = crate::time::parse_rfc3339(time)
             .unwrap_or_else(|| panic!("batch_at: `{time}` is not an RFC 3339 time"));
-        self.times.push(at);
-        self.batches.push(Vec::new());
+        self.polls.push(DriverPoll::at(at));
         self
+    }
+
+    /// Moves the event time of `topic`'s `partition` to `time` (RFC 3339)
+    /// in the open batch, with no row: its watermark moves at the batch's
+    /// end as a row of that event time would move it (to `time` minus the
+    /// watermark delay), so event-time timers and windows behind it fire
+    /// in the next batch, which runs by itself if nothing else comes.
+    /// The partition must have had a row already: its task (and its
+    /// watermark) exist from its first row on.
+    pub fn advance_event_time(mut self, topic: &str, partition: i32, time: &str) -> Self {
+        let at = crate::time::parse_rfc3339(time)
+            .unwrap_or_else(|| panic!("advance_event_time: `{time}` is not an RFC 3339 time"));
+        if let Some(poll) = self.open_poll() {
+            poll.event_time_reached
+                .push((topic.to_string(), partition, at));
+        }
+        self
+    }
+
+    /// The open batch, opening one at the epoch if none is.
+    fn open_poll(&mut self) -> Option<&mut DriverPoll> {
+        if self.polls.is_empty() {
+            self.polls.push(DriverPoll::at(0));
+        }
+        self.polls.last_mut()
     }
 
     /// Adds a record of `topic` (partition 0) whose value is `value` to
@@ -163,9 +212,6 @@ impl PipelineTestDriver {
     /// Adds a record of `topic` and `partition`, with record key `key`, to
     /// the open batch: each partition is its own task and watermark input.
     pub fn pipe_to(mut self, topic: &str, partition: i32, key: Option<&str>, value: &str) -> Self {
-        if self.batches.is_empty() {
-            self = self.batch_at("1970-01-01T00:00:00Z");
-        }
         let offset = self
             .next_offset
             .entry((topic.to_string(), partition))
@@ -177,8 +223,8 @@ impl PipelineTestDriver {
             ..Default::default()
         };
         *offset += 1;
-        if let Some(batch) = self.batches.last_mut() {
-            batch.push(record);
+        if let Some(poll) = self.open_poll() {
+            poll.records.push(record);
         }
         self
     }
@@ -186,13 +232,7 @@ impl PipelineTestDriver {
     /// Runs the query over every batch fed (and the no-data batches its
     /// watermark then owes, as Spark runs them) and returns what it wrote.
     pub fn run(self) -> Result<TestRun> {
-        // Batch ids follow the batches fed with records.
-        let (batches, times): (Vec<Vec<Record>>, Vec<TimestampMicros>) = self
-            .batches
-            .into_iter()
-            .zip(self.times)
-            .filter(|(records, _)| !records.is_empty())
-            .unzip();
+        let clock = ManualClock::at(self.polls.first().map_or(0, |p| p.time));
         let late = Arc::new(Mutex::new(CollectSink::default()));
         let dead_letters = Arc::new(Mutex::new(Vec::new()));
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -200,7 +240,7 @@ impl PipelineTestDriver {
         let query = self
             .query
             .trigger(Trigger::AvailableNow)
-            .clock(Clock::Virtual(times))
+            .clock(Clock::Manual(clock.clone()))
             .late_data(SharedSink(late.clone()))
             .dead_letter(SharedDeadLetter(dead_letters.clone()))
             .on_progress(move |p: &QueryProgress| {
@@ -209,7 +249,13 @@ impl PipelineTestDriver {
                     .push(p.clone())
             })
             .build()?;
-        let mut source = VecSource::record_batches(batches);
+        let mut source = DriverSource {
+            polls: self.polls.into(),
+            uncommitted: Vec::new(),
+            clock,
+            checkpoints: BTreeMap::new(),
+            restore: Vec::new(),
+        };
         let mut sink = CollectSink::default();
         let summary = query.run(&mut source, &mut sink)?;
         let late = std::mem::take(&mut *late.lock().unwrap_or_else(|e| e.into_inner()));
@@ -223,6 +269,63 @@ impl PipelineTestDriver {
             progress,
             summary,
         })
+    }
+}
+
+/// Hands the query the driver's polls one by one, moving its clock to each
+/// poll's time as it does.
+struct DriverSource {
+    polls: VecDeque<DriverPoll>,
+    /// Handed out since the last commit: a rewind hands them out again.
+    uncommitted: Vec<DriverPoll>,
+    clock: ManualClock,
+    /// The checkpoints stored with the last commit, handed back after a
+    /// rewind as Kafka hands back committed offsets' metadata.
+    checkpoints: BTreeMap<i32, String>,
+    restore: Vec<(i32, String)>,
+}
+
+impl Source for DriverSource {
+    fn describe(&self) -> String {
+        "PipelineTestDriver".into()
+    }
+
+    fn next_batch(&mut self, _: &BatchRequest) -> Result<SourceBatch> {
+        let restored_checkpoints = std::mem::take(&mut self.restore);
+        let Some(poll) = self.polls.pop_front() else {
+            return Ok(SourceBatch {
+                exhausted: true,
+                restored_checkpoints,
+                ..Default::default()
+            });
+        };
+        self.clock.set(poll.time);
+        self.uncommitted.push(poll.clone());
+        Ok(SourceBatch {
+            records: poll.records,
+            exhausted: self.polls.is_empty(),
+            restored_checkpoints,
+            event_time_reached: poll.event_time_reached,
+            ..Default::default()
+        })
+    }
+
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
+        self.checkpoints = checkpoints.clone();
+        self.uncommitted.clear();
+        Ok(())
+    }
+
+    fn rewind(&mut self) -> Result<bool> {
+        for poll in self.uncommitted.drain(..).rev() {
+            self.polls.push_front(poll);
+        }
+        self.restore = self.checkpoints.clone().into_iter().collect();
+        Ok(true)
+    }
+
+    fn offsets(&self) -> serde_json::Value {
+        serde_json::json!({})
     }
 }
 

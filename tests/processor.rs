@@ -386,6 +386,64 @@ fn a_processing_time_timer_fires_in_the_first_batch_at_or_after_its_time() {
     assert_eq!(fired, [(2, "processing_time_timer".to_string())]);
 }
 
+#[test]
+fn the_driver_moves_processing_time_and_event_time_without_rows() {
+    // Processing time: a batch fed nothing runs when a timer is due at its
+    // time, and only then (Spark's AdvanceManualClock).
+    let run = PipelineTestDriver::new(alarms(&InMemoryStateBackend::default()))
+        .batch_at("2026-01-01T00:00:00Z")
+        .pipe(
+            "t",
+            r#"{"user": "a", "ts": "2026-01-01T00:00:00Z", "action": "wall"}"#,
+        )
+        .batch_at("2026-01-01T00:04:00Z")
+        .batch_at("2026-01-01T00:05:00Z")
+        .batch_at("2026-01-01T00:06:00Z")
+        .run()
+        .unwrap();
+    let fired: Vec<(u64, String)> = run
+        .output
+        .iter()
+        .map(|(b, r)| (*b, r.get("what").map(|v| v.to_string()).unwrap_or_default()))
+        .collect();
+    assert_eq!(fired, [(2, "processing_time_timer".to_string())]);
+    // 00:04 runs the no-data batch batch 0's first watermark owes; 00:05
+    // the timer's; 00:06 has nothing due and runs no batch.
+    assert_eq!(run.progress.len(), 3, "no batch at 00:06");
+    assert_eq!(run.progress[2].num_input_rows, 0);
+    // Event time: the partition's watermark moves as a row at 00:30 would
+    // move it, with no row; the timer at 00:10 fires in the next batch.
+    let run = PipelineTestDriver::new(alarms(&InMemoryStateBackend::default()))
+        .batch_at("2026-01-01T01:00:00Z")
+        .pipe("t", r#"{"user": "a", "ts": "2026-01-01T00:00:00Z"}"#)
+        .batch_at("2026-01-01T01:00:01Z")
+        .advance_event_time("t", 0, "2026-01-01T00:09:59Z")
+        .batch_at("2026-01-01T01:00:02Z")
+        .advance_event_time("t", 0, "2026-01-01T00:30:00Z")
+        .run()
+        .unwrap();
+    let fired: Vec<(u64, String, f64)> = run
+        .output
+        .iter()
+        .map(|(b, r)| {
+            let what = r.get("what").map(|v| v.to_string()).unwrap_or_default();
+            let n = r.get("n").and_then(Value::as_f64).unwrap_or(f64::NAN);
+            (*b, what, n)
+        })
+        .collect();
+    assert_eq!(fired, [(3, "event_time_timer".to_string(), 10.0)], "{fired:?}");
+    let watermarks: Vec<Option<String>> = run
+        .progress
+        .iter()
+        .map(|p| p.event_time.get("watermark").cloned())
+        .collect();
+    assert_eq!(
+        watermarks.last().cloned().flatten().as_deref(),
+        Some("2026-01-01T00:30:00Z"),
+        "{watermarks:?}"
+    );
+}
+
 /// The state as a first version wrote it.
 #[derive(Serialize, Deserialize)]
 struct SeenV1 {

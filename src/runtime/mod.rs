@@ -38,6 +38,7 @@ use crate::record::Record;
 use crate::row::Row;
 use crate::time::TimestampMicros;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the trigger loop asks a source for.
@@ -82,6 +83,11 @@ pub struct SourceBatch {
     /// still owned when the batch ends: the runtime applies the revocations
     /// first, so one assigned and revoked within the batch must not be here.
     pub restored_checkpoints: Vec<(i32, String)>,
+    /// Event time an input partition reached with no record to show it,
+    /// as `(topic, partition, time)`: its watermark moves as a record of
+    /// that event time would move it. Sources of real data leave it empty;
+    /// a test driver sets it (Flink's test harnesses send watermarks so).
+    pub event_time_reached: Vec<(String, i32, TimestampMicros)>,
 }
 
 /// Where records come from: Kafka, a directory of batch files, a vector.
@@ -686,7 +692,41 @@ pub enum Clock {
     /// Batch *i* runs at `times[i]`; batches past the list reuse the last
     /// time. Makes replays deterministic.
     Virtual(Vec<TimestampMicros>),
+    /// Whatever time its holder last set (Spark's `ManualClock` in its
+    /// stream tests): a test moves time between polls, and a batch with
+    /// nothing but due timers runs when it does.
+    Manual(ManualClock),
 }
+
+/// A processing time set by hand, shared between a test and the query it
+/// drives (see [`Clock::Manual`]).
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<std::sync::atomic::AtomicI64>);
+
+impl ManualClock {
+    /// A clock reading `time`.
+    pub fn at(time: TimestampMicros) -> Self {
+        ManualClock(Arc::new(std::sync::atomic::AtomicI64::new(time)))
+    }
+
+    /// Moves the clock to `time` (backwards too: the test decides).
+    pub fn set(&self, time: TimestampMicros) {
+        self.0.store(time, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The time last set.
+    pub fn now(&self) -> TimestampMicros {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl PartialEq for ManualClock {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ManualClock {}
 
 impl Clock {
     /// The processing time of `batch_id`.
@@ -698,6 +738,7 @@ impl Clock {
                 .or(times.last())
                 .copied()
                 .unwrap_or(0),
+            Clock::Manual(clock) => clock.now(),
         }
     }
 }

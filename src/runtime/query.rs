@@ -559,7 +559,14 @@ impl<'a> TriggerLoop<'a> {
             && self
                 .forwarded_stream_maxima()
                 .is_some_and(|f| f != self.last_forwarded);
-        has_records || watermark_pending || timers_due || real_time || replay_due || forward_due
+        let event_time_reached = !batch.event_time_reached.is_empty();
+        has_records
+            || watermark_pending
+            || timers_due
+            || real_time
+            || replay_due
+            || forward_due
+            || event_time_reached
     }
 
     /// What a repartition writer under the query scope forwards in its
@@ -590,6 +597,13 @@ impl<'a> TriggerLoop<'a> {
             .route(&batch.records, self.tasks.tasks_mut(), &scope)?;
         if let Some(alignment) = self.tasks.alignment_mut() {
             alignment.note_read(&batch.records, &*self.source);
+        }
+        for (topic, partition, t) in &batch.event_time_reached {
+            let slot = routed
+                .max_event_time
+                .entry((Arc::from(topic.as_str()), *partition))
+                .or_insert(*t);
+            *slot = (*slot).max(*t);
         }
         let event_time_progress = self.tasks.observe_event_times(
             &routed.max_event_time,

@@ -108,6 +108,7 @@ impl Source for VecSource {
             exhausted: self.batches.is_empty(),
             revoked_partitions: Vec::new(),
             restored_checkpoints: std::mem::take(&mut self.restore),
+            ..Default::default()
         })
     }
     fn commit(&mut self, checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {

@@ -340,6 +340,7 @@ impl Source for FilesSource {
             exhausted: request.available_now && !more,
             revoked_partitions: Vec::new(),
             restored_checkpoints,
+            ..Default::default()
         })
     }
 

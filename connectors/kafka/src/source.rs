@@ -1301,6 +1301,7 @@ impl Source for KafkaSource {
             exhausted: request.available_now && self.caught_up(true),
             revoked_partitions: revoked,
             restored_checkpoints: self.checkpoints_of(&assigned)?,
+            ..Default::default()
         })
     }
 
