@@ -431,7 +431,11 @@ fn the_driver_moves_processing_time_and_event_time_without_rows() {
             (*b, what, n)
         })
         .collect();
-    assert_eq!(fired, [(3, "event_time_timer".to_string(), 10.0)], "{fired:?}");
+    assert_eq!(
+        fired,
+        [(3, "event_time_timer".to_string(), 10.0)],
+        "{fired:?}"
+    );
     let watermarks: Vec<Option<String>> = run
         .progress
         .iter()

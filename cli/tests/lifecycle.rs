@@ -152,3 +152,71 @@ sink: {{kind: kafka, topic: {output}, format: json}}
     }
     running.stop_within(Duration::from_secs(60)).unwrap();
 }
+
+/// Against the broker: Prometheus shows how old the records a batch read
+/// were when it committed (Kafka Streams' `record-e2e-latency`), beside
+/// each partition's lag.
+#[test]
+fn prometheus_shows_end_to_end_latency_and_lag_of_a_kafka_run() {
+    use tidemark_integration_tests::{create_topic, produce, unique};
+    let (input, output, app) = (unique("e2e-in"), unique("e2e-out"), unique("e2e"));
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let metrics = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pipeline.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name: {app}
+kafka: {{bootstrap: "{}"}}
+source: {{kind: kafka, topic: {input}, schema: {{ts: timestamp, id: string}}}}
+steps:
+  - filter: "id <> 'none'"
+trigger: {{micro_batch: 200 milliseconds}}
+sink: {{kind: kafka, topic: {output}, format: json}}
+metrics: {{prometheus: "127.0.0.1:{metrics}"}}
+"#,
+            tidemark_integration_tests::bootstrap()
+        ),
+    )
+    .unwrap();
+    let produced_at = Instant::now();
+    let rows: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| {
+            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "k{i}"}}"#);
+            (format!("k{i}"), value.into_bytes())
+        })
+        .collect();
+    produce(&input, &rows);
+    let mut running = start_replica(&file);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let gauge = |text: &str, stat: &str| -> Option<f64> {
+        let line = text.lines().find(|l| {
+            l.starts_with("tidemark_end_to_end_latency_seconds")
+                && l.contains(&format!("stat=\"{stat}\""))
+        })?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    let text = loop {
+        let text = get(metrics, "/metrics").map(|a| a.1).unwrap_or_default();
+        if gauge(&text, "max").is_some() {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no latency gauge in:\n{text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let [min, avg, max] = ["min", "avg", "max"].map(|s| gauge(&text, s).unwrap_or(f64::NAN));
+    // The records were produced just before the run started: each is at
+    // most as old as the time since, and the three are ordered.
+    let bound = produced_at.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        0.0 <= min && min <= avg && avg <= max && max <= bound,
+        "{min} {avg} {max} (≤ {bound})"
+    );
+    assert!(text.contains("tidemark_consumer_lag{"), "{text}");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &running.child.id().to_string()])
+        .status();
+    assert!(running.child.wait().unwrap().success());
+}

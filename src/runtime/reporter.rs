@@ -32,6 +32,48 @@ pub(super) struct OpenBatch {
     /// Real-time mode: milliseconds from each record's timestamp to its
     /// output handed to the sink.
     latency_ms: Option<hdrhistogram::Histogram<u64>>,
+    /// The Kafka timestamps of the records read: the oldest, the newest,
+    /// their sum and count (for the end-to-end latency at commit).
+    record_times: RecordTimes,
+}
+
+/// The Kafka timestamps (milliseconds) of a batch's records, summed up.
+#[derive(Debug, Default, Clone, Copy)]
+struct RecordTimes {
+    oldest: i64,
+    newest: i64,
+    sum: i128,
+    count: u64,
+}
+
+impl RecordTimes {
+    fn observe(&mut self, t: i64) {
+        if self.count == 0 {
+            (self.oldest, self.newest) = (t, t);
+        } else {
+            self.oldest = self.oldest.min(t);
+            self.newest = self.newest.max(t);
+        }
+        self.sum += i128::from(t);
+        self.count += 1;
+    }
+
+    /// Seconds from the records' timestamps to `now_ms`, as (min, avg,
+    /// max): Kafka Streams' `record-e2e-latency-min/avg/max`. A timestamp
+    /// ahead of this machine's clock counts as 0.
+    fn latency_seconds(&self, now_ms: i64) -> Option<[f64; 3]> {
+        if self.count == 0 {
+            return None;
+        }
+        let seconds = |ms: i128| (ms.max(0) as f64) / 1000.0;
+        let avg = self.sum / i128::from(self.count);
+        let now = i128::from(now_ms);
+        Some([
+            seconds(now - i128::from(self.newest)),
+            seconds(now - avg),
+            seconds(now - i128::from(self.oldest)),
+        ])
+    }
 }
 
 /// One poll's share of a batch, added to its [`OpenBatch`].
@@ -61,6 +103,7 @@ impl OpenBatch {
             latency_ms: real_time
                 .then(|| hdrhistogram::Histogram::new_with_bounds(1, 3_600_000, 3).ok())
                 .flatten(),
+            record_times: RecordTimes::default(),
         }
     }
 
@@ -84,9 +127,13 @@ impl OpenBatch {
         }
     }
 
-    /// Real-time mode: records the latency of `records`, whose output was
-    /// just handed to the sink.
+    /// Notes the Kafka timestamps of `records`, whose output was just
+    /// handed to the sink (for the end-to-end latency at commit); in
+    /// real-time mode, records their latency to now as well.
     pub(super) fn record_latency(&mut self, records: &[Record]) {
+        for t in records.iter().filter_map(|r| r.timestamp_ms) {
+            self.record_times.observe(t);
+        }
         let Some(h) = self.latency_ms.as_mut() else {
             return;
         };
@@ -225,6 +272,13 @@ impl ProgressReporter {
     ) {
         let progress = self.progress(open, committed, source, sink);
         progress.record_metrics();
+        let now_ms = crate::time::now_micros() / 1000;
+        if let Some(latency) = open.record_times.latency_seconds(now_ms) {
+            for (stat, seconds) in ["min", "avg", "max"].into_iter().zip(latency) {
+                let labels = [("query", self.name.clone()), ("stat", stat.to_string())];
+                metrics::gauge!("tidemark_end_to_end_latency_seconds", &labels).set(seconds);
+            }
+        }
         tracing::debug!(progress = %progress.json(), "batch done");
         for listener in self.listeners.iter_mut() {
             listener.on_progress(&progress);
@@ -303,5 +357,21 @@ impl ProgressReporter {
                 .map(|(k, v)| (k.clone(), format_rfc3339(*v)))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordTimes;
+
+    #[test]
+    fn end_to_end_latency_is_min_avg_max_from_the_records_timestamps() {
+        let mut times = RecordTimes::default();
+        assert_eq!(times.latency_seconds(10_000), None, "no record, no latency");
+        for t in [7_000, 9_000, 8_000, 11_000] {
+            times.observe(t);
+        }
+        // The newest (11 s) is ahead of now (10 s): 0, not negative.
+        assert_eq!(times.latency_seconds(10_000), Some([0.0, 1.25, 3.0]));
     }
 }
