@@ -1,6 +1,5 @@
 //! `tidemark`: run, validate and describe pipeline files.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -217,23 +216,6 @@ fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     let runner = tidemark_connectors::PipelineRunner::new(file, base)
         .stop_handle(stop.clone())
         .on_progress(move |stage: &str, p: &QueryProgress| status.show(p, stage == sink_stage));
-    // Served by tidemark's own HTTP service: its timeouts, connection cap,
-    // token and TLS, which the exporter's listener has none of.
-    let _metrics = match &runner.file().metrics {
-        Some(_) => {
-            let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .context("installing the Prometheus recorder")?;
-            let render = std::sync::Arc::new(move || handle.render());
-            tidemark_connectors::start_metrics(
-                runner.file(),
-                base,
-                render,
-                Some(&runner.run_status()),
-            )?
-        }
-        None => None,
-    };
     tidemark_connectors::stop_on_signals(stop, runner.run_status(), |signal| {
         eprintln!("\n{signal}: stopping after the current batch…");
     })?;

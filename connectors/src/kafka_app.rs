@@ -263,10 +263,76 @@ impl KafkaApp {
     /// Keeps state in RocksDB under `dir`, logged to changelog topics.
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         let dir: PathBuf = dir.into();
-        self.settings.insert(
-            "state_dir".into(),
-            dir.to_string_lossy().into_owned().into(),
-        );
+        self.section("state")
+            .insert("dir".into(), dir.to_string_lossy().into_owned().into());
+        self
+    }
+
+    /// Keeps `replicas` warm copies of each partition's state on other
+    /// instances (Kafka Streams' `num.standby.replicas`).
+    pub fn standby_replicas(mut self, replicas: usize) -> Self {
+        self.section("state")
+            .insert("num_standby_replicas".into(), replicas.into());
+        self
+    }
+
+    /// One memory budget for state, in MiB (RocksDB's cache and buffers,
+    /// the operators' in-memory share).
+    pub fn state_memory_mb(mut self, megabytes: usize) -> Self {
+        self.section("state")
+            .insert("memory_mb".into(), megabytes.into());
+        self
+    }
+
+    /// Reads the input as Avro in Confluent's wire format, writer schemas
+    /// fetched from the schema registry at `registry_url` (replaces the
+    /// JSON schema given to [`input`](Self::input): the Avro schema names
+    /// the columns).
+    pub fn avro_input(mut self, registry_url: &str) -> Self {
+        let source = self.section("source");
+        source.insert("format".into(), "avro".into());
+        source.remove("schema");
+        self.settings
+            .insert("schema_registry".into(), registry_url.into());
+        self
+    }
+
+    /// Writes rows to a Delta Lake table at `path` (a directory, or an
+    /// object store's URL with its cargo feature), created from the first
+    /// rows' columns when missing; under [`exactly_once`](Self::exactly_once)
+    /// each batch's commit is tied to its offsets.
+    pub fn to_delta(mut self, path: &str) -> Self {
+        self.settings
+            .insert("sink".into(), json!({"kind": "delta", "path": path}));
+        self
+    }
+
+    /// Answers interactive queries of the state on `listen` (`host:port`),
+    /// each request carrying `Authorization: Bearer <auth_token>` when one
+    /// is given.
+    pub fn serve(self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.service("serve", "listen", listen, auth_token)
+    }
+
+    /// Serves the live web page on `listen`, guarded as
+    /// [`serve`](Self::serve) is.
+    pub fn ui(self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.service("ui", "listen", listen, auth_token)
+    }
+
+    /// Serves Prometheus metrics (`/metrics`, with `/healthz` and
+    /// `/readyz`) on `listen`, guarded as [`serve`](Self::serve) is.
+    pub fn prometheus(self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.service("metrics", "prometheus", listen, auth_token)
+    }
+
+    /// Sets an HTTP service's section: where it listens, and its token.
+    fn service(mut self, section: &str, key: &str, listen: &str, token: Option<&str>) -> Self {
+        let settings = self.section(section);
+        settings.insert(key.into(), listen.into());
+        if let Some(token) = token {
+            settings.insert("auth_token".into(), token.into());
+        }
         self
     }
 

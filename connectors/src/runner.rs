@@ -177,6 +177,7 @@ impl PipelineRunner {
         let _server =
             crate::serving::start(&self.file, &self.base, &topology, &self.state, &self.status)?;
         let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history, &self.status)?;
+        let _metrics = crate::serving::start_prometheus(&self.file, &self.base, &self.status)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         // Every stage counts from the start: under available_now the later
         // ones wait for the earlier, and the run is not ready meanwhile.

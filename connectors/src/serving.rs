@@ -171,6 +171,43 @@ pub fn start_metrics(
         .map_err(|e| Error::config(e.key(), e.to_string()))
 }
 
+/// The process's Prometheus recorder, installed by the first run that asks
+/// for a metrics endpoint and shared by every later one.
+static PROMETHEUS: std::sync::OnceLock<
+    std::result::Result<metrics_exporter_prometheus::PrometheusHandle, String>,
+> = std::sync::OnceLock::new();
+
+/// Serves this process's metrics on `metrics.prometheus` when `file` asks
+/// for it, the Prometheus recorder installed first. A process whose own
+/// code installed another `metrics` recorder is refused, naming the key:
+/// it serves its recorder itself (see [`start_metrics`]).
+pub(crate) fn start_prometheus(
+    file: &PipelineFile,
+    base: &Path,
+    status: &RunStatus,
+) -> Result<Option<HttpServer>> {
+    if file.metrics.is_none() {
+        return Ok(None);
+    }
+    let installed = PROMETHEUS.get_or_init(|| {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map_err(|e| e.to_string())
+    });
+    let handle = installed.clone().map_err(|e| {
+        Error::config(
+            "metrics.prometheus",
+            format!(
+                "the Prometheus recorder could not be installed ({e}): a process with a \
+                 `metrics` recorder of its own serves it itself, with \
+                 `tidemark_connectors::start_metrics`"
+            ),
+        )
+    })?;
+    let render = Arc::new(move || handle.render());
+    start_metrics(file, base, render, Some(status))
+}
+
 /// Starts the web page over `history` when `file` asks for it.
 pub(crate) fn start_ui(
     file: &PipelineFile,

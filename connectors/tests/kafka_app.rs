@@ -86,3 +86,45 @@ fn code_steps_and_processors_build_and_an_unregistered_code_step_is_refused() {
     .expect("not registered");
     assert!(e.to_string().contains("steps[].code"), "{e}");
 }
+
+#[test]
+fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
+    let file = app()
+        .state_dir("state")
+        .standby_replicas(2)
+        .state_memory_mb(384)
+        .serve("127.0.0.1:7070", Some("t0ken"))
+        .ui("127.0.0.1:7071", None)
+        .prometheus("127.0.0.1:7072", Some("t0ken"))
+        .to_delta("tables/out")
+        .build()
+        .unwrap();
+    let state = file.state.as_ref().expect("a state section");
+    assert_eq!(
+        (
+            state.dir.as_str(),
+            state.num_standby_replicas,
+            state.memory_mb
+        ),
+        ("state", 2, 384)
+    );
+    assert_eq!(file.sink.kind, tidemark::pipeline::SinkKind::Delta);
+    assert_eq!(file.sink.path.as_deref(), Some("tables/out"));
+    let serve = file.serve.as_ref().expect("serve");
+    assert_eq!(serve.listen, "127.0.0.1:7070");
+    assert_eq!(
+        file.ui.as_ref().map(|u| u.listen.as_str()),
+        Some("127.0.0.1:7071")
+    );
+    let metrics = file.metrics.as_ref().expect("metrics");
+    assert_eq!(metrics.prometheus, "127.0.0.1:7072");
+    // The token is kept, and masked wherever the settings are shown.
+    assert!(!format!("{file:?}").contains("t0ken"));
+    let file = KafkaApp::new("avro")
+        .input("in", &[("user", "string")])
+        .avro_input("http://127.0.0.1:8081")
+        .build()
+        .unwrap();
+    assert_eq!(file.source.format, tidemark::pipeline::Format::Avro);
+    assert!(file.schema_registry.is_some());
+}
