@@ -35,9 +35,13 @@ const DECLINE_WINDOW: TimestampMicros = 10 * MINUTE;
 const LARGE_AMOUNT: f64 = 500.0;
 const DECLINES_FOR_ALERT: usize = 3;
 
-/// One transaction, as the input topic holds it.
+/// One transaction, as the input topic holds it: the input's columns are
+/// this type's fields (`KafkaApp::stream`).
 #[derive(Deserialize)]
 struct Transaction {
+    /// The record key's column: the processor is handed it as its key.
+    #[allow(dead_code)]
+    card: String,
     ts: String,
     amount: f64,
     status: Status,
@@ -268,15 +272,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let running = KafkaApp::new(&setting("APP_ID", "card-velocity"))
         .bootstrap(&required("KAFKA_BOOTSTRAP")?)
-        .input(
-            &setting("INPUT_TOPIC", "card-transactions"),
-            &[
-                ("card", "string"),
-                ("ts", "timestamp"),
-                ("amount", "double"),
-                ("status", "string"),
-            ],
-        )
+        .stream::<Transaction>(&setting("INPUT_TOPIC", "card-transactions"))
         .keyed_by(&["card"])
         .event_time("ts", "1 minute")
         .watermark_scope(WatermarkScope::Partition)

@@ -40,7 +40,7 @@ mod yaml_paths;
 pub use tidemark_operators as operators;
 pub use tidemark_types::{
     aggregate, columns, columns_json, duration, error, expr, progress, record, row, schema,
-    secrets, sketch_aggregates, time, typed, watermark, window,
+    secrets, sketch_aggregates, time, typed, typed_columns, watermark, window,
 };
 
 pub use error::{Error, Result};

@@ -41,6 +41,10 @@ pub struct KafkaApp {
     mistake: Option<Error>,
     /// Creates the output topic when missing.
     create_output_topic: bool,
+    /// The input's columns traced from its type (see [`KafkaApp::stream`]):
+    /// the schema is written at `build`, once the event-time column is
+    /// known.
+    typed_input: Option<Vec<(String, &'static str)>>,
 }
 
 impl KafkaApp {
@@ -59,6 +63,7 @@ impl KafkaApp {
             base: PathBuf::from("."),
             mistake: None,
             create_output_topic: false,
+            typed_input: None,
         }
     }
 
@@ -101,9 +106,40 @@ impl KafkaApp {
             .iter()
             .map(|(name, kind)| (name.to_string(), Json::from(*kind)))
             .collect();
+        self.typed_input = None;
         let source = self.section("source");
         source.insert("topic".into(), topic.into());
         source.insert("schema".into(), Json::Object(fields));
+        self
+    }
+
+    /// Reads JSON records of `topic` as the user's type `T`: its fields are
+    /// the columns (traced from its `Deserialize`: strings, numbers,
+    /// booleans, `Option`s of them; a string field named as the event time
+    /// is read as a time, and `chrono::DateTime` fields read their text),
+    /// and a record that does not fit them is a dead letter.
+    ///
+    /// ```no_run
+    /// # use tidemark_connectors::KafkaApp;
+    /// #[derive(serde::Deserialize)]
+    /// struct Tx { card: String, ts: String, amount: f64, status: String }
+    /// let app = KafkaApp::new("cards").stream::<Tx>("card-transactions");
+    /// ```
+    pub fn stream<T: serde::de::DeserializeOwned>(mut self, topic: &str) -> Self {
+        match tidemark::typed_columns::columns_of::<T>() {
+            Ok(columns) => self.typed_input = Some(columns),
+            Err(reason) => {
+                self.mistake.get_or_insert(Error::config(
+                    "source.schema",
+                    format!(
+                        "the columns of {} cannot be traced: {reason}; give them with \
+                         `input(topic, schema)` instead",
+                        std::any::type_name::<T>()
+                    ),
+                ));
+            }
+        }
+        self.section("source").insert("topic".into(), topic.into());
         self
     }
 
@@ -226,6 +262,17 @@ impl KafkaApp {
         self
     }
 
+    /// Writes rows as JSON to `topic`, each as the user's type `U` writes
+    /// itself (its field names, order and formats; the JSON of a `U`),
+    /// keyed by the `key` fields. A row that does not read into `U` fails
+    /// its batch, naming the type.
+    pub fn to_topic_as<U>(self, topic: &str, key: &[&str]) -> Self
+    where
+        U: serde::de::DeserializeOwned + serde::Serialize + 'static,
+    {
+        self.steps(|q| Ok(q.as_type::<U>())).to_topic(topic, key)
+    }
+
     /// Writes rows as JSON lines to standard output (the default).
     pub fn to_stdout(mut self) -> Self {
         self.settings
@@ -292,6 +339,7 @@ impl KafkaApp {
         let source = self.section("source");
         source.insert("format".into(), "avro".into());
         source.remove("schema");
+        self.typed_input = None;
         self.settings
             .insert("schema_registry".into(), registry_url.into());
         self
@@ -389,6 +437,22 @@ impl KafkaApp {
     pub fn build(mut self) -> Result<PipelineFile> {
         if let Some(mistake) = self.mistake.take() {
             return Err(mistake);
+        }
+        if let Some(columns) = self.typed_input.take() {
+            let event_time = self.settings.get("event_time").and_then(Json::as_str);
+            let schema: Map<String, Json> = columns
+                .into_iter()
+                .map(|(name, kind)| {
+                    let kind = if Some(name.as_str()) == event_time && kind == "string" {
+                        "timestamp"
+                    } else {
+                        kind
+                    };
+                    (name, Json::from(kind))
+                })
+                .collect();
+            self.section("source")
+                .insert("schema".into(), Json::Object(schema));
         }
         self.settings
             .insert("steps".into(), Json::Array(std::mem::take(&mut self.steps)));

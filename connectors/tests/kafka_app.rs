@@ -128,3 +128,49 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
     assert_eq!(file.source.format, tidemark::pipeline::Format::Avro);
     assert!(file.schema_registry.is_some());
 }
+
+#[test]
+fn a_typed_stream_takes_its_columns_from_its_type_and_the_event_time_reads_as_a_time() {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Tx {
+        card: String,
+        ts: String,
+        amount: f64,
+        declines: Option<i64>,
+    }
+    let file = KafkaApp::new("typed")
+        .stream::<Tx>("txs")
+        .event_time("ts", "1 minute")
+        .build()
+        .unwrap();
+    use tidemark::schema::FieldType;
+    let schema: Vec<(String, FieldType)> = file
+        .schema()
+        .fields()
+        .map(|(name, kind)| (name.to_string(), kind))
+        .collect();
+    assert_eq!(
+        schema,
+        [
+            ("card".to_string(), FieldType::String),
+            ("ts".into(), FieldType::Timestamp),
+            ("amount".into(), FieldType::Double),
+            ("declines".into(), FieldType::Long)
+        ]
+    );
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Nested {
+        card: String,
+        tags: Vec<String>,
+    }
+    let e = KafkaApp::new("typed")
+        .stream::<Nested>("txs")
+        .build()
+        .expect_err("a list is no column");
+    assert!(
+        e.to_string().contains("source.schema") && e.to_string().contains("field `tags`"),
+        "{e}"
+    );
+}

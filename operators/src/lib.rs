@@ -31,7 +31,7 @@ pub use processor::{
     ProcessorStep, StateDeclarations, StatefulProcessor, TimeDomain, Timer, ValueState,
 };
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
-pub use stateless::{Filter, FlatMapTyped, MapRows, Select, WithColumn};
+pub use stateless::{AsType, Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};
 pub use union::Union;
 pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};

@@ -260,6 +260,35 @@ impl Operator for MapRows {
     }
 }
 
+/// Builds [`MapRows`] that write each row as the user's type `U` writes
+/// itself.
+pub struct AsType;
+
+impl AsType {
+    /// Each row read into `U` and made a row again from `U`'s own
+    /// serialization (its field names, order, formats; strings stay
+    /// strings). A row that does not read into `U` is an error naming the
+    /// type and the reason.
+    pub fn build<U>(name: &str) -> MapRows
+    where
+        U: DeserializeOwned + Serialize + 'static,
+    {
+        let type_name = std::any::type_name::<U>();
+        MapRows::new(name, move |row| {
+            let value: U = crate::typed::from_row(&row).map_err(|reason| Error::Expression {
+                expression: format!("read row as {type_name}"),
+                reason,
+            })?;
+            let row =
+                crate::typed::to_row_as_written(&value).map_err(|reason| Error::Expression {
+                    expression: format!("write {type_name}"),
+                    reason,
+                })?;
+            Ok(vec![row])
+        })
+    }
+}
+
 /// Builds [`MapRows`] from a function over the user's serde types.
 pub struct FlatMapTyped;
 

@@ -597,6 +597,17 @@ impl QueryBuilder {
         self.flat_map_typed::<T, T, Option<T>>(move |t| if f(&t) { Some(t) } else { None })
     }
 
+    /// Writes each row as `U` writes itself: read into `U`, then made a row
+    /// from `U`'s serialization (its field names, order and formats;
+    /// strings stay strings). Put last, the output is `U`'s JSON.
+    pub fn as_type<U>(self) -> Self
+    where
+        U: serde::de::DeserializeOwned + serde::Serialize + 'static,
+    {
+        let name = format!("AsType [{}]", std::any::type_name::<U>());
+        self.step(move || Box::new(crate::operators::AsType::build::<U>(&name)))
+    }
+
     /// A typed map from `In` to `Out`.
     pub fn map_typed<In, Out>(self, f: impl Fn(In) -> Out + Send + Sync + 'static) -> Self
     where

@@ -25,6 +25,7 @@ pub mod secrets;
 pub mod sketch_aggregates;
 pub mod time;
 pub mod typed;
+pub mod typed_columns;
 pub mod watermark;
 pub mod window;
 

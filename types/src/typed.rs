@@ -23,6 +23,17 @@ pub fn from_row<T: DeserializeOwned>(row: &Row) -> Result<T, String> {
 /// Serializes `value` into a row. Strings that are RFC 3339 timestamps become
 /// timestamp values, so that a `DateTime<Utc>` field can carry event time.
 pub fn to_row<T: Serialize>(value: &T) -> Result<Row, String> {
+    row_of(value, true)
+}
+
+/// Serializes `value` into a row as it writes itself: every string stays a
+/// string (a field holding a time-like text is not read as a time), so the
+/// JSON of the row is `value`'s own JSON.
+pub fn to_row_as_written<T: Serialize>(value: &T) -> Result<Row, String> {
+    row_of(value, false)
+}
+
+fn row_of<T: Serialize>(value: &T, times_from_text: bool) -> Result<Row, String> {
     let json = serde_json::to_value(value).map_err(|e| e.to_string())?;
     let object = json
         .as_object()
@@ -38,7 +49,9 @@ pub fn to_row<T: Serialize>(value: &T) -> Result<Row, String> {
                     None => Value::Double(n.as_f64().unwrap_or(f64::NAN)),
                 },
                 serde_json::Value::String(s) => match parse_rfc3339(s) {
-                    Some(t) if s.len() >= 20 && s.as_bytes()[10] == b'T' => Value::Timestamp(t),
+                    Some(t) if times_from_text && s.len() >= 20 && s.as_bytes()[10] == b'T' => {
+                        Value::Timestamp(t)
+                    }
                     _ => Value::Str(Arc::from(s.as_str())),
                 },
                 other => Value::Str(Arc::from(other.to_string())),
