@@ -24,6 +24,16 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     }
 }
 
+/// `count` records `{"ts", "id": "k<i>"}`, each keyed by its id.
+fn records_of_ids(count: usize) -> Vec<(String, Vec<u8>)> {
+    (0..count)
+        .map(|i| {
+            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "k{i}"}}"#);
+            (format!("k{i}"), value.into_bytes())
+        })
+        .collect()
+}
+
 #[test]
 fn readyz_answers_once_the_run_is_ready_and_sigterm_ends_it_with_exit_0() {
     let dir = tempfile::tempdir().unwrap();
@@ -105,13 +115,7 @@ fn a_started_kafka_pipeline_reports_its_partitions_and_their_lag() {
     let (input, output, app) = (unique("handle-in"), unique("handle-out"), unique("handle"));
     create_topic(&input, 2);
     create_topic(&output, 1);
-    let rows: Vec<(String, Vec<u8>)> = (0..10)
-        .map(|i| {
-            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "k{i}"}}"#);
-            (format!("k{i}"), value.into_bytes())
-        })
-        .collect();
-    produce(&input, &rows);
+    produce(&input, &records_of_ids(10));
     let dir = tempfile::tempdir().unwrap();
     let file = tidemark::pipeline::PipelineFile::parse(&format!(
         r#"name: {app}
@@ -182,13 +186,7 @@ metrics: {{prometheus: "127.0.0.1:{metrics}"}}
     )
     .unwrap();
     let produced_at = Instant::now();
-    let rows: Vec<(String, Vec<u8>)> = (0..20)
-        .map(|i| {
-            let value = format!(r#"{{"ts": "2026-01-01T10:00:00Z", "id": "k{i}"}}"#);
-            (format!("k{i}"), value.into_bytes())
-        })
-        .collect();
-    produce(&input, &rows);
+    produce(&input, &records_of_ids(20));
     let mut running = start_replica(&file);
     let deadline = Instant::now() + Duration::from_secs(120);
     let gauge = |text: &str, stat: &str| -> Option<f64> {

@@ -506,6 +506,17 @@ pub struct ProcessorStep<P: StatefulProcessor> {
     timers_fired: u64,
 }
 
+/// A processor groups by at least one column.
+fn check_keys(keys: &[impl AsRef<str>]) -> Result<()> {
+    if keys.is_empty() {
+        return Err(Error::config(
+            "process.keys",
+            "a stateful processor needs at least one grouping column",
+        ));
+    }
+    Ok(())
+}
+
 impl<P: StatefulProcessor> ProcessorStep<P> {
     /// Builds the processor with `build` (which declares its states), to
     /// run per key of the `keys` columns; `name` names it in `describe`,
@@ -515,12 +526,7 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
         keys: &[impl AsRef<str>],
         build: impl FnOnce(&mut StateDeclarations) -> Result<P>,
     ) -> Result<Self> {
-        if keys.is_empty() {
-            return Err(Error::config(
-                "process.keys",
-                "a stateful processor needs at least one grouping column",
-            ));
-        }
+        check_keys(keys)?;
         let mut declarations = StateDeclarations::default();
         let processor = build(&mut declarations)?;
         Ok(ProcessorStep {
@@ -544,12 +550,7 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
         keys: &[impl AsRef<str>],
         build: impl FnOnce(&mut StateDeclarations) -> Result<P>,
     ) -> Result<()> {
-        if keys.is_empty() {
-            return Err(Error::config(
-                "process.keys",
-                "a stateful processor needs at least one grouping column",
-            ));
-        }
+        check_keys(keys)?;
         build(&mut StateDeclarations::default()).map(drop)
     }
 

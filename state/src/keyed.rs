@@ -303,12 +303,19 @@ impl KeyedStateStore {
     /// Removes every entry under `prefix`.
     pub fn delete_prefix(&mut self, prefix: &[u8]) -> Result<(), StateError> {
         for (key, cell) in self.store.prefix(prefix)? {
-            if let Some(expiry) = cell_expiry(&cell) {
-                self.store.delete(&ttl_key(expiry, &key))?;
-            }
-            self.store.delete(&key)?;
-            self.counts.removed += 1;
+            self.delete_cell(&key, &cell)?;
         }
+        Ok(())
+    }
+
+    /// Deletes the state cell stored at `key` as `cell`, with its TTL
+    /// index entry.
+    fn delete_cell(&mut self, key: &[u8], cell: &[u8]) -> Result<(), StateError> {
+        if let Some(expiry) = cell_expiry(cell) {
+            self.store.delete(&ttl_key(expiry, key))?;
+        }
+        self.store.delete(key)?;
+        self.counts.removed += 1;
         Ok(())
     }
 
@@ -529,15 +536,10 @@ impl KeyedStateStore {
                         self.store.delete(&timer_keys(key, domain, time).1)?;
                         self.counts.timers_deleted += 1;
                     }
+                    self.store.delete(&entry)?;
                 }
-                _ => {
-                    if let Some(expiry) = cell_expiry(&cell) {
-                        self.store.delete(&ttl_key(expiry, &entry))?;
-                    }
-                    self.counts.removed += 1;
-                }
+                _ => self.delete_cell(&entry, &cell)?,
             }
-            self.store.delete(&entry)?;
         }
         Ok(())
     }

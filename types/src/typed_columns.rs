@@ -120,6 +120,19 @@ impl<'de> MapAccess<'de> for Fields<'_> {
     }
 }
 
+/// `Deserializer` methods that record a column kind and hand the visitor a
+/// value of it.
+macro_rules! traced {
+    ($($method:ident => $visit:ident($sample:expr) as $kind:literal),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
+                *self.kind = Some($kind);
+                visitor.$visit($sample)
+            }
+        )*
+    };
+}
+
 /// One field: records the kind its type asks for and hands it a value of
 /// that kind.
 struct FieldTracer<'a> {
@@ -140,53 +153,19 @@ impl<'de> de::Deserializer<'de> for FieldTracer<'_> {
     fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, TraceError> {
         Self::not_a_column("a self-describing value (`serde_json::Value`, an untagged enum)")
     }
-    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("boolean");
-        visitor.visit_bool(false)
-    }
-    fn deserialize_i8<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_i8(0)
-    }
-    fn deserialize_i16<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_i16(0)
-    }
-    fn deserialize_i32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_i32(0)
-    }
-    fn deserialize_i64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_i64(0)
-    }
-    fn deserialize_u8<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_u8(0)
-    }
-    fn deserialize_u16<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_u16(0)
-    }
-    fn deserialize_u32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_u32(0)
-    }
-    fn deserialize_u64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("long");
-        visitor.visit_u64(0)
-    }
-    fn deserialize_f32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("double");
-        visitor.visit_f32(0.0)
-    }
-    fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("double");
-        visitor.visit_f64(0.0)
-    }
-    fn deserialize_char<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
-        *self.kind = Some("string");
-        visitor.visit_char('a')
+    traced! {
+        deserialize_bool => visit_bool(false) as "boolean",
+        deserialize_i8 => visit_i8(0) as "long",
+        deserialize_i16 => visit_i16(0) as "long",
+        deserialize_i32 => visit_i32(0) as "long",
+        deserialize_i64 => visit_i64(0) as "long",
+        deserialize_u8 => visit_u8(0) as "long",
+        deserialize_u16 => visit_u16(0) as "long",
+        deserialize_u32 => visit_u32(0) as "long",
+        deserialize_u64 => visit_u64(0) as "long",
+        deserialize_f32 => visit_f32(0.0) as "double",
+        deserialize_f64 => visit_f64(0.0) as "double",
+        deserialize_char => visit_char('a') as "string",
     }
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, TraceError> {
         *self.kind = Some("string");
