@@ -188,6 +188,14 @@ impl PipelineTestDriver {
     pub fn advance_event_time(mut self, topic: &str, partition: i32, time: &str) -> Self {
         let at = crate::time::parse_rfc3339(time)
             .unwrap_or_else(|| panic!("advance_event_time: `{time}` is not an RFC 3339 time"));
+        // A partition without a row has no task and no watermark: moving
+        // it would do nothing, which a test should hear about at once.
+        if !self
+            .next_offset
+            .contains_key(&(topic.to_string(), partition))
+        {
+            panic!("advance_event_time: {topic}/{partition} was piped no row before");
+        }
         if let Some(poll) = self.open_poll() {
             poll.event_time_reached
                 .push((topic.to_string(), partition, at));
@@ -253,6 +261,7 @@ impl PipelineTestDriver {
             polls: self.polls.into(),
             uncommitted: Vec::new(),
             clock,
+            next_offsets: BTreeMap::new(),
             checkpoints: BTreeMap::new(),
             restore: Vec::new(),
         };
@@ -279,6 +288,8 @@ struct DriverSource {
     /// Handed out since the last commit: a rewind hands them out again.
     uncommitted: Vec<DriverPoll>,
     clock: ManualClock,
+    /// The next offset of each partition handed out, for progress reports.
+    next_offsets: BTreeMap<String, BTreeMap<String, i64>>,
     /// The checkpoints stored with the last commit, handed back after a
     /// rewind as Kafka hands back committed offsets' metadata.
     checkpoints: BTreeMap<i32, String>,
@@ -300,6 +311,13 @@ impl Source for DriverSource {
             });
         };
         self.clock.set(poll.time);
+        for record in &poll.records {
+            let position = &record.position;
+            self.next_offsets
+                .entry(position.topic.to_string())
+                .or_default()
+                .insert(position.partition.to_string(), position.offset + 1);
+        }
         self.uncommitted.push(poll.clone());
         Ok(SourceBatch {
             records: poll.records,
@@ -325,7 +343,7 @@ impl Source for DriverSource {
     }
 
     fn offsets(&self) -> serde_json::Value {
-        serde_json::json!({})
+        serde_json::json!(self.next_offsets)
     }
 }
 

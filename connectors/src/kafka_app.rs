@@ -114,10 +114,14 @@ impl KafkaApp {
     }
 
     /// Reads JSON records of `topic` as the user's type `T`: its fields are
-    /// the columns (traced from its `Deserialize`: strings, numbers,
-    /// booleans, `Option`s of them; a string field named as the event time
-    /// is read as a time, and `chrono::DateTime` fields read their text),
-    /// and a record that does not fit them is a dead letter.
+    /// the columns (traced from its `Deserialize` by
+    /// [`tidemark::typed_columns`]: strings, numbers, booleans, `Option`s
+    /// of them, enums of unit variants; a string field named as the event
+    /// time is read as a time, and `chrono::DateTime` fields read their
+    /// text). A record whose field holds a value of another type is a dead
+    /// letter naming the field; a field missing from a record is null (an
+    /// `Option` field reads `None`; a typed step reading any other type
+    /// refuses that row as a dead letter).
     ///
     /// ```no_run
     /// # use tidemark_connectors::KafkaApp;
@@ -263,9 +267,11 @@ impl KafkaApp {
     }
 
     /// Writes rows as JSON to `topic`, each as the user's type `U` writes
-    /// itself (its field names, order and formats; the JSON of a `U`),
-    /// keyed by the `key` fields. A row that does not read into `U` fails
-    /// its batch, naming the type.
+    /// itself: its field names, order and formats, a text that looks like
+    /// a time left as text (the JSON of a `U` whose fields are columns:
+    /// strings, numbers, booleans; a nested value is written as its JSON
+    /// text). Keyed by the `key` fields. A row that does not read into `U`
+    /// is a dead letter naming the type.
     pub fn to_topic_as<U>(self, topic: &str, key: &[&str]) -> Self
     where
         U: serde::de::DeserializeOwned + serde::Serialize + 'static,

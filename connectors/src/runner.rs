@@ -154,6 +154,9 @@ impl PipelineRunner {
     }
 
     fn run_stages(&self) -> Result<RunSummary> {
+        // Served first: its `/healthz` answers (and `/readyz` says
+        // `starting`) while the cluster is checked and waited for.
+        let _metrics = crate::serving::start_prometheus(&self.file, &self.base, &self.status)?;
         // One identity for the process, kept across restarts of its stages:
         // every stage's transactional id derives from it.
         let identity = Arc::new(crate::instance_identity(&self.file, &self.base)?);
@@ -177,7 +180,6 @@ impl PipelineRunner {
         let _server =
             crate::serving::start(&self.file, &self.base, &topology, &self.state, &self.status)?;
         let _ui = crate::serving::start_ui(&self.file, &self.base, &self.history, &self.status)?;
-        let _metrics = crate::serving::start_prometheus(&self.file, &self.base, &self.status)?;
         let names: Vec<String> = topology.stages.iter().map(|s| s.name.clone()).collect();
         // Every stage counts from the start: under available_now the later
         // ones wait for the earlier, and the run is not ready meanwhile.

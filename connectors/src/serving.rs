@@ -180,7 +180,9 @@ static PROMETHEUS: std::sync::OnceLock<
 /// Serves this process's metrics on `metrics.prometheus` when `file` asks
 /// for it, the Prometheus recorder installed first. A process whose own
 /// code installed another `metrics` recorder is refused, naming the key:
-/// it serves its recorder itself (see [`start_metrics`]).
+/// tidemark's metrics already reach that recorder through the `metrics`
+/// facade, so such a process leaves `metrics.prometheus` unset and serves
+/// its recorder itself.
 pub(crate) fn start_prometheus(
     file: &PipelineFile,
     base: &Path,
@@ -198,13 +200,18 @@ pub(crate) fn start_prometheus(
         Error::config(
             "metrics.prometheus",
             format!(
-                "the Prometheus recorder could not be installed ({e}): a process with a \
-                 `metrics` recorder of its own serves it itself, with \
-                 `tidemark_connectors::start_metrics`"
+                "the Prometheus recorder could not be installed ({e}): this process \
+                 has a `metrics` recorder of its own, which tidemark's metrics reach \
+                 already; leave `metrics.prometheus` unset and serve that recorder"
             ),
         )
     })?;
-    let render = Arc::new(move || handle.render());
+    // The exporter drains its histograms only at upkeep: run it at each
+    // scrape, since nothing else does.
+    let render = Arc::new(move || {
+        handle.run_upkeep();
+        handle.render()
+    });
     start_metrics(file, base, render, Some(status))
 }
 

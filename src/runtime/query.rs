@@ -599,6 +599,12 @@ impl<'a> TriggerLoop<'a> {
             alignment.note_read(&batch.records, &*self.source);
         }
         for (topic, partition, t) in &batch.event_time_reached {
+            // As the router counts a record's event time: only an input
+            // that takes part in the watermark.
+            let input = self.router.inputs.get(self.router.inputs.input_of(topic));
+            if !input.watermarked {
+                continue;
+            }
             let slot = routed
                 .max_event_time
                 .entry((Arc::from(topic.as_str()), *partition))

@@ -6,8 +6,14 @@
 //! records that kind: `string`, `long`, `double` or `boolean`, the
 //! pipeline file's column types. `Option<_>` fields are the column of
 //! their inner type, an enum of unit variants a string. Nested structs,
-//! lists, maps, enums with data and `#[serde(flatten)]` are not columns
-//! and are refused, naming the field.
+//! lists, maps, enums with data, fields with `#[serde(alias)]` names and
+//! `#[serde(flatten)]` are not columns and are refused, naming the field.
+//! An enum is traced by its first variant only: one mixing unit variants
+//! with variants holding data is a string column, and a record of a data
+//! variant is then not read. A type that checks the text or number it is
+//! handed (`NaiveDate`, `Uuid`, `NonZeroU32`) may refuse the trace's
+//! sample: its error is returned, and such an input names its columns with
+//! a schema instead.
 //!
 //! ```
 //! #[derive(serde::Deserialize)]
@@ -27,16 +33,30 @@ const STRING_SAMPLE: &str = "1970-01-01T00:00:00Z";
 /// `T`'s columns and their types, in its fields' order (see the module).
 pub fn columns_of<T: DeserializeOwned>() -> Result<Vec<(String, &'static str)>, String> {
     let mut columns = Vec::new();
-    T::deserialize(StructTracer {
+    let last_key = std::cell::Cell::new(None);
+    let traced = T::deserialize(StructTracer {
         columns: &mut columns,
-    })
-    .map_err(|e| e.to_string())?;
-    Ok(columns)
+        last_key: &last_key,
+    });
+    match traced {
+        Ok(_) => Ok(columns),
+        // serde lists a field's aliases among its names, and the second
+        // name of one field is a duplicate: which is the field's own name
+        // cannot be told, so neither is guessed.
+        Err(e) if e.to_string().starts_with("duplicate field") => Err(format!(
+            "{e}: `{}` is another name of it (`#[serde(alias)]`), and a field \
+             of several names is not one column",
+            last_key.get().unwrap_or_default()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Asks the type for its struct, and walks its fields.
 struct StructTracer<'a> {
     columns: &'a mut Vec<(String, &'static str)>,
+    /// The name last handed as a key (named when it is a duplicate).
+    last_key: &'a std::cell::Cell<Option<&'static str>>,
 }
 
 impl<'de> de::Deserializer<'de> for StructTracer<'_> {
@@ -59,6 +79,7 @@ impl<'de> de::Deserializer<'de> for StructTracer<'_> {
             names: fields,
             next: 0,
             columns: self.columns,
+            last_key: self.last_key,
         })
     }
 
@@ -83,6 +104,7 @@ struct Fields<'a> {
     names: &'static [&'static str],
     next: usize,
     columns: &'a mut Vec<(String, &'static str)>,
+    last_key: &'a std::cell::Cell<Option<&'static str>>,
 }
 
 impl<'de> MapAccess<'de> for Fields<'_> {
@@ -95,6 +117,7 @@ impl<'de> MapAccess<'de> for Fields<'_> {
         let Some(name) = self.names.get(self.next) else {
             return Ok(None);
         };
+        self.last_key.set(Some(name));
         seed.deserialize((*name).into_deserializer()).map(Some)
     }
 
@@ -292,6 +315,14 @@ mod tests {
             columns_of::<Unit>().unwrap(),
             [("status".to_string(), "string")]
         );
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Aliased {
+            #[serde(alias = "cardId")]
+            card: String,
+        }
+        let e = columns_of::<Aliased>().expect_err("two names, one field");
+        assert!(e.contains("cardId") && e.contains("alias"), "{e}");
         let e = columns_of::<serde_json::Value>().expect_err("no struct");
         assert!(e.contains("not a struct"), "{e}");
     }
