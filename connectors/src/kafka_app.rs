@@ -444,6 +444,14 @@ impl KafkaApp {
         if let Some(mistake) = self.mistake.take() {
             return Err(mistake);
         }
+        let state = self.settings.get("state").and_then(Json::as_object);
+        if state.is_some_and(|state| !state.contains_key("dir")) {
+            return Err(Error::config(
+                "state.dir",
+                "standby_replicas and state_memory_mb are settings of durable state: \
+                 set state_dir too",
+            ));
+        }
         if let Some(columns) = self.typed_input.take() {
             let event_time = self.settings.get("event_time").and_then(Json::as_str);
             let schema: Map<String, Json> = columns

@@ -120,6 +120,11 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
     assert_eq!(metrics.prometheus, "127.0.0.1:7072");
     // The token is kept, and masked wherever the settings are shown.
     assert!(!format!("{file:?}").contains("t0ken"));
+    let e = app()
+        .standby_replicas(1)
+        .build()
+        .expect_err("standbys of no state");
+    assert!(e.to_string().contains("state_dir"), "{e}");
     let file = KafkaApp::new("avro")
         .input("in", &[("user", "string")])
         .avro_input("http://127.0.0.1:8081")
