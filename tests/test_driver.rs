@@ -119,3 +119,36 @@ sink: {{kind: stdout}}
     assert_eq!(b_windows(&query), [(1, 1)]);
     assert_eq!(b_windows(&run("partition")), [(3, 1)]);
 }
+
+/// A stream–table join takes no part in the watermark: windows after it
+/// close as the stream's event time moves (the watermark used to wait for
+/// a stream the table never reports).
+#[test]
+fn windows_after_a_table_join_close_as_the_stream_moves() {
+    let run = tidemark::test_driver::PipelineTestDriver::for_pipeline(
+        r#"
+name: enriched
+source: {kind: kafka, topic: events, keyed_by: [id], schema: {t: timestamp, id: string}}
+event_time: t
+watermark: 0 seconds
+steps:
+  - table_join: {topic: users, type: left_outer, on: [id], schema: {id: string, name: string}}
+  - window_aggregate: {keys: [id, name], window: {tumbling: 5 minutes}, aggregates: [{fn: count, as: n}]}
+output_mode: append
+sink: {kind: stdout}
+"#,
+    )
+    .unwrap()
+    .batch_at("2026-01-01T11:00:00Z")
+    .pipe("users", r#"{"id": "a", "name": "Ann"}"#)
+    .pipe("events", r#"{"t": "2026-01-01T10:01:00Z", "id": "a"}"#)
+    .pipe("events", r#"{"t": "2026-01-01T10:20:00Z", "id": "a"}"#)
+    .run()
+    .unwrap();
+    let first: Vec<serde_json::Value> = run.output_json().into_iter().take(1).collect();
+    assert_eq!(
+        first,
+        [serde_json::json!({"batch_id": 1, "id": "a", "name": "Ann",
+            "window_start": "2026-01-01T10:00:00Z", "window_end": "2026-01-01T10:05:00Z", "n": 1})]
+    );
+}

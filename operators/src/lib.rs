@@ -27,8 +27,9 @@ mod window_aggregate;
 pub use dedup::{DedupSpec, Deduplicate};
 pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use processor::{
-    GroupKey, ListState, MapState, ProcessorContext, ProcessorError, ProcessorResult,
-    ProcessorStep, StateDeclarations, StatefulProcessor, TimeDomain, Timer, ValueState,
+    GroupKey, HandleInitialState, ListState, MapState, ProcessorContext, ProcessorError,
+    ProcessorResult, ProcessorStep, StateDeclarations, StatefulProcessor, TimeDomain, Timer,
+    ValueState,
 };
 pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{AsType, Filter, FlatMapTyped, MapRows, Select, WithColumn};

@@ -75,6 +75,52 @@ pub trait StatefulProcessor: Send + 'static {
     fn close(&mut self) {}
 }
 
+/// Spark's `StatefulProcessorWithInitialState`: a processor whose state is
+/// seeded from an initial-state input (a topic co-partitioned with its
+/// input; see `QueryBuilder::process_with_initial_state`). Each initial
+/// row of `key` is handed to [`handle_initial_state`](Self::handle_initial_state)
+/// in the batch that reads it, before the key's input rows of that batch.
+pub trait HandleInitialState<S>: StatefulProcessor {
+    /// Seeds `key`'s state from one initial row (`state`): sets values,
+    /// registers timers, may emit.
+    fn handle_initial_state(
+        &mut self,
+        key: &GroupKey,
+        state: S,
+        ctx: &mut ProcessorContext<'_, Self::Output>,
+    ) -> ProcessorResult;
+}
+
+/// One initial row read as its processor's initial-state type, waiting to
+/// be handed over.
+pub type InitialCall<P> = Box<
+    dyn for<'a> FnOnce(
+            &mut P,
+            &GroupKey,
+            &mut ProcessorContext<'a, <P as StatefulProcessor>::Output>,
+        ) -> ProcessorResult
+        + Send,
+>;
+
+/// Reads an initial-state row as the processor's initial-state type; an
+/// error says why it does not read.
+pub type InitialStateReader<P> =
+    Arc<dyn Fn(&Row) -> std::result::Result<InitialCall<P>, String> + Send + Sync>;
+
+/// The reader of `S` rows for a processor that handles them.
+pub fn initial_state_reader<P, S>() -> InitialStateReader<P>
+where
+    P: HandleInitialState<S>,
+    S: DeserializeOwned + Send + 'static,
+{
+    Arc::new(|row: &Row| {
+        let state: S = crate::typed::from_row(row)?;
+        let call: InitialCall<P> =
+            Box::new(move |p: &mut P, key: &GroupKey, ctx| p.handle_initial_state(key, state, ctx));
+        Ok(call)
+    })
+}
+
 /// A timer: its clock and its time (microseconds since the epoch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timer {
@@ -501,8 +547,13 @@ pub struct ProcessorStep<P: StatefulProcessor> {
     /// This batch's rows by key, keys in the order they first appeared.
     pending: Vec<(GroupKey, Vec<P::Input>)>,
     pending_index: BTreeMap<Vec<u8>, usize>,
+    /// Reads the initial-state input's rows, when the step has one.
+    initial_reader: Option<InitialStateReader<P>>,
+    /// This batch's initial rows, in input order.
+    pending_initial: Vec<(GroupKey, InitialCall<P>)>,
     key_buffer: Vec<u8>,
     rows_handled: u64,
+    initial_rows_handled: u64,
     timers_fired: u64,
 }
 
@@ -537,10 +588,77 @@ impl<P: StatefulProcessor> ProcessorStep<P> {
             state: KeyedStateStore::new(Box::new(tidemark_state::InMemoryStore::new(name))),
             pending: Vec::new(),
             pending_index: BTreeMap::new(),
+            initial_reader: None,
+            pending_initial: Vec::new(),
             key_buffer: Vec::new(),
             rows_handled: 0,
+            initial_rows_handled: 0,
             timers_fired: 0,
         })
+    }
+
+    /// Takes a second input, the initial state, whose rows `reader` reads.
+    pub fn with_initial_state(mut self, reader: InitialStateReader<P>) -> Self {
+        self.initial_reader = Some(reader);
+        self
+    }
+
+    /// The grouping key of `row` (its values and their encoding in
+    /// `key_buffer`).
+    fn group_key_of(&mut self, row: &Row) -> Result<Vec<Value>> {
+        let mut values = Vec::with_capacity(self.keys.len());
+        for column in &self.keys {
+            match row.get(column) {
+                Some(v) => values.push(v.clone()),
+                None => {
+                    return Err(Error::bad_row(
+                        column.to_string(),
+                        format!("the grouping column of {} is missing", self.describe()),
+                    ))
+                }
+            }
+        }
+        encode_group_key(&values, &mut self.key_buffer);
+        Ok(values)
+    }
+
+    /// Reads an initial-state row; handles it at once under the real-time
+    /// trigger, else with the batch's end.
+    fn on_initial_row(&mut self, row: &Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let Some(reader) = self.initial_reader.clone() else {
+            return Err(Error::config(
+                "process",
+                format!("{} takes no initial state", self.describe()),
+            ));
+        };
+        let values = self.group_key_of(row)?;
+        let call = reader(row).map_err(|e| {
+            Error::bad_row(
+                "<row>",
+                format!("not an initial state of {}: {e}", self.describe()),
+            )
+        })?;
+        let key = GroupKey {
+            values,
+            encoded: self.key_buffer.clone(),
+        };
+        if ctx.real_time {
+            self.state.set_processing_time(ctx.processing_time);
+            return self.handle_initial(key, call, ctx, out);
+        }
+        self.pending_initial.push((key, call));
+        Ok(())
+    }
+
+    fn handle_initial(
+        &mut self,
+        key: GroupKey,
+        call: InitialCall<P>,
+        batch: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        self.initial_rows_handled += 1;
+        self.call(&key, batch, out, |p, ctx| call(p, &key, ctx))
     }
 
     /// Builds the processor once and drops it (without `close`, which
@@ -651,22 +769,10 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
     }
 
     fn on_row(&mut self, row: Row, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
-        let mut values = Vec::with_capacity(self.keys.len());
-        for column in &self.keys {
-            match row.get(column) {
-                Some(v) => values.push(v.clone()),
-                None => {
-                    return Err(Error::bad_row(
-                        column.to_string(),
-                        format!("the grouping column of {} is missing", self.describe()),
-                    ))
-                }
-            }
-        }
+        let values = self.group_key_of(&row)?;
         let input: P::Input = crate::typed::from_row(&row).map_err(|e| {
             Error::bad_row("<row>", format!("not an input of {}: {e}", self.describe()))
         })?;
-        encode_group_key(&values, &mut self.key_buffer);
         if ctx.real_time {
             // Handled as it arrives, its output sent at once.
             self.state.set_processing_time(ctx.processing_time);
@@ -691,8 +797,37 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         Ok(())
     }
 
+    /// Input 1 is the initial state (when the step has one).
+    fn on_input_row(
+        &mut self,
+        input: usize,
+        row: Row,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
+        match input {
+            0 => self.on_row(row, ctx, out),
+            _ => self.on_initial_row(&row, ctx, out),
+        }
+    }
+
+    /// A record without a value in the initial-state topic seeds nothing.
+    fn on_input_tombstone(&mut self, input: usize, _key: &[u8]) -> Result<()> {
+        match input {
+            0 => Err(Error::config(
+                "process",
+                format!("{} takes no tombstones", self.describe()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn on_batch_end(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
         self.state.set_processing_time(ctx.processing_time);
+        // Spark seeds a key's state before it handles the key's rows.
+        for (key, call) in std::mem::take(&mut self.pending_initial) {
+            self.handle_initial(key, call, ctx, out)?;
+        }
         self.pending_index.clear();
         for (key, rows) in std::mem::take(&mut self.pending) {
             self.handle(key, rows, ctx, out)?;
@@ -722,6 +857,7 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         self.state = KeyedStateStore::new(Box::new(CachingStore::new(store, write_cache)));
         self.pending.clear();
         self.pending_index.clear();
+        self.pending_initial.clear();
         Ok(())
     }
 
@@ -735,6 +871,10 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         custom_metrics.insert(
             "numRowsHandled".to_string(),
             std::mem::take(&mut self.rows_handled),
+        );
+        custom_metrics.insert(
+            "numInitialStateRows".to_string(),
+            std::mem::take(&mut self.initial_rows_handled),
         );
         custom_metrics.insert(
             "numExpiredTimers".to_string(),

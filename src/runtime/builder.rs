@@ -943,6 +943,90 @@ impl QueryBuilder {
         ))
     }
 
+    /// [`QueryBuilder::process`] with its state seeded from `initial`
+    /// (Spark's `transformWithState` with an `initialState`): a table
+    /// input ([`JoinInput::table`]) whose rows carry the `keys` columns and
+    /// read as `S`. Each is handed to
+    /// [`HandleInitialState::handle_initial_state`](crate::operators::HandleInitialState)
+    /// in the batch that reads it, before the key's input rows; a record
+    /// without a value seeds nothing. Its topic must be co-partitioned with
+    /// the input (keyed alike, as many partitions), and the processor must
+    /// run where the records are (its keys among the input's `keyed_by`
+    /// columns): initial rows are not sent through a repartition topic.
+    pub fn process_with_initial_state<P, S, K, F>(
+        self,
+        name: &str,
+        keys: &[K],
+        build: F,
+        initial: JoinInput,
+    ) -> Result<Self>
+    where
+        P: crate::operators::HandleInitialState<S>,
+        S: serde::de::DeserializeOwned + Send + 'static,
+        K: AsRef<str>,
+        F: Fn(&mut crate::operators::StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        use crate::operators::ProcessorStep;
+        ProcessorStep::check(keys, &build)?;
+        let keys: Vec<String> = keys.iter().map(|k| k.as_ref().to_string()).collect();
+        if !initial.table {
+            return Err(Error::config(
+                "process.initial_state",
+                format!(
+                    "`{}` is a stream: build the initial state with JoinInput::table",
+                    initial.name
+                ),
+            ));
+        }
+        let in_place = self
+            .keyed_by
+            .as_ref()
+            .and_then(|k| {
+                super::stages::partition_columns_after(k, self.steps.iter().map(|s| &s.shape))
+            })
+            .is_some_and(|k| super::stages::groups_stay_in_partition(&keys, &k));
+        if !in_place {
+            return Err(Error::config(
+                "process.initial_state",
+                format!(
+                    "the processor `{name}` would read its input behind a repartition topic, \
+                     where its initial state does not go: key the input by its keys \
+                     ([{}]) with `keyed_by`",
+                    keys.join(", ")
+                ),
+            ));
+        }
+        let on: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), k.clone())).collect();
+        let reader = crate::operators::processor::initial_state_reader::<P, S>();
+        let step_name = name.to_string();
+        let step_keys = keys.clone();
+        let factory: OperatorFactory =
+            Arc::new(
+                move |_| match ProcessorStep::new(&step_name, &step_keys, &build) {
+                    Ok(step) => Box::new(step.with_initial_state(reader.clone())),
+                    Err(e) => {
+                        Box::new(crate::operators::processor::Unbuildable::new(&step_name, e))
+                    }
+                },
+            );
+        let mut b = self;
+        b.side_inputs.push(SideInput {
+            input: b.side_inputs.len() + 1,
+            join_at: b.steps.len(),
+            stream: initial,
+            left_keys: on.iter().map(|(l, _)| l.clone()).collect(),
+            right_keys: on.iter().map(|(_, r)| r.clone()).collect(),
+            union: false,
+        });
+        Ok(b.push_step(
+            StepShape::Groups {
+                keys,
+                kind: Grouping::Processor,
+            },
+            factory,
+        ))
+    }
+
     /// Names the main stream (the query's own input) in progress reports
     /// of a join's per-stream watermarks (default `main`).
     pub fn main_stream(mut self, name: &str) -> Self {

@@ -81,7 +81,11 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
                 .side_inputs
                 .iter()
                 .filter(|s| !s.stream.table && (!s.union || s.stream.watermark.is_some()));
-            if !builder.side_inputs.is_empty() || !builder.marker_streams.is_empty() {
+            // Tables take no part in the watermark: with tables alone the
+            // main stream's events count as no named stream's (see
+            // `Inputs::of`), so no stream is waited for.
+            let joins_streams = builder.side_inputs.iter().any(|s| !s.stream.table);
+            if joins_streams || !builder.marker_streams.is_empty() {
                 tracker.expect_stream(&builder.main_stream);
                 for side in streams {
                     tracker.expect_stream(&side.stream.name);
