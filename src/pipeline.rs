@@ -746,7 +746,7 @@ pub struct DedupYaml {
     pub within_watermark: bool,
 }
 
-/// `process: {processor, keys}`.
+/// `process: {processor, keys, initial_state}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessYaml {
@@ -754,17 +754,54 @@ pub struct ProcessYaml {
     pub processor: String,
     /// The grouping columns: each key's rows go to one processor call.
     pub keys: Vec<String>,
+    /// A topic seeding the processor's state (Spark's `initialState`).
+    #[serde(default)]
+    pub initial_state: Option<InitialStateYaml>,
+}
+
+/// `initial_state: {topic, name, schema}`: a topic co-partitioned with the
+/// source, its records read as the processor's initial-state type.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitialStateYaml {
+    /// The topic (a list: several co-partitioned topics).
+    pub topic: TopicList,
+    /// Its name in progress reports (default: its first topic).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its columns and their types.
+    #[serde(default)]
+    pub schema: SchemaSpec,
+}
+
+impl InitialStateYaml {
+    /// The input's name: `name`, else the first topic.
+    pub fn input_name(&self) -> String {
+        self.name
+            .clone()
+            .or_else(|| self.topic.0.first().cloned())
+            .unwrap_or_else(|| "initial_state".into())
+    }
 }
 
 /// Adds a registered processor's step (or code steps) to a builder.
 pub type ProcessorStepBuilder =
     Arc<dyn Fn(QueryBuilder, &[String]) -> Result<QueryBuilder> + Send + Sync>;
 
+/// Adds a registered processor's step seeded from an initial-state input.
+pub type SeededStepBuilder = Arc<
+    dyn Fn(QueryBuilder, &[String], crate::runtime::JoinInput) -> Result<QueryBuilder>
+        + Send
+        + Sync,
+>;
+
 /// The stateful processors and code steps a program offers its pipeline
 /// files, by name (code cannot be written in a file: the file names it).
 #[derive(Clone, Default)]
 pub struct Processors {
     processors: BTreeMap<String, ProcessorStepBuilder>,
+    /// Those that also take an initial state.
+    seeded: BTreeMap<String, SeededStepBuilder>,
     code_steps: BTreeMap<String, ProcessorStepBuilder>,
 }
 
@@ -1777,6 +1814,16 @@ impl PipelineFile {
                     schema: &t.schema,
                     keys: &t.on,
                 }),
+                StepSpec::Process(ProcessYaml {
+                    initial_state: Some(initial),
+                    ..
+                }) => Some(JoinedInput {
+                    step,
+                    name: initial.input_name(),
+                    topics: &initial.topic,
+                    schema: &initial.schema,
+                    keys: &[],
+                }),
                 StepSpec::Union(u) => Some(JoinedInput {
                     step,
                     name: u.stream_name(),
@@ -2061,6 +2108,35 @@ impl PipelineFile {
         self
     }
 
+    /// [`PipelineFile::with_processor`] for a processor that also takes an
+    /// initial state of type `S`: a file's step names its topic with
+    /// `process: {processor, keys, initial_state: {topic, schema}}`
+    /// (see [`QueryBuilder::process_with_initial_state`]).
+    pub fn with_processor_and_initial_state<P, S, F>(self, name: &str, build: F) -> Self
+    where
+        P: crate::operators::HandleInitialState<S>,
+        S: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(&mut crate::operators::StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        let build = Arc::new(build);
+        let seeded_build = build.clone();
+        let step_name = name.to_string();
+        let seeded: SeededStepBuilder = Arc::new(
+            move |b: QueryBuilder, keys: &[String], initial: crate::runtime::JoinInput| {
+                let build = seeded_build.clone();
+                b.process_with_initial_state::<P, S, _, _>(
+                    &step_name,
+                    keys,
+                    move |d| build(d),
+                    initial,
+                )
+            },
+        );
+        let mut file = self.with_processor(name, move |d| build(d));
+        file.processors.seeded.insert(name.to_string(), seeded);
+        file
+    }
+
     /// Registers steps written in Rust on the query builder — any built-in
     /// operator, typed maps, async calls — for the file's `code: <name>`
     /// steps: `add` appends them where the file names them. It replaces
@@ -2083,6 +2159,11 @@ impl PipelineFile {
             .watermark_scope(self.watermark_scope)
             .output_mode(self.output_mode)
             .trigger(self.trigger.0);
+        if let (SourceKind::Kafka, Some(keys)) = (self.source.kind, &self.source.keyed_by) {
+            // Known before the steps: a processor seeded from an initial
+            // state checks that it runs where the records are.
+            b = b.keyed_by(keys);
+        }
         if let Some(c) = &self.event_time {
             b = b.event_time(c);
         }
@@ -2171,6 +2252,29 @@ impl PipelineFile {
                 }
                 StepSpec::Dedup(d) => b.drop_duplicates(&d.keys)?,
                 StepSpec::Distinct(_) => b.distinct()?,
+                StepSpec::Process(ProcessYaml {
+                    processor,
+                    keys,
+                    initial_state: Some(initial),
+                }) => match self.processors.seeded.get(processor) {
+                    Some(add) => {
+                        let columns: Vec<&str> = initial.schema.0.fields().map(|(n, _)| n).collect();
+                        let input = crate::runtime::JoinInput::table(&initial.input_name())
+                            .topics(&initial.topic.0)
+                            .columns(&columns);
+                        add(b, keys, input)?
+                    }
+                    None => {
+                        return Err(Error::config(
+                            "steps[].process.initial_state",
+                            format!(
+                                "the processor `{processor}` takes no initial state: a program \
+                                 registers one that does with \
+                                 PipelineFile::with_processor_and_initial_state"
+                            ),
+                        ))
+                    }
+                },
                 StepSpec::Process(p) => match self.processors.processors.get(&p.processor) {
                     Some(add) => add(b, &p.keys)?,
                     None => {

@@ -150,6 +150,12 @@ impl PipelineTestDriver {
     pub fn for_pipeline(text: &str) -> Result<Self> {
         let file =
             PipelineFile::parse(text).map_err(|e| Error::config("pipeline", e.to_string()))?;
+        Self::for_pipeline_file(file)
+    }
+
+    /// [`for_pipeline`](Self::for_pipeline) for a file already read, with
+    /// the processors and code steps the program registered on it.
+    pub fn for_pipeline_file(file: PipelineFile) -> Result<Self> {
         let mut decoder = crate::decode::ByTopicDecoder::new(Box::new(
             crate::decode::JsonDecoder::new(file.schema()),
         ));

@@ -852,3 +852,50 @@ fn an_initial_state_is_refused_where_the_processor_is_repartitioned() {
         "{e}"
     );
 }
+
+#[test]
+fn a_pipeline_file_seeds_a_processor_registered_with_an_initial_state() {
+    let text = r#"
+name: seeded-file
+source: {kind: kafka, topic: t, keyed_by: [user], schema: {user: string, ts: string, amount: double}}
+steps:
+  - process:
+      processor: totals
+      keys: [user]
+      initial_state: {topic: opening, schema: {user: string, total: double}}
+output_mode: update
+sink: {kind: stdout}
+"#;
+    let build = |states: &mut StateDeclarations| {
+        Ok(Totals {
+            total: states.value("total")?,
+            amounts: states.list("amounts")?,
+            by_action: states.map("by_action")?,
+        })
+    };
+    let file = tidemark::pipeline::PipelineFile::parse(text).unwrap();
+    let e = file
+        .clone()
+        .with_processor("totals", build)
+        .query_builder()
+        .err()
+        .expect("registered without an initial state");
+    assert!(
+        e.to_string().contains("steps[].process.initial_state"),
+        "{e}"
+    );
+    assert_eq!(file.input_topics(), ["t", "opening"]);
+    let file = file.with_processor_and_initial_state::<_, OpeningTotal, _>("totals", build);
+    let run = PipelineTestDriver::for_pipeline_file(file)
+        .unwrap()
+        .pipe("opening", r#"{"user": "a", "total": 40}"#)
+        .pipe("t", r#"{"user": "a", "ts": "x", "amount": 2}"#)
+        .run()
+        .unwrap();
+    let totals: Vec<f64> = rows_of(&run)
+        .into_iter()
+        .filter(|r| r.1 == "total")
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(totals, [42.0], "the file's initial state seeded a");
+}

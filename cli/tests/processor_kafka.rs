@@ -200,3 +200,98 @@ fn a_processor_runs_under_the_real_time_trigger() {
     assert_counts(&output, &per_user);
     running.stop_within(Duration::from_secs(60)).unwrap();
 }
+
+/// A user's count to start from (Spark's initial state).
+#[derive(Deserialize)]
+struct StartingCount {
+    n: u64,
+}
+
+impl HandleInitialState<StartingCount> for Counter {
+    fn handle_initial_state(
+        &mut self,
+        _key: &GroupKey,
+        state: StartingCount,
+        ctx: &mut ProcessorContext<'_, Count>,
+    ) -> ProcessorResult {
+        self.count.set(ctx, &state.n)
+    }
+}
+
+/// Against the broker, exactly once: counts keyed by user start from the
+/// counts an initial-state topic (co-partitioned, keyed by user) holds.
+#[test]
+fn a_processor_seeded_from_an_initial_state_topic_counts_on_from_it() {
+    let (input, seeds, output, app) = (
+        unique("seeded-in"),
+        unique("seeded-state"),
+        unique("seeded-out"),
+        unique("seeded-app"),
+    );
+    create_topic(&input, PARTITIONS);
+    create_topic(&seeds, PARTITIONS);
+    let starting: BTreeMap<String, u64> = (0..USERS)
+        .map(|u| (format!("u{u}"), 1000 * (u as u64 + 1)))
+        .collect();
+    let seed_records: Vec<(String, Vec<u8>)> = starting
+        .iter()
+        .map(|(user, n)| {
+            let value = serde_json::json!({"user": user, "n": n}).to_string();
+            (user.clone(), value.into_bytes())
+        })
+        .collect();
+    produce(&seeds, &seed_records);
+    // Clicks keyed by user, as the initial state is: co-partitioned.
+    let mut per_user: BTreeMap<String, u64> = BTreeMap::new();
+    let clicks: Vec<(String, Vec<u8>)> = (0..RECORDS)
+        .map(|i| {
+            let user = format!("u{}", (i * 7) % USERS);
+            *per_user.entry(user.clone()).or_insert(0) += 1;
+            let value = serde_json::json!({"id": format!("click-{i}"), "user": user});
+            (user, value.to_string().into_bytes())
+        })
+        .collect();
+    produce(&input, &clicks);
+    let dir = tempfile::tempdir().unwrap();
+    let running = KafkaApp::new(&app)
+        .bootstrap(&bootstrap())
+        .input(&input, &[("id", "string"), ("user", "string")])
+        .keyed_by(&["user"])
+        .process_with_initial_state::<_, StartingCount, _>(
+            "counter",
+            &["user"],
+            counter,
+            &seeds,
+            &[("user", "string"), ("n", "long")],
+        )
+        .output_mode(OutputMode::Update)
+        .to_topic(&output, &["user"])
+        .create_output_topic()
+        .state_dir(dir.path().join("state"))
+        .exactly_once()
+        .trigger_every(Duration::from_millis(200))
+        .start()
+        .unwrap();
+    let out = consume_all(&output, RECORDS, Duration::from_secs(120));
+    running.stop_within(Duration::from_secs(60)).unwrap();
+    let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for record in &out {
+        let value: serde_json::Value =
+            serde_json::from_slice(record.value.as_deref().unwrap()).unwrap();
+        let user = value["user"].as_str().unwrap().to_string();
+        seen.entry(user)
+            .or_default()
+            .push(value["n"].as_u64().unwrap());
+    }
+    for (user, clicks) in &per_user {
+        let mut counts = seen.remove(user).unwrap_or_default();
+        counts.sort();
+        let from = starting[user];
+        assert_eq!(
+            counts,
+            (from + 1..=from + clicks).collect::<Vec<_>>(),
+            "{user} counts on from its initial {from}"
+        );
+    }
+    assert!(seen.is_empty(), "no other users: {seen:?}");
+}

@@ -102,14 +102,10 @@ impl KafkaApp {
     /// (`string`, `long`, `double`, `boolean`, `timestamp`); from the
     /// earliest offset when the group has none.
     pub fn input(mut self, topic: &str, schema: &[(&str, &str)]) -> Self {
-        let fields: Map<String, Json> = schema
-            .iter()
-            .map(|(name, kind)| (name.to_string(), Json::from(*kind)))
-            .collect();
         self.typed_input = None;
         let source = self.section("source");
         source.insert("topic".into(), topic.into());
-        source.insert("schema".into(), Json::Object(fields));
+        source.insert("schema".into(), schema_object(schema));
         self
     }
 
@@ -189,11 +185,62 @@ impl KafkaApp {
     /// Runs a user's stateful processor per key of `keys` (see
     /// [`tidemark::operators::processor`]); `build` makes each task's
     /// processor and declares its states.
-    pub fn process<P, F>(mut self, name: &str, keys: &[&str], build: F) -> Self
+    pub fn process<P, F>(self, name: &str, keys: &[&str], build: F) -> Self
     where
         P: StatefulProcessor,
         F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
     {
+        let owned = name.to_string();
+        self.push_process(
+            name,
+            keys,
+            None,
+            Box::new(move |file: PipelineFile| file.with_processor(&owned, build)),
+        )
+    }
+
+    /// [`process`](Self::process) with the processor's state seeded from
+    /// `topic` (Spark's `initialState`): its JSON records, of these
+    /// `(column, type)` fields (the `keys` columns among them), are read
+    /// as `S` and handed to
+    /// [`HandleInitialState::handle_initial_state`](tidemark::operators::HandleInitialState)
+    /// before the key's rows of their batch. The topic is co-partitioned
+    /// with the input (keyed alike, as many partitions), and the input is
+    /// keyed by the processor's keys ([`keyed_by`](Self::keyed_by)).
+    pub fn process_with_initial_state<P, S, F>(
+        self,
+        name: &str,
+        keys: &[&str],
+        build: F,
+        topic: &str,
+        schema: &[(&str, &str)],
+    ) -> Self
+    where
+        P: tidemark::operators::HandleInitialState<S>,
+        S: serde::de::DeserializeOwned + Send + 'static,
+        F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
+    {
+        let initial = json!({"topic": topic, "schema": schema_object(schema)});
+        let owned = name.to_string();
+        self.push_process(
+            name,
+            keys,
+            Some(initial),
+            Box::new(move |file: PipelineFile| {
+                file.with_processor_and_initial_state::<P, S, _>(&owned, build)
+            }),
+        )
+    }
+
+    /// Adds a `process` step and the registration that builds it; two
+    /// processors of one name are a mistake.
+    fn push_process(
+        mut self,
+        name: &str,
+        keys: &[&str],
+        initial_state: Option<Json>,
+        register: Registration,
+    ) -> Self {
         let taken = self
             .steps
             .iter()
@@ -204,12 +251,12 @@ impl KafkaApp {
                 format!("two processors are named `{name}`: give each its own name"),
             ));
         }
-        self.steps
-            .push(json!({ "process": {"processor": name, "keys": keys} }));
-        let name = name.to_string();
-        self.registrations.push(Box::new(move |file: PipelineFile| {
-            file.with_processor(&name, build)
-        }));
+        let mut step = json!({"processor": name, "keys": keys});
+        if let Some(initial) = initial_state {
+            step["initial_state"] = initial;
+        }
+        self.steps.push(json!({ "process": step }));
+        self.registrations.push(register);
         self
     }
 
@@ -506,4 +553,14 @@ impl KafkaApp {
     pub fn start(self) -> Result<RunningPipeline> {
         self.runner()?.start()
     }
+}
+
+/// `(column, type)` pairs as the pipeline file's `schema` object.
+fn schema_object(schema: &[(&str, &str)]) -> Json {
+    Json::Object(
+        schema
+            .iter()
+            .map(|(name, kind)| (name.to_string(), Json::from(*kind)))
+            .collect(),
+    )
 }
