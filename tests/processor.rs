@@ -80,16 +80,19 @@ impl StatefulProcessor for Totals {
     }
 }
 
+/// Builds a task's [`Totals`], declaring its three states.
+fn new_totals(states: &mut StateDeclarations) -> tidemark::Result<Totals> {
+    Ok(Totals {
+        total: states.value("total")?,
+        amounts: states.list("amounts")?,
+        by_action: states.map("by_action")?,
+    })
+}
+
 fn totals(backend: &InMemoryStateBackend) -> tidemark::runtime::QueryBuilder {
     Query::builder("totals")
         .state_backend(backend.clone())
-        .process("totals", &["user"], |states| {
-            Ok(Totals {
-                total: states.value("total")?,
-                amounts: states.list("amounts")?,
-                by_action: states.map("by_action")?,
-            })
-        })
+        .process("totals", &["user"], new_totals)
         .unwrap()
         .output_mode(OutputMode::Update)
 }
@@ -658,13 +661,7 @@ sink: {kind: stdout}
     let e = file.query_builder().err().expect("not registered");
     assert!(e.to_string().contains("steps[].process.processor"), "{e}");
     assert!(e.to_string().contains("totals"), "{e}");
-    let file = file.with_processor("totals", |states| {
-        Ok(Totals {
-            total: states.value("total")?,
-            amounts: states.list("amounts")?,
-            by_action: states.map("by_action")?,
-        })
-    });
+    let file = file.with_processor("totals", new_totals);
     let decoder = tidemark::decode::JsonDecoder::new(file.schema());
     let run = PipelineTestDriver::new(file.query_builder().unwrap().decoder(decoder))
         .pipe("t", r#"{"user": "a", "ts": "x", "amount": 2}"#)
@@ -772,13 +769,7 @@ fn seeded_totals(keyed: bool) -> tidemark::Result<tidemark::runtime::QueryBuilde
     Ok(b.process_with_initial_state::<_, OpeningTotal, _, _>(
         "totals",
         &["user"],
-        |states| {
-            Ok(Totals {
-                total: states.value("total")?,
-                amounts: states.list("amounts")?,
-                by_action: states.map("by_action")?,
-            })
-        },
+        new_totals,
         opening,
     )?
     .output_mode(OutputMode::Update))
@@ -866,17 +857,10 @@ steps:
 output_mode: update
 sink: {kind: stdout}
 "#;
-    let build = |states: &mut StateDeclarations| {
-        Ok(Totals {
-            total: states.value("total")?,
-            amounts: states.list("amounts")?,
-            by_action: states.map("by_action")?,
-        })
-    };
     let file = tidemark::pipeline::PipelineFile::parse(text).unwrap();
     let e = file
         .clone()
-        .with_processor("totals", build)
+        .with_processor("totals", new_totals)
         .query_builder()
         .err()
         .expect("registered without an initial state");
@@ -885,7 +869,7 @@ sink: {kind: stdout}
         "{e}"
     );
     assert_eq!(file.input_topics(), ["t", "opening"]);
-    let file = file.with_processor_and_initial_state::<_, OpeningTotal, _>("totals", build);
+    let file = file.with_processor_and_initial_state::<_, OpeningTotal, _>("totals", new_totals);
     let run = PipelineTestDriver::for_pipeline_file(file)
         .unwrap()
         .pipe("opening", r#"{"user": "a", "total": 40}"#)
