@@ -1912,11 +1912,18 @@ impl PipelineFile {
                         .is_some_and(|p| groups_stay_in_partition(&keys, &p))
                 };
                 if self.source.kind == SourceKind::Kafka && !allowed.iter().any(partitioned) {
+                    let Some((join_keys, _)) = allowed.first() else {
+                        return Err(Error::config(
+                            "source.keyed_by",
+                            format!(
+                                "a grouping by {keys:?} beside a table or an initial state runs where the records are: name the record key's columns, which the grouping must include"
+                            ),
+                        ));
+                    };
                     return Err(Error::config(
                         "steps",
                         format!(
-                            "a grouping in a pipeline with a join must include the join keys {:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet",
-                            allowed[0].0
+                            "a grouping in a pipeline with a join (or a table, or an initial state) must include the join keys or the record key's columns (`source.keyed_by`), {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
                         ),
                     ));
                 }
@@ -2257,6 +2264,21 @@ impl PipelineFile {
                     keys,
                     initial_state: Some(initial),
                 }) => match self.processors.seeded.get(processor) {
+                    _ if self.source.kind != SourceKind::Kafka => {
+                        return Err(Error::config(
+                            "steps[].process.initial_state",
+                            "an initial state is a Kafka topic read beside a Kafka source",
+                        ))
+                    }
+                    _ if initial.topic.0.iter().any(|t| {
+                        self.source.topic.as_ref().is_some_and(|s| s.0.contains(t))
+                    }) =>
+                    {
+                        return Err(Error::config(
+                            "steps[].process.initial_state.topic",
+                            "the initial state's topic is the source's own: give it a topic of its own",
+                        ))
+                    }
                     Some(add) => {
                         let columns: Vec<&str> = initial.schema.0.fields().map(|(n, _)| n).collect();
                         let input = crate::runtime::JoinInput::table(&initial.input_name())
@@ -2990,7 +3012,7 @@ sink: {kind: kafka, topic: out}
             .check_join_partitioning()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("must include the join keys [\"id\"]"), "{err}");
+        assert!(err.contains("`source.keyed_by`), [\"id\"]"), "{err}");
         let rewritten = text.replace(
             "  - dedup:",
             "  - with_column: {name: id, expr: \"id % 10\"}\n  - dedup:",

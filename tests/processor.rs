@@ -883,3 +883,33 @@ sink: {kind: stdout}
         .collect();
     assert_eq!(totals, [42.0], "the file's initial state seeded a");
 }
+
+#[test]
+fn an_initial_state_after_a_stream_join_is_refused() {
+    let stream = tidemark::runtime::JoinInput::new("clicks").event_time("ts");
+    let b = Query::builder("joined")
+        .event_time("ts")
+        .watermark("0 seconds")
+        .unwrap()
+        .keyed_by(&["user"])
+        .join(
+            stream,
+            tidemark::operators::JoinType::Inner,
+            &[("user", "user")],
+            tidemark::operators::JoinTimeCondition::None,
+        );
+    let Ok(b) = b else {
+        panic!("the join builds");
+    };
+    let opening = tidemark::runtime::JoinInput::table("opening").columns(&["user", "total"]);
+    let e = b
+        .process_with_initial_state::<_, OpeningTotal, _, _>(
+            "totals",
+            &["user"],
+            new_totals,
+            opening,
+        )
+        .err()
+        .expect("after a stream join");
+    assert!(e.to_string().contains("clicks"), "{e}");
+}

@@ -179,3 +179,33 @@ fn a_typed_stream_takes_its_columns_from_its_type_and_the_event_time_reads_as_a_
         "{e}"
     );
 }
+
+impl HandleInitialState<serde_json::Value> for Nothing {
+    fn handle_initial_state(
+        &mut self,
+        _: &GroupKey,
+        _: serde_json::Value,
+        _: &mut ProcessorContext<'_, serde_json::Value>,
+    ) -> ProcessorResult {
+        Ok(())
+    }
+}
+
+#[test]
+fn an_initial_state_needs_the_input_keyed_by_the_processors_keys() {
+    let seeded = |app: KafkaApp| {
+        app.process_with_initial_state::<_, serde_json::Value, _>(
+            "p",
+            &["user"],
+            |_| Ok(Nothing),
+            "seeds",
+            &[("user", "string")],
+        )
+        .build()
+    };
+    let e = seeded(app()).expect_err("no keyed_by");
+    assert!(e.to_string().contains("keyed_by"), "{e}");
+    let e = seeded(app().keyed_by(&["ts"])).expect_err("keyed by another column");
+    assert!(e.to_string().contains("keyed_by"), "{e}");
+    seeded(app().keyed_by(&["user"])).expect("keyed by the processor's key");
+}

@@ -978,6 +978,18 @@ impl QueryBuilder {
                 ),
             ));
         }
+        if let Some(stream) = self.side_inputs.iter().find(|s| !s.stream.table) {
+            // A stream join or union before may be repartitioned by other
+            // keys, which the initial state's topic is not.
+            return Err(Error::config(
+                "process.initial_state",
+                format!(
+                    "the processor `{name}` comes after the stream `{}` is joined or united: \
+                     an initial state seeds a processor that reads the source alone (or with tables)",
+                    stream.stream.name
+                ),
+            ));
+        }
         let in_place = self
             .keyed_by
             .as_ref()

@@ -246,12 +246,14 @@ impl Topology {
     /// keys (a second grouping on other keys after the first, which would
     /// need a second repartition: a stage that keeps state and writes a
     /// repartition topic, not built yet), as the grouping's keys and the
-    /// columns the rows are partitioned by. Stream joins are checked by
-    /// the pipeline file; a stage whose input partitioning is unknown is
-    /// not checked.
+    /// columns the rows are partitioned by. Stream joins and unions are
+    /// checked by the pipeline file; a stage whose input partitioning is
+    /// unknown is not checked.
     pub fn unpartitioned_grouping(&self) -> Option<(Vec<String>, Vec<String>)> {
         let query = &self.stages.last()?.query;
-        if !query.side_inputs.is_empty() {
+        // Tables (a stream–table join, an initial state) keep the rows where
+        // they are: the groupings are checked as without them.
+        if query.side_inputs.iter().any(|s| !s.stream.table) {
             return None;
         }
         let keyed_by = query.keyed_by.as_ref()?;

@@ -381,8 +381,10 @@ impl WatermarkTracker {
     }
 
     /// Takes the inputs' progress and watermarks from a checkpoint, keeping
-    /// this tracker's delay, policy and idle timeout (the configuration may
-    /// have changed since). The watermark never moves back.
+    /// this tracker's delay, policy, idle timeout and expected streams (the
+    /// configuration may have changed since: a checkpoint that waited for a
+    /// stream the query no longer has would hold its watermark for ever).
+    /// The watermark never moves back.
     pub fn restore(&mut self, saved: &WatermarkTracker) {
         for (input, p) in &saved.inputs {
             let entry = self
@@ -390,9 +392,6 @@ impl WatermarkTracker {
                 .entry(input.clone())
                 .or_insert_with(|| p.clone());
             entry.max_event_time = entry.max_event_time.max(p.max_event_time);
-        }
-        for stream in &saved.expected_streams {
-            self.expect_stream(stream);
         }
         self.in_effect = self.in_effect.max(saved.in_effect);
         self.previous = self.previous.max(saved.previous);
@@ -560,6 +559,25 @@ mod tests {
         restored.restore(&saved);
         assert_eq!(restored.scope(), WatermarkScope::Partition);
         assert_eq!(restored.in_effect(), 40 * MIN);
+    }
+
+    /// A checkpoint that waited for a stream (one saved by a query that
+    /// expected its main stream beside tables, which never report) does not
+    /// make the restoring tracker wait for it: the configuration decides.
+    #[test]
+    fn restoring_keeps_the_configured_expected_streams() {
+        let mut old = WatermarkTracker::new(0, WatermarkPolicy::Min, None);
+        old.expect_stream("main");
+        old.observe_stream("t/0", None, None, 10 * MIN, 0);
+        old.finish_batch(0);
+        assert_eq!(old.in_effect(), 0, "waits for `main`, which never reports");
+        let saved: WatermarkTracker =
+            serde_json::from_str(&serde_json::to_string(&old).unwrap()).unwrap();
+        let mut restored = WatermarkTracker::new(0, WatermarkPolicy::Min, None);
+        restored.restore(&saved);
+        restored.observe_stream("t/0", None, None, 20 * MIN, 0);
+        restored.finish_batch(0);
+        assert_eq!(restored.in_effect(), 20 * MIN);
     }
 
     /// Behind a repartition under the query scope each writer reports its
