@@ -301,6 +301,7 @@ fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
     )
     .unwrap();
     let fencing_id = transactional_id.clone();
+    let dead_letters = dlq.clone();
     let query = Query::builder("eo-dead-letters")
         .dead_letter(
             KafkaDeadLetter::new(
@@ -314,7 +315,16 @@ fn exactly_once_dead_letters_commit_or_abort_with_the_batch() {
         // same transactional id fences this one: the batch cannot commit.
         .step(move || {
             let fencing_id = fencing_id.clone();
+            let dead_letters = dead_letters.clone();
             Box::new(tidemark::operators::MapRows::new("Fence", move |row| {
+                // The dead letter must have reached the broker (uncommitted)
+                // before the fence: produced a moment earlier, it may still
+                // sit in the producer's queue on a loaded machine, and a
+                // fenced producer never sends it.
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while consume_uncommitted(&dead_letters, Duration::from_millis(500)).is_empty()
+                    && std::time::Instant::now() < deadline
+                {}
                 let newer: BaseProducer = rdkafka::ClientConfig::new()
                     .set("bootstrap.servers", bootstrap())
                     .set("transactional.id", &fencing_id)
