@@ -2158,6 +2158,75 @@ impl PipelineFile {
         self
     }
 
+    /// Adds a `process` or `code` step: what the program registered under
+    /// the name the file gives.
+    fn add_registered_step(&self, b: QueryBuilder, step: &StepSpec) -> Result<QueryBuilder> {
+        Ok(match step {
+            StepSpec::Process(ProcessYaml {
+                processor,
+                keys,
+                initial_state: Some(initial),
+            }) => match self.processors.seeded.get(processor) {
+                _ if self.source.kind != SourceKind::Kafka => {
+                    return Err(Error::config(
+                        "steps[].process.initial_state",
+                        "an initial state is a Kafka topic read beside a Kafka source",
+                    ))
+                }
+                _ if initial.topic.0.iter().any(|t| {
+                    self.source.topic.as_ref().is_some_and(|s| s.0.contains(t))
+                }) =>
+                {
+                    return Err(Error::config(
+                        "steps[].process.initial_state.topic",
+                        "the initial state's topic is the source's own: give it a topic of its own",
+                    ))
+                }
+                Some(add) => {
+                    let columns: Vec<&str> = initial.schema.0.fields().map(|(n, _)| n).collect();
+                    let input = crate::runtime::JoinInput::table(&initial.input_name())
+                        .topics(&initial.topic.0)
+                        .columns(&columns);
+                    add(b, keys, input)?
+                }
+                None => {
+                    return Err(Error::config(
+                        "steps[].process.initial_state",
+                        format!(
+                            "the processor `{processor}` takes no initial state: a program \
+                             registers one that does with \
+                             PipelineFile::with_processor_and_initial_state"
+                        ),
+                    ))
+                }
+            },
+            StepSpec::Process(p) => match self.processors.processors.get(&p.processor) {
+                Some(add) => add(b, &p.keys)?,
+                None => {
+                    return Err(Error::config(
+                        "steps[].process.processor",
+                        format!(
+                            "no processor `{}` is registered; registered: {:?} (a program registers one with PipelineFile::with_processor)",
+                            p.processor, self.processors
+                        ),
+                    ))
+                }
+            },
+            StepSpec::Code(name) => match self.processors.code_steps.get(name) {
+                Some(add) => add(b, &[])?,
+                None => {
+                    return Err(Error::config(
+                        "steps[].code",
+                        format!(
+                            "no steps `{name}` are registered (a program registers them with PipelineFile::with_steps)"
+                        ),
+                    ))
+                }
+            },
+            _ => b,
+        })
+    }
+
     /// Builds the query from the file's settings and steps. Source, sink,
     /// decoder and dead-letter output are the connectors' part.
     pub fn query_builder(&self) -> Result<QueryBuilder> {
@@ -2259,67 +2328,7 @@ impl PipelineFile {
                 }
                 StepSpec::Dedup(d) => b.drop_duplicates(&d.keys)?,
                 StepSpec::Distinct(_) => b.distinct()?,
-                StepSpec::Process(ProcessYaml {
-                    processor,
-                    keys,
-                    initial_state: Some(initial),
-                }) => match self.processors.seeded.get(processor) {
-                    _ if self.source.kind != SourceKind::Kafka => {
-                        return Err(Error::config(
-                            "steps[].process.initial_state",
-                            "an initial state is a Kafka topic read beside a Kafka source",
-                        ))
-                    }
-                    _ if initial.topic.0.iter().any(|t| {
-                        self.source.topic.as_ref().is_some_and(|s| s.0.contains(t))
-                    }) =>
-                    {
-                        return Err(Error::config(
-                            "steps[].process.initial_state.topic",
-                            "the initial state's topic is the source's own: give it a topic of its own",
-                        ))
-                    }
-                    Some(add) => {
-                        let columns: Vec<&str> = initial.schema.0.fields().map(|(n, _)| n).collect();
-                        let input = crate::runtime::JoinInput::table(&initial.input_name())
-                            .topics(&initial.topic.0)
-                            .columns(&columns);
-                        add(b, keys, input)?
-                    }
-                    None => {
-                        return Err(Error::config(
-                            "steps[].process.initial_state",
-                            format!(
-                                "the processor `{processor}` takes no initial state: a program \
-                                 registers one that does with \
-                                 PipelineFile::with_processor_and_initial_state"
-                            ),
-                        ))
-                    }
-                },
-                StepSpec::Process(p) => match self.processors.processors.get(&p.processor) {
-                    Some(add) => add(b, &p.keys)?,
-                    None => {
-                        return Err(Error::config(
-                            "steps[].process.processor",
-                            format!(
-                                "no processor `{}` is registered; registered: {:?} (a program registers one with PipelineFile::with_processor)",
-                                p.processor, self.processors
-                            ),
-                        ))
-                    }
-                },
-                StepSpec::Code(name) => match self.processors.code_steps.get(name) {
-                    Some(add) => add(b, &[])?,
-                    None => {
-                        return Err(Error::config(
-                            "steps[].code",
-                            format!(
-                                "no steps `{name}` are registered (a program registers them with PipelineFile::with_steps)"
-                            ),
-                        ))
-                    }
-                },
+                StepSpec::Process(_) | StepSpec::Code(_) => self.add_registered_step(b, step)?,
                 StepSpec::RollingWindow(r) => {
                     let measures = r
                         .measures
