@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
-use tidemark_state::{cell_prefix, CachingStore, KeyedStateStore, StateKind, StateStore};
+use tidemark_state::{cell_prefix, KeyedStateStore, StateKind, StateStore};
 
 pub use tidemark_state::TimeDomain;
 
@@ -40,10 +40,6 @@ pub type ProcessorError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The result of a processor's callback.
 pub type ProcessorResult<T = ()> = std::result::Result<T, ProcessorError>;
-
-/// Memory the write cache over a processor's store may hold between
-/// checkpoints when the backend sets no budget.
-const DEFAULT_WRITE_CACHE_BYTES: usize = 16 << 20;
 
 /// A user's stateful logic per grouping key (see the module documentation).
 pub trait StatefulProcessor: Send + 'static {
@@ -852,9 +848,18 @@ impl<P: StatefulProcessor> Operator for ProcessorStep<P> {
         true
     }
 
-    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
-        let write_cache = cache_bytes.map_or(DEFAULT_WRITE_CACHE_BYTES, |b| (b / 4).max(1 << 20));
-        self.state = KeyedStateStore::new(Box::new(CachingStore::new(store, write_cache)));
+    fn open_state(
+        &mut self,
+        store: Box<dyn StateStore>,
+        _cache_bytes: Option<usize>,
+    ) -> Result<()> {
+        // Straight onto the backend's store: a disk backend already caches
+        // writes between checkpoints, and a second write cache over it
+        // copied every entry twice. A read cache of cells was tried in the
+        // keyed layer: its copies and allocations cost more than the
+        // RocksDB reads it saved (`card_rules`: 23.0k records/s without,
+        // 15.4k with); RocksDB's block cache serves the reads.
+        self.state = KeyedStateStore::new(store);
         self.pending.clear();
         self.pending_index.clear();
         self.pending_initial.clear();

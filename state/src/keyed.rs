@@ -123,6 +123,10 @@ pub struct KeyedStateStore {
     timer_floor: [Micros; 2],
     /// No TTL entry is earlier (the same, for the TTL index).
     expiry_floor: Micros,
+    /// Timers (their entries under the key) deleted since the due list
+    /// was last read, so that firing one needs no read to learn whether a
+    /// handler deleted it meanwhile.
+    timers_deleted: hashbrown::HashSet<Vec<u8>, foldhash::fast::RandomState>,
 }
 
 /// A time as bytes that sort as the times do.
@@ -144,6 +148,19 @@ pub fn key_section(key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The key section (`k`, the key's length, the key) a store key starts
+/// with, if it is one of a key's entries. RocksDB's prefix filters are
+/// built on it, so that a scan of one key's section skips the files that
+/// hold nothing of that key instead of seeking into each.
+pub(crate) fn section_of(store_key: &[u8]) -> Option<&[u8]> {
+    let len: [u8; 4] = store_key.get(1..5)?.try_into().ok()?;
+    let end = 5usize.checked_add(u32::from_be_bytes(len) as usize)?;
+    match store_key.first() {
+        Some(b'k') if store_key.len() >= end => Some(&store_key[..end]),
+        _ => None,
+    }
+}
+
 /// The prefix of the cells of state `state` (of `kind`) of `key`.
 pub fn cell_prefix(key: &[u8], state: &str, kind: StateKind) -> Vec<u8> {
     let mut out = key_section(key);
@@ -163,6 +180,7 @@ impl KeyedStateStore {
             counts: KeyedStateCounts::default(),
             timer_floor: [Micros::MIN; 2],
             expiry_floor: Micros::MIN,
+            timers_deleted: Default::default(),
         }
     }
 
@@ -368,12 +386,14 @@ impl KeyedStateStore {
         // same two empty entries (a read per registration saved).
         self.store.put(&own, &[])?;
         self.store.put(&index, &[])?;
+        self.timers_deleted.remove(&own);
         self.counts.timers_registered += 1;
         Ok(())
     }
 
-    /// Takes the timer out if `key` still has it (a handler may have
-    /// deleted it since the due list was read): whether it was there.
+    /// Takes out a timer of the list [`KeyedStateStore::due_timers`] last
+    /// returned, unless a handler deleted it since (then `false`). Known
+    /// without a read: deletions since that list are remembered.
     pub fn take_timer(
         &mut self,
         key: &[u8],
@@ -381,7 +401,7 @@ impl KeyedStateStore {
         time: Micros,
     ) -> Result<bool, StateError> {
         let (own, index) = timer_keys(key, domain, time);
-        if self.store.get(&own)?.is_none() {
+        if self.timers_deleted.contains(&own) {
             return Ok(false);
         }
         self.store.delete(&own)?;
@@ -411,6 +431,7 @@ impl KeyedStateStore {
         let (own, index) = timer_keys(key, domain, time);
         self.store.delete(&own)?;
         self.store.delete(&index)?;
+        self.timers_deleted.insert(own);
         self.counts.timers_deleted += 1;
         Ok(())
     }
@@ -460,6 +481,7 @@ impl KeyedStateStore {
             None => end = vec![b't', domain.tag() + 1],
         }
         *floor = (*floor).max(up_to.saturating_add(1));
+        self.timers_deleted.clear();
         let mut due = Vec::new();
         for (index, _) in self.store.range(&start, &end)? {
             let time =
@@ -537,6 +559,7 @@ impl KeyedStateStore {
                         self.counts.timers_deleted += 1;
                     }
                     self.store.delete(&entry)?;
+                    self.timers_deleted.insert(entry);
                 }
                 _ => self.delete_cell(&entry, &cell)?,
             }
@@ -584,6 +607,8 @@ impl KeyedStateStore {
 
     /// Makes what was written durable (the store's flush).
     pub fn flush(&mut self) -> Result<(), StateError> {
+        // No due list outlives a batch.
+        self.timers_deleted.clear();
         self.store.flush()
     }
 
@@ -727,6 +752,30 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(s.timers(b"a").unwrap(), [(TimeDomain::ProcessingTime, 10)]);
+    }
+
+    #[test]
+    fn a_due_timer_deleted_or_cleared_after_the_due_list_is_not_taken() {
+        let mut s = store();
+        for key in [&b"a"[..], b"b", b"c", b"d"] {
+            s.register_timer(key, TimeDomain::EventTime, 5).unwrap();
+        }
+        let due = s.due_timers(TimeDomain::EventTime, 10).unwrap();
+        assert_eq!(due.len(), 4);
+        // Handlers ran meanwhile: one deleted b's timer, one cleared c,
+        // one deleted d's and registered it again.
+        s.delete_timer(b"b", TimeDomain::EventTime, 5).unwrap();
+        s.clear_key(b"c").unwrap();
+        s.delete_timer(b"d", TimeDomain::EventTime, 5).unwrap();
+        s.register_timer(b"d", TimeDomain::EventTime, 5).unwrap();
+        let taken: Vec<bool> = due
+            .iter()
+            .map(|t| s.take_timer(&t.key, t.domain, t.time).unwrap())
+            .collect();
+        assert_eq!(taken, [true, false, false, true]);
+        assert!(s.timers(b"a").unwrap().is_empty());
+        assert!(s.timers(b"d").unwrap().is_empty(), "taken: it fires now");
+        assert_eq!(s.store().approximate_len(), 0, "no entry left behind");
     }
 
     #[test]

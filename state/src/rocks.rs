@@ -65,6 +65,13 @@ impl MemoryBudget {
         table.set_pin_top_level_index_and_filter(true);
         table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         opts.set_block_based_table_factory(&table);
+        // Filters on a key's section too (see `scan_at_most`); every other
+        // scan reads in total order.
+        opts.set_prefix_extractor(rocksdb::SliceTransform::create(
+            "tidemark.keyed_section",
+            section_prefix,
+            Some(in_a_section),
+        ));
         opts
     }
 }
@@ -220,6 +227,19 @@ impl RocksDbStore {
     ) -> Result<Entries, StateError> {
         let cf = self.cf()?;
         let mut read = rocksdb::ReadOptions::default();
+        // Within one key's section (the keyed state's scans), RocksDB's
+        // prefix filters skip the files without it: a seek into every
+        // level's file was most of a processor's key clearing. Any other
+        // range may span prefixes and is read in total order.
+        let one_section = crate::keyed::section_of(start).is_some_and(|section| {
+            end.as_ref()
+                .is_some_and(|end| prefix_end(section).is_some_and(|last| *end <= last))
+        });
+        if one_section {
+            read.set_prefix_same_as_start(true);
+        } else {
+            read.set_total_order_seek(true);
+        }
         if let Some(end) = end {
             read.set_iterate_upper_bound(end);
         }
@@ -234,6 +254,14 @@ impl RocksDbStore {
         }
         Ok(out)
     }
+}
+
+fn section_prefix(key: &[u8]) -> &[u8] {
+    crate::keyed::section_of(key).unwrap_or(key)
+}
+
+fn in_a_section(key: &[u8]) -> bool {
+    crate::keyed::section_of(key).is_some()
 }
 
 /// The least key greater than every key starting with `prefix`; `None`
@@ -344,5 +372,50 @@ mod tests {
             vec![vec![1, 0xff, 0]]
         );
         assert!(store.range(&[3], &[1]).unwrap().is_empty());
+    }
+
+    /// Keyed sections read with RocksDB's prefix filters return what a
+    /// total-order read does, whether the entries sit in memory or in
+    /// files, beside neighbouring sections and keys outside any section.
+    #[test]
+    fn a_keyed_section_scan_sees_exactly_its_key_across_files() {
+        use crate::keyed::{cell_prefix, key_section, StateKind};
+        let dir = tempfile::tempdir().unwrap();
+        let db = TaskDb::open(dir.path(), "app", "0", &MemoryBudget::new(8 << 20)).unwrap();
+        let mut store = db.store("s").unwrap();
+        let keys: Vec<Vec<u8>> = (0..200u32)
+            .map(|i| format!("card{i}").into_bytes())
+            .chain([b"card1\xff".to_vec(), vec![], vec![0xff; 3]])
+            .collect();
+        for (round, key) in keys.iter().enumerate() {
+            for state in ["a", "b"] {
+                store
+                    .put(&cell_prefix(key, state, StateKind::Value), b"v")
+                    .unwrap();
+            }
+            store.put(&[b"t".as_slice(), key].concat(), b"").unwrap();
+            if round % 50 == 49 {
+                // Into an SST of its own: the next keys land in others.
+                db.db.flush_cf(&store.cf().unwrap()).unwrap();
+            }
+        }
+        store
+            .delete(&cell_prefix(b"card7", "a", StateKind::Value))
+            .unwrap();
+        for key in &keys {
+            let section = key_section(key);
+            let found = store.prefix(&section).unwrap();
+            let expected = if key.as_slice() == b"card7" { 1 } else { 2 };
+            assert_eq!(found.len(), expected, "{key:?}: {found:?}");
+            assert!(found.iter().all(|(k, _)| k.starts_with(&section)));
+            let cells = store.prefix(&[section.clone(), b"s".to_vec()].concat());
+            assert_eq!(cells.unwrap().len(), expected);
+        }
+        // Across sections (and outside them): total order.
+        assert_eq!(store.prefix(b"k").unwrap().len(), keys.len() * 2 - 1);
+        assert_eq!(store.prefix(b"t").unwrap().len(), keys.len());
+        let first = key_section(&keys[0]);
+        let last = key_section(&keys[1]);
+        assert_eq!(store.range(&first, &last).unwrap().len(), 2);
     }
 }
