@@ -11,16 +11,17 @@
 //! watermark delay (`dropDuplicatesWithinWatermark`), never otherwise (the
 //! state grows without bound; a warning says so).
 //!
-//! With a disk store and a memory bound (`open_state` with `cache_bytes`)
-//! the state is read through the store: each key lives there (`K` + key →
-//! its eviction time) beside an expiry index (`E` + time + key), a batch's
-//! end evicts by scanning the index up to the watermark, and memory holds
-//! a bounded cache of keys known to be held. Otherwise every key is held in
-//! memory and the store only keeps it across restarts.
+//! The store is the keyed state layer's (`tidemark_state::KeyedStateStore`,
+//! the one user processors use): a key held is a value cell of state
+//! `held` (its eviction time) with an entry in the event-time expiry
+//! order, which a batch's end scans up to the watermark. With a disk store
+//! and a memory bound (`open_state` with `cache_bytes`) the state is read
+//! through the store and memory holds a bounded cache of keys known to be
+//! held. Otherwise every key is held in memory and the store only keeps it
+//! across restarts. A store written by an earlier layout (`K` + key → its
+//! eviction time, `E` + time + key, `N`) is rewritten on first open.
 
-use super::state_codec::{
-    expired_by, expiry_key, parse_expiry_key, state_key, state_key_into, STATE_KEY_PREFIX,
-};
+use super::state_codec::{parse_expiry_key, STATE_KEY_PREFIX};
 use super::{encode_key_into, BatchContext, KeyRange, Operator, QueryableState};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
@@ -28,16 +29,22 @@ use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tidemark_state::StateStore;
+use tidemark_state::{cell_prefix, KeyedStateStore, StateKind, StateStore};
 
 type HashMap<K, V> = crate::CacheMap<K, V>;
 
 /// Never evicted.
 const FOREVER: TimestampMicros = TimestampMicros::MAX;
 
-/// The store entry counting the keys held, when state is read through the
-/// store (counting them there would read every key).
-const HELD_KEYS: &[u8] = b"N";
+/// The keyed state holding a key's eviction time.
+const HELD: &str = "held";
+
+/// The store's count of keys held, when state is read through the store
+/// (counting them there would read every key).
+const HELD_KEYS: &str = "held_keys";
+
+/// The count's entry in the layout before the keyed state layer.
+const OLD_HELD_KEYS: &[u8] = b"N";
 
 /// Memory a cached key costs, for the bound: the key, its time and the
 /// hash map's share.
@@ -71,13 +78,12 @@ pub struct Deduplicate {
     /// Keys added (`Some`) or evicted (`None`) since the last checkpoint,
     /// when `seen` holds every key (else they are written at once).
     changed: BTreeMap<Vec<u8>, Option<TimestampMicros>>,
-    store: Option<Box<dyn StateStore>>,
+    store: Option<KeyedStateStore>,
     /// Reading through the store: at most about this many keys cached.
     max_cached_keys: Option<usize>,
     /// Keys held, when reading through the store (else `seen.len()`).
     held_keys: u64,
     key_buffer: Vec<u8>,
-    store_key_buffer: Vec<u8>,
     value_buffer: Vec<u8>,
     dropped_by_watermark: u64,
     dropped_duplicates: u64,
@@ -111,7 +117,6 @@ impl Deduplicate {
             max_cached_keys: None,
             held_keys: 0,
             key_buffer: Vec::new(),
-            store_key_buffer: Vec::new(),
             value_buffer: Vec::new(),
             dropped_by_watermark: 0,
             dropped_duplicates: 0,
@@ -173,12 +178,10 @@ impl Deduplicate {
         let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_ref()) else {
             return Ok(false);
         };
-        state_key_into(&self.key_buffer, &mut self.store_key_buffer);
-        let Some(bytes) = store.get(&self.store_key_buffer)? else {
+        let Some(evict_at) = store.get::<TimestampMicros>(&held_cell(&self.key_buffer))? else {
             return Ok(false);
         };
-        self.seen
-            .insert(self.key_buffer.clone(), decode_time(&bytes)?);
+        self.seen.insert(self.key_buffer.clone(), evict_at);
         self.bound_cache();
         Ok(true)
     }
@@ -188,15 +191,12 @@ impl Deduplicate {
         let key = self.key_buffer.clone();
         match (self.max_cached_keys, self.store.as_mut()) {
             (Some(_), Some(store)) => {
-                state_key_into(&key, &mut self.store_key_buffer);
-                store.put(&self.store_key_buffer, &evict_at.to_le_bytes())?;
-                if evict_at != FOREVER {
-                    store.put(&expiry_key(evict_at, &key), &[])?;
-                }
+                // Not held (just asked): written without another read.
+                store.insert_until(&held_cell(&key), &evict_at, expires(evict_at))?;
                 self.held_keys += 1;
                 // With the keys: a write cache that flushes early writes
                 // the count that matches them in the same batch.
-                store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
+                store.put_global(HELD_KEYS, &self.held_keys.to_le_bytes())?;
             }
             _ => {
                 if evict_at != FOREVER {
@@ -225,17 +225,12 @@ impl Deduplicate {
     /// Evicts the keys whose time is at or before `watermark`.
     fn evict(&mut self, watermark: TimestampMicros) -> Result<()> {
         if let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_mut()) {
-            for (index_key, _) in expired_by(store.as_ref(), watermark)? {
-                let Some((_, key)) = parse_expiry_key(&index_key) else {
-                    continue;
-                };
-                store.delete(&state_key(key))?;
-                store.delete(&index_key)?;
-                self.seen.remove(key);
+            for key in store.expire_event_time(watermark)? {
+                self.seen.remove(&key);
                 self.held_keys = self.held_keys.saturating_sub(1);
                 self.rows_removed += 1;
             }
-            store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
+            store.put_global(HELD_KEYS, &self.held_keys.to_le_bytes())?;
             return Ok(());
         }
         while let Some((t, _)) = self.evictions.first() {
@@ -270,10 +265,7 @@ impl Deduplicate {
         let (Some(_), Some(store)) = (self.max_cached_keys, self.store.as_ref()) else {
             return Ok(None);
         };
-        match store.get(&state_key(key))? {
-            Some(bytes) => Ok(Some(decode_time(&bytes)?)),
-            None => Ok(None),
-        }
+        Ok(store.get::<TimestampMicros>(&held_cell(key))?)
     }
 
     fn eviction_time(&self, event_time: Option<TimestampMicros>) -> TimestampMicros {
@@ -285,6 +277,43 @@ impl Deduplicate {
             _ => FOREVER,
         }
     }
+}
+
+/// The cell holding `key`'s eviction time.
+fn held_cell(key: &[u8]) -> Vec<u8> {
+    cell_prefix(key, HELD, StateKind::Value)
+}
+
+/// When a key held until `evict_at` leaves the store, if ever.
+fn expires(evict_at: TimestampMicros) -> Option<TimestampMicros> {
+    (evict_at != FOREVER).then_some(evict_at)
+}
+
+/// Rewrites a store of the layout before the keyed state layer (`K` + key
+/// → eviction time, `E` + time + key, `N` → count) into the keyed layout.
+fn upgrade_layout(store: &mut KeyedStateStore) -> Result<()> {
+    let old_keys = store.store().prefix(STATE_KEY_PREFIX)?;
+    let old_index = store.store().prefix(b"E")?;
+    let old_count = store.store().get(OLD_HELD_KEYS)?;
+    if old_keys.is_empty() && old_index.is_empty() && old_count.is_none() {
+        return Ok(());
+    }
+    for (entry, value) in old_keys {
+        let evict_at = decode_time(&value)?;
+        let key = &entry[STATE_KEY_PREFIX.len()..];
+        store.insert_until(&held_cell(key), &evict_at, expires(evict_at))?;
+        store.delete_unkeyed(&entry)?;
+    }
+    for (entry, _) in old_index {
+        if parse_expiry_key(&entry).is_some() {
+            store.delete_unkeyed(&entry)?;
+        }
+    }
+    if let Some(count) = old_count {
+        store.put_global(HELD_KEYS, &count)?;
+        store.delete_unkeyed(OLD_HELD_KEYS)?;
+    }
+    Ok(store.flush()?)
 }
 
 /// A key's eviction time as stored: 8 bytes, little-endian.
@@ -348,17 +377,17 @@ impl Operator for Deduplicate {
         self.evictions.clear();
         self.changed.clear();
         self.max_cached_keys = cache_bytes.map(|bytes| (bytes / CACHED_KEY_BYTES).max(16));
+        let mut store = KeyedStateStore::new(store);
+        upgrade_layout(&mut store)?;
         if self.max_cached_keys.is_some() {
-            self.held_keys = match store.get(HELD_KEYS)? {
+            self.held_keys = match store.global(HELD_KEYS)? {
                 Some(bytes) => decode_time(&bytes)? as u64,
                 None => 0,
             };
             self.store = Some(store);
             return Ok(());
         }
-        for (key, value) in store.prefix(STATE_KEY_PREFIX)? {
-            let evict_at = decode_time(&value)?;
-            let key = key[STATE_KEY_PREFIX.len()..].to_vec();
+        for (key, evict_at) in store.values_of::<TimestampMicros>(HELD)? {
             if evict_at != FOREVER {
                 self.evictions.insert((evict_at, key.clone()));
             }
@@ -374,12 +403,23 @@ impl Operator for Deduplicate {
             return Ok(());
         };
         let Some(max_keys) = self.max_cached_keys else {
-            let changed = changed.into_iter().map(|(k, v)| (state_key(&k), v));
-            return super::state_codec::write_changes(store.as_mut(), changed, |t| {
-                t.to_le_bytes().to_vec()
-            });
+            for (key, change) in changed {
+                match change {
+                    Some(evict_at) => {
+                        store.insert_until(&held_cell(&key), &evict_at, expires(evict_at))?
+                    }
+                    None => {
+                        // Evicted in memory: the time it was held until is
+                        // its index entry's.
+                        let cell = held_cell(&key);
+                        let evict_at = store.get::<TimestampMicros>(&cell)?;
+                        store.delete_until(&cell, evict_at.and_then(expires))?;
+                    }
+                }
+            }
+            return Ok(store.flush()?);
         };
-        store.put(HELD_KEYS, &self.held_keys.to_le_bytes())?;
+        store.put_global(HELD_KEYS, &self.held_keys.to_le_bytes())?;
         store.flush()?;
         if self.seen.len() > max_keys {
             // Keep half, so that the cache does not shrink every batch.
@@ -653,5 +693,50 @@ mod tests {
         op.checkpoint().unwrap();
         assert_eq!(store.approximate_len(), 1);
         assert_eq!(op.state_progress().unwrap().num_rows_total, 0);
+    }
+
+    /// A store written before the keyed state layer (`K` + key → eviction
+    /// time, `E` + time + key, `N`) is rewritten on first open: its keys
+    /// are still held, evicted at their times, and nothing of the old
+    /// layout is left.
+    #[test]
+    fn a_store_of_the_earlier_layout_is_rewritten_and_keeps_its_keys() {
+        use crate::state_codec::{expiry_key, state_key};
+        for cache_bytes in [None, Some(1)] {
+            let store = SharedStore::default();
+            let mut old = store.clone();
+            for (k, evict_at) in [(1i64, 11 * SECOND), (2, 30 * SECOND)] {
+                let mut key = Vec::new();
+                encode_key_into(std::iter::once(&Value::Long(k)), &mut key);
+                old.put(&state_key(&key), &evict_at.to_le_bytes()).unwrap();
+                old.put(&expiry_key(evict_at, &key), &[]).unwrap();
+            }
+            old.put(OLD_HELD_KEYS, &2u64.to_le_bytes()).unwrap();
+            let mut op = Deduplicate::new(spec(true), Some(Arc::from("t"))).unwrap();
+            op.open_state(Box::new(store.clone()), cache_bytes).unwrap();
+            assert!(store.prefix(b"K").unwrap().is_empty(), "{cache_bytes:?}");
+            assert!(store.prefix(b"E").unwrap().is_empty());
+            assert_eq!(store.get(OLD_HELD_KEYS).unwrap(), None);
+            assert_eq!(op.state_progress().unwrap().num_rows_total, 2);
+            let row = |k: i64, t: i64| {
+                let mut row = Row::new();
+                row.set("k", Value::Long(k));
+                row.set("t", Value::Timestamp(t * SECOND));
+                row
+            };
+            let mut out = Vec::new();
+            for k in [1, 2, 3] {
+                op.on_row(row(k, 5), &ctx(0), &mut out).unwrap();
+            }
+            assert_eq!(out, vec![row(3, 5)], "1 and 2 are still held");
+            // The watermark passes 11 s: key 1 goes, key 2 stays.
+            op.on_batch_end(&ctx(12 * SECOND), &mut out).unwrap();
+            op.checkpoint().unwrap();
+            out.clear();
+            for k in [1, 2] {
+                op.on_row(row(k, 20), &ctx(12 * SECOND), &mut out).unwrap();
+            }
+            assert_eq!(out, vec![row(1, 20)], "{cache_bytes:?}");
+        }
     }
 }

@@ -15,6 +15,8 @@
 //! | `k` len(key) key `t` domain time | a timer of the key |
 //! | `t` domain time key | the same timer, in firing order |
 //! | `x` expiry cell-key | a cell's TTL, in expiry order |
+//! | `y` time cell-key | a cell's event-time expiry, in expiry order |
+//! | `g` name | a value of the whole store (a count, say) |
 //!
 //! A cell is `0` and the value, or `1`, its expiry (little-endian
 //! microseconds) and the value; values are JSON (serde), so a state type
@@ -123,6 +125,8 @@ pub struct KeyedStateStore {
     timer_floor: [Micros; 2],
     /// No TTL entry is earlier (the same, for the TTL index).
     expiry_floor: Micros,
+    /// No event-time expiry entry is earlier (the same, for its index).
+    event_expiry_floor: Micros,
     /// Timers (their entries under the key) deleted since the due list
     /// was last read, so that firing one needs no read to learn whether a
     /// handler deleted it meanwhile.
@@ -180,6 +184,7 @@ impl KeyedStateStore {
             counts: KeyedStateCounts::default(),
             timer_floor: [Micros::MIN; 2],
             expiry_floor: Micros::MIN,
+            event_expiry_floor: Micros::MIN,
             timers_deleted: Default::default(),
         }
     }
@@ -495,6 +500,102 @@ impl KeyedStateStore {
         Ok(due)
     }
 
+    /// Writes the cell at `cell_key`, which the caller knows is absent (a
+    /// read saved), to be removed by [`KeyedStateStore::expire_event_time`]
+    /// once the watermark reaches `expiry`; `None`: kept until deleted.
+    pub fn insert_until<T: Serialize>(
+        &mut self,
+        cell_key: &[u8],
+        value: &T,
+        expiry: Option<Micros>,
+    ) -> Result<(), StateError> {
+        let cell = self.encode_cell(value, None)?;
+        self.store.put(cell_key, &cell)?;
+        if let Some(expiry) = expiry {
+            self.event_expiry_floor = self.event_expiry_floor.min(expiry);
+            self.store.put(&event_expiry_key(expiry, cell_key), &[])?;
+        }
+        self.counts.written += 1;
+        Ok(())
+    }
+
+    /// Deletes a cell [`KeyedStateStore::insert_until`] wrote with
+    /// `expiry`, and its entry in the expiry order.
+    pub fn delete_until(
+        &mut self,
+        cell_key: &[u8],
+        expiry: Option<Micros>,
+    ) -> Result<(), StateError> {
+        if let Some(expiry) = expiry {
+            self.store.delete(&event_expiry_key(expiry, cell_key))?;
+        }
+        self.store.delete(cell_key)?;
+        self.counts.removed += 1;
+        Ok(())
+    }
+
+    /// Removes every cell whose event-time expiry is at or before
+    /// `watermark`; returns the grouping keys they belonged to.
+    pub fn expire_event_time(&mut self, watermark: Micros) -> Result<Vec<Vec<u8>>, StateError> {
+        let mut start = vec![b'y'];
+        start.extend(sortable(self.event_expiry_floor));
+        let mut end = vec![b'y'];
+        match watermark.checked_add(1) {
+            Some(after) => end.extend(sortable(after)),
+            None => end = vec![b'z'],
+        }
+        self.event_expiry_floor = self.event_expiry_floor.max(watermark.saturating_add(1));
+        let mut keys = Vec::new();
+        for (index, _) in self.store.range(&start, &end)? {
+            let cell_key = &index[9.min(index.len())..];
+            let key = section_of(cell_key)
+                .map(|section| section[5..].to_vec())
+                .ok_or_else(|| self.error("an event-time expiry entry is malformed".into()))?;
+            self.store.delete(cell_key)?;
+            self.store.delete(&index)?;
+            self.counts.expired += 1;
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+
+    /// Every key's value of the value state `state`, in key order.
+    pub fn values_of<T: DeserializeOwned>(
+        &self,
+        state: &str,
+    ) -> Result<Vec<(Vec<u8>, T)>, StateError> {
+        let mut out = Vec::new();
+        for (entry, cell) in self.store.prefix(b"k")? {
+            let Some(section) = section_of(&entry) else {
+                continue;
+            };
+            let key = &section[5..];
+            if entry != cell_prefix(key, state, StateKind::Value) {
+                continue;
+            }
+            if let Some(value) = self.decode_cell(&entry, &cell)? {
+                out.push((key.to_vec(), value));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a store entry outside this layout (one an operator's
+    /// earlier layout left, as it moves onto this one).
+    pub fn delete_unkeyed(&mut self, store_key: &[u8]) -> Result<(), StateError> {
+        self.store.delete(store_key)
+    }
+
+    /// Sets a value of the whole store.
+    pub fn put_global(&mut self, name: &str, value: &[u8]) -> Result<(), StateError> {
+        self.store.put(&global_key(name), value)
+    }
+
+    /// A value of the whole store.
+    pub fn global(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+        self.store.get(&global_key(name))
+    }
+
     /// Removes every cell whose TTL ran out by the processing time and the
     /// TTL entries that are due; returns how many cells went.
     pub fn expire(&mut self) -> Result<u64, StateError> {
@@ -626,6 +727,21 @@ fn cell_expiry(cell: &[u8]) -> Option<Micros> {
         }
         _ => None,
     }
+}
+
+/// The entry of a cell in the event-time expiry order.
+fn event_expiry_key(expiry: Micros, cell_key: &[u8]) -> Vec<u8> {
+    let mut index = Vec::with_capacity(cell_key.len() + 9);
+    index.push(b'y');
+    index.extend(sortable(expiry));
+    index.extend(cell_key);
+    index
+}
+
+fn global_key(name: &str) -> Vec<u8> {
+    let mut key = vec![b'g'];
+    key.extend(name.as_bytes());
+    key
 }
 
 /// The TTL index entry of a cell expiring at `expiry`.
