@@ -291,6 +291,13 @@ fn expires(evict_at: TimestampMicros) -> Option<TimestampMicros> {
 
 /// Rewrites a store of the layout before the keyed state layer (`K` + key
 /// → eviction time, `E` + time + key, `N` → count) into the keyed layout.
+///
+/// In two flushes, the new entries first: a flush reaches the changelog in
+/// key order (`E`, `K`, `N` before `g`, `k`, `y`), so in one flush a cut
+/// (a kill while records are in flight, an aborted transaction) could keep
+/// the old entries' tombstones without the new cells. A cut in the second
+/// leaves old entries beside complete new ones, and the next open rewrites
+/// them again to the same cells. The old entries are read whole, once.
 fn upgrade_layout(store: &mut KeyedStateStore) -> Result<()> {
     let old_keys = store.store().prefix(STATE_KEY_PREFIX)?;
     let old_index = store.store().prefix(b"E")?;
@@ -298,21 +305,25 @@ fn upgrade_layout(store: &mut KeyedStateStore) -> Result<()> {
     if old_keys.is_empty() && old_index.is_empty() && old_count.is_none() {
         return Ok(());
     }
-    for (entry, value) in old_keys {
-        let evict_at = decode_time(&value)?;
-        let key = &entry[STATE_KEY_PREFIX.len()..];
-        store.insert_until(&held_cell(key), &evict_at, expires(evict_at))?;
-        store.delete_unkeyed(&entry)?;
+    for (entry, value) in &old_keys {
+        let evict_at = decode_time(value)?;
+        let cell = held_cell(&entry[STATE_KEY_PREFIX.len()..]);
+        // Rewritten after a cut: the cell holds this very time already.
+        store.insert_until(&cell, &evict_at, expires(evict_at))?;
     }
-    for (entry, _) in old_index {
-        if parse_expiry_key(&entry).is_some() {
-            store.delete_unkeyed(&entry)?;
+    // A store kept in memory counted nothing: its keys are the count.
+    let count = old_count.unwrap_or_else(|| (old_keys.len() as u64).to_le_bytes().to_vec());
+    store.put_global(HELD_KEYS, &count)?;
+    store.flush()?;
+    for (entry, _) in &old_keys {
+        store.delete_unkeyed(entry)?;
+    }
+    for (entry, _) in &old_index {
+        if parse_expiry_key(entry).is_some() {
+            store.delete_unkeyed(entry)?;
         }
     }
-    if let Some(count) = old_count {
-        store.put_global(HELD_KEYS, &count)?;
-        store.delete_unkeyed(OLD_HELD_KEYS)?;
-    }
+    store.delete_unkeyed(OLD_HELD_KEYS)?;
     Ok(store.flush()?)
 }
 
@@ -406,7 +417,14 @@ impl Operator for Deduplicate {
             for (key, change) in changed {
                 match change {
                     Some(evict_at) => {
-                        store.insert_until(&held_cell(&key), &evict_at, expires(evict_at))?
+                        // Evicted and held again since the last checkpoint
+                        // (the real-time trigger checkpoints less often
+                        // than batches end): the old time's entry goes.
+                        let cell = held_cell(&key);
+                        if let Some(old) = store.get::<TimestampMicros>(&cell)? {
+                            store.delete_until(&cell, expires(old))?;
+                        }
+                        store.insert_until(&cell, &evict_at, expires(evict_at))?
                     }
                     None => {
                         // Evicted in memory: the time it was held until is
@@ -738,5 +756,125 @@ mod tests {
             }
             assert_eq!(out, vec![row(1, 20)], "{cache_bytes:?}");
         }
+    }
+
+    /// A write that reached the store: a put (`true`) or a delete.
+    type Write = (bool, Vec<u8>);
+
+    /// Records the writes that reach it, in order.
+    #[derive(Clone, Default)]
+    struct RecordingStore {
+        inner: SharedStore,
+        writes: Arc<std::sync::Mutex<Vec<Write>>>,
+    }
+
+    impl StateStore for RecordingStore {
+        fn name(&self) -> &str {
+            "recording"
+        }
+        fn get(
+            &self,
+            key: &[u8],
+        ) -> std::result::Result<Option<Vec<u8>>, tidemark_state::StateError> {
+            self.inner.get(key)
+        }
+        fn put(
+            &mut self,
+            key: &[u8],
+            value: &[u8],
+        ) -> std::result::Result<(), tidemark_state::StateError> {
+            self.writes.lock().unwrap().push((true, key.to_vec()));
+            self.inner.put(key, value)
+        }
+        fn delete(&mut self, key: &[u8]) -> std::result::Result<(), tidemark_state::StateError> {
+            self.writes.lock().unwrap().push((false, key.to_vec()));
+            self.inner.delete(key)
+        }
+        fn range(
+            &self,
+            start: &[u8],
+            end: &[u8],
+        ) -> std::result::Result<tidemark_state::Entries, tidemark_state::StateError> {
+            self.inner.range(start, end)
+        }
+        fn prefix(
+            &self,
+            prefix: &[u8],
+        ) -> std::result::Result<tidemark_state::Entries, tidemark_state::StateError> {
+            self.inner.prefix(prefix)
+        }
+        fn approximate_len(&self) -> usize {
+            self.inner.approximate_len()
+        }
+    }
+
+    /// The upgrade's new entries reach the store below the write cache
+    /// (and so the changelog) before any old entry's deletion: a cut
+    /// between them cannot leave a key in neither layout.
+    #[test]
+    fn the_layout_upgrade_writes_every_new_entry_before_deleting_an_old_one() {
+        use crate::state_codec::{expiry_key, state_key};
+        let mut recording = RecordingStore::default();
+        for k in 0..50i64 {
+            let mut key = Vec::new();
+            encode_key_into(std::iter::once(&Value::Long(k)), &mut key);
+            recording
+                .inner
+                .put(&state_key(&key), &(k * SECOND).to_le_bytes())
+                .unwrap();
+            recording
+                .inner
+                .put(&expiry_key(k * SECOND, &key), &[])
+                .unwrap();
+        }
+        let cached = tidemark_state::CachingStore::new(recording.clone(), 1 << 20);
+        let mut op = Deduplicate::new(spec(true), Some(Arc::from("t"))).unwrap();
+        op.open_state(Box::new(cached), Some(1)).unwrap();
+        let writes = recording.writes.lock().unwrap().clone();
+        let first_delete = writes.iter().position(|(put, _)| !put).unwrap();
+        let last_put = writes.iter().rposition(|(put, _)| *put).unwrap();
+        assert!(last_put < first_delete, "{last_put} >= {first_delete}");
+        assert_eq!(writes.iter().filter(|(put, _)| *put).count(), 101);
+        assert_eq!(writes.len() - first_delete, 101, "50 K, 50 E and N");
+        assert_eq!(op.state_progress().unwrap().num_rows_total, 50);
+    }
+
+    /// Kept in memory, a key evicted and held again between two
+    /// checkpoints (the real-time trigger's batches) leaves one entry in
+    /// the expiry order, at its new time.
+    #[test]
+    fn a_key_evicted_and_held_again_between_checkpoints_keeps_one_expiry() {
+        let store = SharedStore::default();
+        let mut op = Deduplicate::new(spec(true), Some(Arc::from("t"))).unwrap();
+        op.open_state(Box::new(store.clone()), None).unwrap();
+        let row = |t: i64| {
+            let mut row = Row::new();
+            row.set("k", Value::Long(1));
+            row.set("t", Value::Timestamp(t * SECOND));
+            row
+        };
+        let mut out = Vec::new();
+        op.on_row(row(1), &ctx(0), &mut out).unwrap();
+        op.on_batch_end(&ctx(0), &mut out).unwrap();
+        op.checkpoint().unwrap();
+        // Evicted at 11 s, held again at 20 s (until 30 s), no checkpoint.
+        op.on_batch_end(&ctx(12 * SECOND), &mut out).unwrap();
+        op.on_row(row(20), &ctx(12 * SECOND), &mut out).unwrap();
+        op.checkpoint().unwrap();
+        assert_eq!(out.len(), 2);
+        let index = store.prefix(b"y").unwrap();
+        assert_eq!(index.len(), 1, "{index:?}");
+        let mut reopened = Deduplicate::new(spec(true), Some(Arc::from("t"))).unwrap();
+        reopened
+            .open_state(Box::new(store.clone()), Some(1))
+            .unwrap();
+        let mut after = Vec::new();
+        reopened
+            .on_batch_end(&ctx(29 * SECOND), &mut after)
+            .unwrap();
+        reopened
+            .on_row(row(25), &ctx(29 * SECOND), &mut after)
+            .unwrap();
+        assert!(after.is_empty(), "still held until 30 s");
     }
 }

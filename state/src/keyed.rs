@@ -397,8 +397,9 @@ impl KeyedStateStore {
     }
 
     /// Takes out a timer of the list [`KeyedStateStore::due_timers`] last
-    /// returned, unless a handler deleted it since (then `false`). Known
-    /// without a read: deletions since that list are remembered.
+    /// returned (with no [`KeyedStateStore::flush`] since), unless a
+    /// handler deleted it since (then `false`). Known without a read:
+    /// deletions since that list are remembered.
     pub fn take_timer(
         &mut self,
         key: &[u8],
@@ -412,6 +413,16 @@ impl KeyedStateStore {
         self.store.delete(&own)?;
         self.store.delete(&index)?;
         Ok(true)
+    }
+
+    /// Empties the set of timers deleted since the due list, giving back
+    /// the memory a burst of deletions took.
+    fn forget_deleted_timers(&mut self) {
+        if self.timers_deleted.capacity() > 4096 {
+            self.timers_deleted = Default::default();
+        } else {
+            self.timers_deleted.clear();
+        }
     }
 
     /// Whether `key` has this timer.
@@ -486,7 +497,7 @@ impl KeyedStateStore {
             None => end = vec![b't', domain.tag() + 1],
         }
         *floor = (*floor).max(up_to.saturating_add(1));
-        self.timers_deleted.clear();
+        self.forget_deleted_timers();
         let mut due = Vec::new();
         for (index, _) in self.store.range(&start, &end)? {
             let time =
@@ -502,7 +513,12 @@ impl KeyedStateStore {
 
     /// Writes the cell at `cell_key`, which the caller knows is absent (a
     /// read saved), to be removed by [`KeyedStateStore::expire_event_time`]
-    /// once the watermark reaches `expiry`; `None`: kept until deleted.
+    /// once the watermark reaches `expiry`; `None`: kept until deleted. A
+    /// cell written this way before must first go through
+    /// [`KeyedStateStore::delete_until`] with its old expiry (the same
+    /// cell written again with the same expiry is the one exception):
+    /// otherwise its old entry in the expiry order would remove the new
+    /// cell at the old time.
     pub fn insert_until<T: Serialize>(
         &mut self,
         cell_key: &[u8],
@@ -709,7 +725,7 @@ impl KeyedStateStore {
     /// Makes what was written durable (the store's flush).
     pub fn flush(&mut self) -> Result<(), StateError> {
         // No due list outlives a batch.
-        self.timers_deleted.clear();
+        self.forget_deleted_timers();
         self.store.flush()
     }
 
