@@ -747,11 +747,7 @@ fn cell_expiry(cell: &[u8]) -> Option<Micros> {
 
 /// The entry of a cell in the event-time expiry order.
 fn event_expiry_key(expiry: Micros, cell_key: &[u8]) -> Vec<u8> {
-    let mut index = Vec::with_capacity(cell_key.len() + 9);
-    index.push(b'y');
-    index.extend(sortable(expiry));
-    index.extend(cell_key);
-    index
+    expiry_order_key(b'y', expiry, cell_key)
 }
 
 fn global_key(name: &str) -> Vec<u8> {
@@ -762,8 +758,13 @@ fn global_key(name: &str) -> Vec<u8> {
 
 /// The TTL index entry of a cell expiring at `expiry`.
 fn ttl_key(expiry: Micros, cell_key: &[u8]) -> Vec<u8> {
+    expiry_order_key(b'x', expiry, cell_key)
+}
+
+/// A cell's entry in the expiry order `tag`: the tag, the time, the cell.
+fn expiry_order_key(tag: u8, expiry: Micros, cell_key: &[u8]) -> Vec<u8> {
     let mut index = Vec::with_capacity(cell_key.len() + 9);
-    index.push(b'x');
+    index.push(tag);
     index.extend(sortable(expiry));
     index.extend(cell_key);
     index
