@@ -415,24 +415,15 @@ impl Operator for Deduplicate {
         };
         let Some(max_keys) = self.max_cached_keys else {
             for (key, change) in changed {
-                match change {
-                    Some(evict_at) => {
-                        // Evicted and held again since the last checkpoint
-                        // (the real-time trigger checkpoints less often
-                        // than batches end): the old time's entry goes.
-                        let cell = held_cell(&key);
-                        if let Some(old) = store.get::<TimestampMicros>(&cell)? {
-                            store.delete_until(&cell, expires(old))?;
-                        }
-                        store.insert_until(&cell, &evict_at, expires(evict_at))?
-                    }
-                    None => {
-                        // Evicted in memory: the time it was held until is
-                        // its index entry's.
-                        let cell = held_cell(&key);
-                        let evict_at = store.get::<TimestampMicros>(&cell)?;
-                        store.delete_until(&cell, evict_at.and_then(expires))?;
-                    }
+                // A key evicted, or evicted and held again since the last
+                // checkpoint (the real-time trigger checkpoints less often
+                // than batches end): its old time's entry goes first.
+                let cell = held_cell(&key);
+                if let Some(old) = store.get::<TimestampMicros>(&cell)? {
+                    store.delete_until(&cell, expires(old))?;
+                }
+                if let Some(evict_at) = change {
+                    store.insert_until(&cell, &evict_at, expires(evict_at))?;
                 }
             }
             return Ok(store.flush()?);
