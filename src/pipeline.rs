@@ -170,6 +170,24 @@ pub enum Format {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SchemaSpec(pub Schema);
 
+impl SchemaSpec {
+    /// The schema of these `(column, type)` pairs, in order; a type that
+    /// is not one of [`FieldType::NAMES`] is an error naming its column.
+    pub fn of_columns<'a>(
+        columns: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<SchemaSpec> {
+        let fields = columns
+            .into_iter()
+            .map(|(name, ty)| {
+                ty.parse::<FieldType>()
+                    .map(|ty| (name.to_string(), ty))
+                    .map_err(|e| Error::config("source.schema", format!("column `{name}`: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(SchemaSpec(Schema::new(fields)))
+    }
+}
+
 impl<'de> Deserialize<'de> for SchemaSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         struct SchemaVisitor;
@@ -379,6 +397,36 @@ pub struct SourceSpec {
     pub max_file_mb: Option<u64>,
 }
 
+impl SourceSpec {
+    /// A source of this kind with every other key at its default (as a
+    /// file's `source: {kind: ...}` reads).
+    pub fn new(kind: SourceKind) -> SourceSpec {
+        SourceSpec {
+            kind,
+            path: None,
+            bootstrap: None,
+            topic: None,
+            group: None,
+            starting_offsets: None,
+            fail_on_data_loss: default_fail_on_data_loss(),
+            static_membership: default_static_membership(),
+            format: Format::default(),
+            schema: SchemaSpec::default(),
+            schema_registry: None,
+            avro_schemas: BTreeMap::new(),
+            properties: Properties::default(),
+            keyed_by: None,
+            checkpoint: None,
+            max_files_per_batch: None,
+            pattern: None,
+            start: None,
+            settle_delay: None,
+            follow_symlinks: None,
+            max_file_mb: None,
+        }
+    }
+}
+
 /// Where a new consumer group starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -448,11 +496,18 @@ impl<'de> Deserialize<'de> for TimestampSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExprSpec(pub String);
 
+impl ExprSpec {
+    /// `text` once it parses as a Spark SQL expression.
+    pub fn parse(text: &str) -> Result<ExprSpec> {
+        crate::expr::Expr::parse(text)?;
+        Ok(ExprSpec(text.to_string()))
+    }
+}
+
 impl<'de> Deserialize<'de> for ExprSpec {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        crate::expr::Expr::parse(&text).map_err(|e| de::Error::custom(e.to_string()))?;
-        Ok(ExprSpec(text))
+        ExprSpec::parse(&text).map_err(|e| de::Error::custom(e.to_string()))
     }
 }
 
@@ -1268,6 +1323,33 @@ pub struct SinkSpec {
     pub compact_min_files: Option<usize>,
 }
 
+impl SinkSpec {
+    /// A sink of this kind with every other key at its default (as a
+    /// file's `sink: {kind: ...}` reads).
+    pub fn new(kind: SinkKind) -> SinkSpec {
+        SinkSpec {
+            kind,
+            path: None,
+            topic: None,
+            bootstrap: None,
+            format: Format::default(),
+            key: Vec::new(),
+            avro_schema: None,
+            avro_schema_id: None,
+            subject_name_strategy: SubjectNameStrategySpec::default(),
+            properties: Properties::default(),
+            mode: None,
+            partition_by: Vec::new(),
+            table_properties: BTreeMap::new(),
+            storage_options: Properties::default(),
+            merge_schema: false,
+            commit_interval: None,
+            checkpoint_interval: None,
+            compact_min_files: None,
+        }
+    }
+}
+
 /// Where bad records go.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1336,6 +1418,21 @@ pub struct StateSpec {
     /// any size runs as long as it makes progress.
     #[serde(default)]
     pub restore_stall_timeout: Option<DurationSpec>,
+}
+
+impl StateSpec {
+    /// State under `dir` with every other key at its default (as a file's
+    /// `state_dir: <dir>` reads).
+    pub fn new(dir: impl Into<String>) -> StateSpec {
+        StateSpec {
+            dir: dir.into(),
+            changelog: None,
+            memory_mb: default_state_memory_mb(),
+            replication: default_replication(),
+            num_standby_replicas: 0,
+            restore_stall_timeout: None,
+        }
+    }
 }
 
 fn default_state_memory_mb() -> usize {
@@ -1572,17 +1669,46 @@ impl PipelineFile {
         Ok(file)
     }
 
-    /// A pipeline from settings already in the file's shape (the keys
-    /// and values a file would hold, as a serde value): what a program's
-    /// builder hands over. Checked as a file is; an error names the key.
-    pub fn from_settings(settings: serde_json::Value) -> Result<PipelineFile> {
-        let file: PipelineFile = serde_path_to_error::deserialize(settings).map_err(|e| {
-            let path = e.path().to_string();
-            Error::config(path, e.into_inner().to_string())
-        })?;
-        file.check()
-            .map_err(|(key, message)| Error::config(key, message))?;
-        Ok(file)
+    /// A pipeline named `name` from `source` to `sink`, every other
+    /// setting at its default: what a program's builder starts from and
+    /// sets, field by field, before [`check_settings`](Self::check_settings).
+    pub fn new(name: &str, source: SourceSpec, sink: SinkSpec) -> PipelineFile {
+        PipelineFile {
+            name: name.to_string(),
+            kafka: None,
+            schema_registry: None,
+            source,
+            clock: None,
+            event_time: None,
+            watermark: None,
+            multiple_watermark_policy: WatermarkPolicy::default(),
+            watermark_scope: crate::watermark::WatermarkScope::default(),
+            idle_timeout: None,
+            steps: Vec::new(),
+            output_mode: OutputMode::default(),
+            trigger: TriggerSpec::default(),
+            sink,
+            dead_letter: None,
+            late_data: None,
+            processing_guarantee: ProcessingGuarantee::default(),
+            state: None,
+            state_dir: None,
+            max_records_per_batch: None,
+            task_timeout: None,
+            metrics: None,
+            serve: None,
+            ui: None,
+            processors: Processors::default(),
+        }
+    }
+
+    /// Checks the settings together as a file's are checked on read (a
+    /// Kafka source names its topic, exactly-once has a sink that can
+    /// take part, the event time is a column of the schema...); an error
+    /// names the key.
+    pub fn check_settings(&self) -> Result<()> {
+        self.check()
+            .map_err(|(key, message)| Error::config(key, message))
     }
 
     fn check(&self) -> std::result::Result<(), (String, String)> {
@@ -2039,16 +2165,9 @@ impl PipelineFile {
 
     /// The state settings from `state:` or `state_dir:`, if any.
     pub fn state_spec(&self) -> Option<StateSpec> {
-        self.state.clone().or_else(|| {
-            self.state_dir.as_ref().map(|dir| StateSpec {
-                dir: dir.clone(),
-                changelog: None,
-                memory_mb: default_state_memory_mb(),
-                replication: default_replication(),
-                num_standby_replicas: 0,
-                restore_stall_timeout: None,
-            })
-        })
+        self.state
+            .clone()
+            .or_else(|| self.state_dir.as_ref().map(StateSpec::new))
     }
 
     /// The source's schema (empty: infer).

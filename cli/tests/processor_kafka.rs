@@ -177,7 +177,7 @@ fn a_processor_runs_under_the_real_time_trigger() {
         .to_topic(&output, &["user"])
         .create_output_topic()
         .state_dir(dir.path().join("state"))
-        .setting("trigger", serde_json::json!({"real_time": "2 seconds"}))
+        .real_time(Duration::from_secs(2))
         .start()
         .unwrap();
     assert_eq!(

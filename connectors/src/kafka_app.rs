@@ -3,21 +3,26 @@
 //! changelogs, exactly-once and the dead-letter topic set on it — no
 //! pipeline file written or edited.
 //!
-//! The settings land in the same checked model a pipeline file is read
-//! into ([`PipelineFile`]), so both run through one wiring: the same
-//! source, decoder, state backend, transactions and restarts.
+//! The builder fills the same typed settings a pipeline file is read
+//! into ([`PipelineFile`]) field by field — nothing is written as text and
+//! read back — so both run through one wiring: the same source, decoder,
+//! state backend, transactions and restarts.
 
 use crate::{PipelineRunner, RunningPipeline};
-use serde_json::{json, Map, Value as Json};
 use std::path::PathBuf;
 use std::time::Duration;
+use tidemark::duration::parse_duration;
 use tidemark::error::{Error, Result};
+use tidemark::functions::WindowLength;
 use tidemark::operators::{OutputMode, StateDeclarations, StatefulProcessor};
-use tidemark::pipeline::PipelineFile;
+use tidemark::pipeline::{
+    DeadLetterKind, DeadLetterSpec, DurationSpec, ExprSpec, Format, InitialStateYaml, KafkaSpec,
+    MetricsSpec, PipelineFile, ProcessYaml, ProcessingGuarantee, RegistrySpec, SchemaSpec,
+    ServeSpec, SinkKind, SinkSpec, SourceKind, SourceSpec, StartingOffsets, StateSpec, StepSpec,
+    TopicList, TriggerSpec, UiSpec, WithColumnSpec,
+};
+use tidemark::runtime::Trigger;
 use tidemark::watermark::WatermarkScope;
-
-/// Registers a processor on the file once it is built.
-type Registration = Box<dyn FnOnce(PipelineFile) -> PipelineFile + Send>;
 
 /// A Kafka application being assembled (see the module documentation).
 ///
@@ -33,9 +38,8 @@ type Registration = Box<dyn FnOnce(PipelineFile) -> PipelineFile + Send>;
 /// running.stop();
 /// ```
 pub struct KafkaApp {
-    settings: Map<String, Json>,
-    steps: Vec<Json>,
-    registrations: Vec<Registration>,
+    /// The settings as the engine runs them, filled by the calls.
+    file: PipelineFile,
     base: PathBuf,
     /// The first mistake made while assembling, reported by `build`.
     mistake: Option<Error>,
@@ -45,6 +49,9 @@ pub struct KafkaApp {
     /// the schema is written at `build`, once the event-time column is
     /// known.
     typed_input: Option<Vec<(String, &'static str)>>,
+    /// How many code step groups were added (each is registered under a
+    /// name of its own).
+    code_steps: usize,
 }
 
 impl KafkaApp {
@@ -52,37 +59,42 @@ impl KafkaApp {
     /// transactional ids, changelog and internal topic prefix, state
     /// directory name (Kafka Streams' `application.id`).
     pub fn new(application_id: &str) -> Self {
-        let mut settings = Map::new();
-        settings.insert("name".into(), application_id.into());
-        settings.insert("source".into(), json!({"kind": "kafka"}));
-        settings.insert("sink".into(), json!({"kind": "stdout"}));
         KafkaApp {
-            settings,
-            steps: Vec::new(),
-            registrations: Vec::new(),
+            file: PipelineFile::new(
+                application_id,
+                SourceSpec::new(SourceKind::Kafka),
+                SinkSpec::new(SinkKind::Stdout),
+            ),
             base: PathBuf::from("."),
             mistake: None,
             create_output_topic: false,
             typed_input: None,
+            code_steps: 0,
         }
     }
 
-    fn section(&mut self, name: &str) -> &mut Map<String, Json> {
-        let entry = self
-            .settings
-            .entry(name.to_string())
-            .or_insert_with(|| json!({}));
-        if !entry.is_object() {
-            *entry = json!({});
-        }
-        entry.as_object_mut().expect("an object")
+    /// Keeps the first mistake, reported by `build`.
+    fn mistake(&mut self, error: Error) {
+        self.mistake.get_or_insert(error);
+    }
+
+    /// The settings every Kafka client of the application shares.
+    fn kafka(&mut self) -> &mut KafkaSpec {
+        self.file.kafka.get_or_insert_with(KafkaSpec::default)
+    }
+
+    /// The state settings, made on the first call that sets one (the
+    /// directory is checked at `build`).
+    fn state(&mut self) -> &mut StateSpec {
+        self.file
+            .state
+            .get_or_insert_with(|| StateSpec::new(String::new()))
     }
 
     /// The cluster's bootstrap servers (default: `KAFKA_BOOTSTRAP`, else
     /// `127.0.0.1:9092`).
     pub fn bootstrap(mut self, servers: &str) -> Self {
-        self.section("kafka")
-            .insert("bootstrap".into(), servers.into());
+        self.kafka().bootstrap = Some(servers.to_string());
         self
     }
 
@@ -90,11 +102,9 @@ impl KafkaApp {
     /// (`security.protocol`, `sasl.*`, `ssl.*`); secrets are masked
     /// wherever the settings are shown.
     pub fn property(mut self, name: &str, value: &str) -> Self {
-        let kafka = self.section("kafka");
-        let properties = kafka.entry("properties").or_insert_with(|| json!({}));
-        if let Some(map) = properties.as_object_mut() {
-            map.insert(name.into(), value.into());
-        }
+        self.kafka()
+            .properties
+            .insert(name.to_string(), value.to_string());
         self
     }
 
@@ -103,9 +113,11 @@ impl KafkaApp {
     /// earliest offset when the group has none.
     pub fn input(mut self, topic: &str, schema: &[(&str, &str)]) -> Self {
         self.typed_input = None;
-        let source = self.section("source");
-        source.insert("topic".into(), topic.into());
-        source.insert("schema".into(), schema_object(schema));
+        self.file.source.topic = Some(TopicList(vec![topic.to_string()]));
+        match SchemaSpec::of_columns(schema.iter().copied()) {
+            Ok(schema) => self.file.source.schema = schema,
+            Err(e) => self.mistake(e),
+        }
         self
     }
 
@@ -128,75 +140,103 @@ impl KafkaApp {
     pub fn stream<T: serde::de::DeserializeOwned>(mut self, topic: &str) -> Self {
         match tidemark::typed_columns::columns_of::<T>() {
             Ok(columns) => self.typed_input = Some(columns),
-            Err(reason) => {
-                self.mistake.get_or_insert(Error::config(
-                    "source.schema",
-                    format!(
-                        "the columns of {} cannot be traced: {reason}; give them with \
-                         `input(topic, schema)` instead",
-                        std::any::type_name::<T>()
-                    ),
-                ));
-            }
+            Err(reason) => self.mistake(Error::config(
+                "source.schema",
+                format!(
+                    "the columns of {} cannot be traced: {reason}; give them with \
+                     `input(topic, schema)` instead",
+                    std::any::type_name::<T>()
+                ),
+            )),
         }
-        self.section("source").insert("topic".into(), topic.into());
+        self.file.source.topic = Some(TopicList(vec![topic.to_string()]));
         self
     }
 
     /// The columns the input's record key is made of: a grouping by them
     /// runs where the records are, without a repartition topic.
     pub fn keyed_by(mut self, columns: &[&str]) -> Self {
-        self.section("source")
-            .insert("keyed_by".into(), json!(columns));
+        self.file.source.keyed_by = Some(owned(columns));
         self
     }
 
-    /// The event-time column and the watermark's delay (`"1 minute"`).
-    pub fn event_time(mut self, column: &str, watermark_delay: &str) -> Self {
-        self.settings.insert("event_time".into(), column.into());
-        self.settings
-            .insert("watermark".into(), watermark_delay.into());
+    /// The consumer group (default: the application id).
+    pub fn consumer_group(mut self, group: &str) -> Self {
+        self.file.source.group = Some(group.to_string());
+        self
+    }
+
+    /// Where a group without committed offsets starts reading (default:
+    /// [`StartingOffsets::Earliest`]).
+    pub fn starting_offsets(mut self, start: StartingOffsets) -> Self {
+        self.file.source.starting_offsets = Some(start);
+        self
+    }
+
+    /// Spark's `failOnDataLoss` (default `true`): with `false`, a committed
+    /// offset the partition no longer holds reads on from the earliest one
+    /// with a warning instead of failing the run.
+    pub fn fail_on_data_loss(mut self, fail: bool) -> Self {
+        self.file.source.fail_on_data_loss = fail;
+        self
+    }
+
+    /// The event-time column and the watermark's delay: a
+    /// [`Duration`] or Spark's text (`"1 minute"`).
+    pub fn event_time(mut self, column: &str, watermark_delay: impl WindowLength) -> Self {
+        self.file.event_time = Some(column.to_string());
+        match parse_duration(&watermark_delay.as_duration_text()) {
+            Ok(delay) => self.file.watermark = Some(DurationSpec(delay)),
+            Err(e) => self.mistake(Error::config("watermark", reason_of(e))),
+        }
         self
     }
 
     /// One watermark per input partition instead of one per stream.
     pub fn watermark_scope(mut self, scope: WatermarkScope) -> Self {
-        let text = match scope {
-            WatermarkScope::Partition => "partition",
-            WatermarkScope::Query => "query",
-        };
-        self.settings.insert("watermark_scope".into(), text.into());
+        self.file.watermark_scope = scope;
+        self
+    }
+
+    /// After `timeout` without records, an input stops holding the
+    /// watermark back.
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.file.idle_timeout = Some(DurationSpec(timeout));
         self
     }
 
     /// Keeps rows for which `condition` (Spark SQL) is true.
     pub fn filter(mut self, condition: &str) -> Self {
-        self.steps.push(json!({ "filter": condition }));
+        match ExprSpec::parse(condition) {
+            Ok(condition) => self.file.steps.push(StepSpec::Filter(condition)),
+            Err(e) => self.mistake(Error::config("steps[].filter", reason_of(e))),
+        }
         self
     }
 
     /// Adds the column `name` computed by `expression` (Spark SQL).
     pub fn with_column(mut self, name: &str, expression: &str) -> Self {
-        self.steps
-            .push(json!({ "with_column": {"name": name, "expr": expression} }));
+        match ExprSpec::parse(expression) {
+            Ok(expr) => self.file.steps.push(StepSpec::WithColumn(WithColumnSpec {
+                name: name.to_string(),
+                expr,
+            })),
+            Err(e) => self.mistake(Error::config("steps[].with_column.expr", reason_of(e))),
+        }
         self
     }
 
     /// Runs a user's stateful processor per key of `keys` (see
     /// [`tidemark::operators::processor`]); `build` makes each task's
     /// processor and declares its states.
-    pub fn process<P, F>(self, name: &str, keys: &[&str], build: F) -> Self
+    pub fn process<P, F>(mut self, name: &str, keys: &[&str], build: F) -> Self
     where
         P: StatefulProcessor,
         F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
     {
-        let owned = name.to_string();
-        self.push_process(
-            name,
-            keys,
-            None,
-            Box::new(move |file: PipelineFile| file.with_processor(&owned, build)),
-        )
+        self.push_process(name, keys, None);
+        self.file = self.file.with_processor(name, build);
+        self
     }
 
     /// [`process`](Self::process) with the processor's state seeded from
@@ -208,7 +248,7 @@ impl KafkaApp {
     /// with the input (keyed alike, as many partitions), and the input is
     /// keyed by the processor's keys ([`keyed_by`](Self::keyed_by)).
     pub fn process_with_initial_state<P, S, F>(
-        self,
+        mut self,
         name: &str,
         keys: &[&str],
         build: F,
@@ -220,44 +260,46 @@ impl KafkaApp {
         S: serde::de::DeserializeOwned + Send + 'static,
         F: Fn(&mut StateDeclarations) -> Result<P> + Send + Sync + 'static,
     {
-        let initial = json!({"topic": topic, "schema": schema_object(schema)});
-        let owned = name.to_string();
-        self.push_process(
-            name,
-            keys,
-            Some(initial),
-            Box::new(move |file: PipelineFile| {
-                file.with_processor_and_initial_state::<P, S, _>(&owned, build)
-            }),
-        )
+        let schema = match SchemaSpec::of_columns(schema.iter().copied()) {
+            Ok(schema) => schema,
+            Err(e) => {
+                self.mistake(Error::config(
+                    "steps[].process.initial_state.schema",
+                    reason_of(e),
+                ));
+                SchemaSpec::default()
+            }
+        };
+        let initial = InitialStateYaml {
+            topic: TopicList(vec![topic.to_string()]),
+            name: None,
+            schema,
+        };
+        self.push_process(name, keys, Some(initial));
+        self.file = self
+            .file
+            .with_processor_and_initial_state::<P, S, _>(name, build);
+        self
     }
 
-    /// Adds a `process` step and the registration that builds it; two
-    /// processors of one name are a mistake.
-    fn push_process(
-        mut self,
-        name: &str,
-        keys: &[&str],
-        initial_state: Option<Json>,
-        register: Registration,
-    ) -> Self {
+    /// Adds a `process` step; two processors of one name are a mistake.
+    fn push_process(&mut self, name: &str, keys: &[&str], initial: Option<InitialStateYaml>) {
         let taken = self
+            .file
             .steps
             .iter()
-            .any(|s| s["process"]["processor"].as_str() == Some(name));
+            .any(|s| matches!(s, StepSpec::Process(p) if p.processor == name));
         if taken {
-            self.mistake.get_or_insert(Error::config(
+            self.mistake(Error::config(
                 "process",
                 format!("two processors are named `{name}`: give each its own name"),
             ));
         }
-        let mut step = json!({"processor": name, "keys": keys});
-        if let Some(initial) = initial_state {
-            step["initial_state"] = initial;
-        }
-        self.steps.push(json!({ "process": step }));
-        self.registrations.push(register);
-        self
+        self.file.steps.push(StepSpec::Process(ProcessYaml {
+            processor: name.to_string(),
+            keys: owned(keys),
+            initial_state: initial,
+        }));
     }
 
     /// Adds steps written on the query builder — any built-in operator
@@ -280,11 +322,10 @@ impl KafkaApp {
             + Sync
             + 'static,
     ) -> Self {
-        let name = format!("steps-{}", self.steps.len());
-        self.steps.push(json!({ "code": name }));
-        self.registrations.push(Box::new(move |file: PipelineFile| {
-            file.with_steps(&name, add)
-        }));
+        let name = format!("steps-{}", self.code_steps);
+        self.code_steps += 1;
+        self.file.steps.push(StepSpec::Code(name.clone()));
+        self.file = self.file.with_steps(&name, add);
         self
     }
 
@@ -292,24 +333,36 @@ impl KafkaApp {
     /// and offsets checkpointed every `checkpoint_interval` (update output
     /// mode).
     pub fn real_time(mut self, checkpoint_interval: Duration) -> Self {
-        let text = tidemark::duration::format_duration(checkpoint_interval);
-        self.settings
-            .insert("trigger".into(), json!({ "real_time": text }));
+        self.file.trigger = TriggerSpec(Trigger::RealTime {
+            checkpoint_interval,
+        });
         self
     }
 
     /// Processes what is there now in batches, then stops (Spark's
     /// `Trigger.AvailableNow`).
     pub fn available_now(mut self) -> Self {
-        self.settings
-            .insert("trigger".into(), "available_now".into());
+        self.file.trigger = TriggerSpec(Trigger::AvailableNow);
+        self
+    }
+
+    /// A micro-batch every `interval`.
+    pub fn trigger_every(mut self, interval: Duration) -> Self {
+        self.file.trigger = TriggerSpec(Trigger::MicroBatch { interval });
         self
     }
 
     /// Caps the records of one batch.
     pub fn max_records_per_batch(mut self, max: usize) -> Self {
-        self.settings
-            .insert("max_records_per_batch".into(), max.into());
+        self.file.max_records_per_batch = Some(max);
+        self
+    }
+
+    /// How long a stage may keep failing with errors worth retrying (a
+    /// broker down, a fenced transaction) before the run fails (Kafka
+    /// Streams' `task.timeout.ms`; default 5 minutes).
+    pub fn task_timeout(mut self, timeout: Duration) -> Self {
+        self.file.task_timeout = Some(DurationSpec(timeout));
         self
     }
 
@@ -328,18 +381,16 @@ impl KafkaApp {
 
     /// Writes rows as JSON lines to standard output (the default).
     pub fn to_stdout(mut self) -> Self {
-        self.settings
-            .insert("sink".into(), json!({"kind": "stdout"}));
+        self.file.sink = SinkSpec::new(SinkKind::Stdout);
         self
     }
 
     /// Writes rows as JSON to `topic`, keyed by the `key` columns.
     pub fn to_topic(mut self, topic: &str, key: &[&str]) -> Self {
-        let mut sink = json!({"kind": "kafka", "topic": topic});
-        if !key.is_empty() {
-            sink["key"] = json!(key);
-        }
-        self.settings.insert("sink".into(), sink);
+        let mut sink = SinkSpec::new(SinkKind::Kafka);
+        sink.topic = Some(topic.to_string());
+        sink.key = owned(key);
+        self.file.sink = sink;
         self
     }
 
@@ -353,34 +404,39 @@ impl KafkaApp {
 
     /// Sends bad records to `topic` (default `<application id>-dlq`).
     pub fn dead_letter_topic(mut self, topic: &str) -> Self {
-        self.settings.insert(
-            "dead_letter".into(),
-            json!({"kind": "kafka", "topic": topic}),
-        );
+        self.file.dead_letter = Some(DeadLetterSpec {
+            kind: DeadLetterKind::Kafka,
+            topic: Some(topic.to_string()),
+            path: None,
+            properties: Default::default(),
+        });
         self
     }
 
     /// Keeps state in RocksDB under `dir`, logged to changelog topics.
     pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         let dir: PathBuf = dir.into();
-        self.section("state")
-            .insert("dir".into(), dir.to_string_lossy().into_owned().into());
+        self.state().dir = dir.to_string_lossy().into_owned();
         self
     }
 
     /// Keeps `replicas` warm copies of each partition's state on other
     /// instances (Kafka Streams' `num.standby.replicas`).
     pub fn standby_replicas(mut self, replicas: usize) -> Self {
-        self.section("state")
-            .insert("num_standby_replicas".into(), replicas.into());
+        self.state().num_standby_replicas = replicas;
         self
     }
 
     /// One memory budget for state, in MiB (RocksDB's cache and buffers,
     /// the operators' in-memory share).
     pub fn state_memory_mb(mut self, megabytes: usize) -> Self {
-        self.section("state")
-            .insert("memory_mb".into(), megabytes.into());
+        self.state().memory_mb = megabytes;
+        self
+    }
+
+    /// The replication factor of the changelog topics (default 1).
+    pub fn changelog_replication(mut self, replicas: i32) -> Self {
+        self.state().replication = replicas;
         self
     }
 
@@ -389,12 +445,41 @@ impl KafkaApp {
     /// JSON schema given to [`input`](Self::input): the Avro schema names
     /// the columns).
     pub fn avro_input(mut self, registry_url: &str) -> Self {
-        let source = self.section("source");
-        source.insert("format".into(), "avro".into());
-        source.remove("schema");
+        self.file.source.format = Format::Avro;
+        self.file.source.schema = SchemaSpec::default();
         self.typed_input = None;
-        self.settings
-            .insert("schema_registry".into(), registry_url.into());
+        self.file.schema_registry = Some(RegistrySpec {
+            url: registry_url.to_string(),
+            properties: Default::default(),
+        });
+        self
+    }
+
+    /// A client property of the schema registry's (`basic.auth.user.info`,
+    /// `bearer.auth.token`, `ssl.ca.location`, `request.timeout.ms`);
+    /// secrets are masked wherever the settings are shown. Give the
+    /// registry with [`avro_input`](Self::avro_input) first.
+    pub fn schema_registry_property(mut self, name: &str, value: &str) -> Self {
+        match self.file.schema_registry.as_mut() {
+            Some(registry) => {
+                registry
+                    .properties
+                    .insert(name.to_string(), value.to_string());
+            }
+            None => self.mistake(Error::config(
+                "schema_registry.properties",
+                "a registry property without a registry: call avro_input(registry_url) first",
+            )),
+        }
+        self
+    }
+
+    /// Sends the rows dropped as late (behind the watermark) to `topic`
+    /// as JSON instead of only counting them.
+    pub fn late_data_topic(mut self, topic: &str) -> Self {
+        let mut late = SinkSpec::new(SinkKind::Kafka);
+        late.topic = Some(topic.to_string());
+        self.file.late_data = Some(late);
         self
     }
 
@@ -403,79 +488,57 @@ impl KafkaApp {
     /// rows' columns when missing; under [`exactly_once`](Self::exactly_once)
     /// each batch's commit is tied to its offsets.
     pub fn to_delta(mut self, path: &str) -> Self {
-        self.settings
-            .insert("sink".into(), json!({"kind": "delta", "path": path}));
+        let mut sink = SinkSpec::new(SinkKind::Delta);
+        sink.path = Some(path.to_string());
+        self.file.sink = sink;
         self
     }
 
     /// Answers interactive queries of the state on `listen` (`host:port`),
     /// each request carrying `Authorization: Bearer <auth_token>` when one
     /// is given.
-    pub fn serve(self, listen: &str, auth_token: Option<&str>) -> Self {
-        self.service("serve", "listen", listen, auth_token)
+    pub fn serve(mut self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.file.serve = Some(ServeSpec {
+            listen: listen.to_string(),
+            advertised: None,
+            auth_token: auth_token.map(str::to_string),
+            tls: None,
+        });
+        self
     }
 
     /// Serves the live web page on `listen`, guarded as
     /// [`serve`](Self::serve) is.
-    pub fn ui(self, listen: &str, auth_token: Option<&str>) -> Self {
-        self.service("ui", "listen", listen, auth_token)
+    pub fn ui(mut self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.file.ui = Some(UiSpec {
+            listen: listen.to_string(),
+            auth_token: auth_token.map(str::to_string),
+            tls: None,
+        });
+        self
     }
 
     /// Serves Prometheus metrics (`/metrics`, with `/healthz` and
     /// `/readyz`) on `listen`, guarded as [`serve`](Self::serve) is.
-    pub fn prometheus(self, listen: &str, auth_token: Option<&str>) -> Self {
-        self.service("metrics", "prometheus", listen, auth_token)
-    }
-
-    /// Sets an HTTP service's section: where it listens, and its token.
-    fn service(mut self, section: &str, key: &str, listen: &str, token: Option<&str>) -> Self {
-        let settings = self.section(section);
-        settings.insert(key.into(), listen.into());
-        if let Some(token) = token {
-            settings.insert("auth_token".into(), token.into());
-        }
+    pub fn prometheus(mut self, listen: &str, auth_token: Option<&str>) -> Self {
+        self.file.metrics = Some(MetricsSpec {
+            prometheus: listen.to_string(),
+            auth_token: auth_token.map(str::to_string),
+            tls: None,
+        });
         self
     }
 
     /// Output, state changes and offsets in one Kafka transaction per
     /// batch.
     pub fn exactly_once(mut self) -> Self {
-        self.settings
-            .insert("processing_guarantee".into(), "exactly_once".into());
+        self.file.processing_guarantee = ProcessingGuarantee::ExactlyOnce;
         self
     }
 
     /// Spark's output mode (append by default).
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
-        let text = match mode {
-            OutputMode::Append => "append",
-            OutputMode::Update => "update",
-            OutputMode::Complete => "complete",
-        };
-        self.settings.insert("output_mode".into(), text.into());
-        self
-    }
-
-    /// A micro-batch every `interval`.
-    pub fn trigger_every(mut self, interval: Duration) -> Self {
-        let text = tidemark::duration::format_duration(interval);
-        self.settings
-            .insert("trigger".into(), json!({ "micro_batch": text }));
-        self
-    }
-
-    /// Any other setting of the pipeline file's (see
-    /// `docs/pipeline-file.md`), by its top-level key: `serve`, `ui`,
-    /// `metrics`, `state`, `task_timeout`…
-    pub fn setting(mut self, key: &str, value: Json) -> Self {
-        if key == "steps" {
-            self.mistake.get_or_insert(Error::config(
-                "steps",
-                "steps are added by the builder's own calls",
-            ));
-            return self;
-        }
-        self.settings.insert(key.to_string(), value);
+        self.file.output_mode = mode;
         self
     }
 
@@ -491,39 +554,30 @@ impl KafkaApp {
         if let Some(mistake) = self.mistake.take() {
             return Err(mistake);
         }
-        let state = self.settings.get("state").and_then(Json::as_object);
-        if state.is_some_and(|state| !state.contains_key("dir")) {
+        if self.file.state.as_ref().is_some_and(|s| s.dir.is_empty()) {
             return Err(Error::config(
                 "state.dir",
-                "standby_replicas and state_memory_mb are settings of durable state: \
-                 set state_dir too",
+                "standby_replicas, state_memory_mb and changelog_replication are settings \
+                 of durable state: set state_dir too",
             ));
         }
         if let Some(columns) = self.typed_input.take() {
-            let event_time = self.settings.get("event_time").and_then(Json::as_str);
-            let schema: Map<String, Json> = columns
-                .into_iter()
-                .map(|(name, kind)| {
-                    let kind = if Some(name.as_str()) == event_time && kind == "string" {
-                        "timestamp"
-                    } else {
-                        kind
-                    };
-                    (name, Json::from(kind))
-                })
+            let event_time = self.file.event_time.as_deref();
+            let columns: Vec<(&str, &str)> = columns
+                .iter()
+                .map(
+                    |(name, kind)| match (Some(name.as_str()) == event_time, *kind) {
+                        (true, "string") => (name.as_str(), "timestamp"),
+                        (_, kind) => (name.as_str(), kind),
+                    },
+                )
                 .collect();
-            self.section("source")
-                .insert("schema".into(), Json::Object(schema));
+            self.file.source.schema = SchemaSpec::of_columns(columns)?;
         }
-        self.settings
-            .insert("steps".into(), Json::Array(std::mem::take(&mut self.steps)));
-        let mut file = PipelineFile::from_settings(Json::Object(self.settings))?;
-        for register in self.registrations {
-            file = register(file);
-        }
+        self.file.check_settings()?;
         // Every step is built once now, so that a mistake is reported here.
-        file.query_builder()?;
-        Ok(file)
+        self.file.query_builder()?;
+        Ok(self.file)
     }
 
     /// A runner for the application (its progress listener, stop
@@ -555,12 +609,16 @@ impl KafkaApp {
     }
 }
 
-/// `(column, type)` pairs as the pipeline file's `schema` object.
-fn schema_object(schema: &[(&str, &str)]) -> Json {
-    Json::Object(
-        schema
-            .iter()
-            .map(|(name, kind)| (name.to_string(), Json::from(*kind)))
-            .collect(),
-    )
+/// The names as owned strings.
+fn owned(names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+/// A configuration error's reason without its key (the builder names the
+/// key it was given for).
+fn reason_of(error: Error) -> String {
+    match error {
+        Error::Config { reason, .. } => reason,
+        other => other.to_string(),
+    }
 }

@@ -1,6 +1,5 @@
 //! `KafkaApp` checks what it is given when it builds (#45 item 1): a bad
-//! setting names its key, two processors of one name and steps set as a
-//! setting are refused, code steps build, and a file's `code` step that
+//! setting names its key, two processors of one name are refused, code steps build, and a file's `code` step that
 //! no program registered is refused naming the key.
 
 use tidemark::operators::processor::*;
@@ -33,18 +32,31 @@ fn a_bad_setting_fails_the_build_naming_its_key() {
         .build()
         .expect_err("a watermark delay that is no duration");
     assert!(e.to_string().contains("watermark"), "{e}");
-    let e = app()
-        .setting(
-            "state",
-            serde_json::json!({"dir": "s", "memory_mb": "lots"}),
-        )
+    let e = KafkaApp::new("checks")
+        .input("in", &[("user", "strin")])
         .build()
-        .expect_err("memory_mb is a number");
-    assert!(e.to_string().contains("state.memory_mb"), "{e}");
+        .expect_err("a type that is none");
+    assert!(e.to_string().contains("source.schema"), "{e}");
+    assert!(e.to_string().contains("column `user`"), "{e}");
+    let e = app()
+        .filter("user = ")
+        .build()
+        .expect_err("a condition that does not parse");
+    assert!(e.to_string().contains("steps[].filter"), "{e}");
+    let e = app()
+        .state_memory_mb(384)
+        .build()
+        .expect_err("a state budget without a state directory");
+    assert!(e.to_string().contains("state.dir"), "{e}");
+    let e = app()
+        .exactly_once()
+        .build()
+        .expect_err("exactly-once into standard output");
+    assert!(e.to_string().contains("processing_guarantee"), "{e}");
 }
 
 #[test]
-fn two_processors_of_one_name_and_steps_as_a_setting_are_refused() {
+fn two_processors_of_one_name_are_refused() {
     let e = app()
         .process("p", &["user"], |_| Ok(Nothing))
         .process("p", &["user"], |_| Ok(Nothing))
@@ -54,11 +66,6 @@ fn two_processors_of_one_name_and_steps_as_a_setting_are_refused() {
         e.to_string().contains("two processors are named `p`"),
         "{e}"
     );
-    let e = app()
-        .setting("steps", serde_json::json!([]))
-        .build()
-        .expect_err("steps are the builder's");
-    assert!(e.to_string().contains("steps"), "{e}");
 }
 
 #[test]
@@ -128,10 +135,34 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
     let file = KafkaApp::new("avro")
         .input("in", &[("user", "string")])
         .avro_input("http://127.0.0.1:8081")
+        .schema_registry_property("basic.auth.user.info", "user:s3cr3t-pass")
+        .late_data_topic("late")
+        .task_timeout(std::time::Duration::from_secs(30))
         .build()
         .unwrap();
     assert_eq!(file.source.format, tidemark::pipeline::Format::Avro);
-    assert!(file.schema_registry.is_some());
+    let registry = file.schema_registry.as_ref().expect("a registry");
+    assert_eq!(
+        registry
+            .properties
+            .get("basic.auth.user.info")
+            .map(String::as_str),
+        Some("user:s3cr3t-pass")
+    );
+    assert!(!format!("{file:?}").contains("s3cr3t"), "masked");
+    assert_eq!(
+        file.late_data.as_ref().and_then(|l| l.topic.as_deref()),
+        Some("late")
+    );
+    assert_eq!(
+        file.task_timeout.map(|t| t.0),
+        Some(std::time::Duration::from_secs(30))
+    );
+    let e = app()
+        .schema_registry_property("basic.auth.user.info", "u:p")
+        .build()
+        .expect_err("a registry property without a registry");
+    assert!(e.to_string().contains("schema_registry"), "{e}");
 }
 
 #[test]
@@ -170,6 +201,16 @@ fn a_typed_stream_takes_its_columns_from_its_type_and_the_event_time_reads_as_a_
         card: String,
         tags: Vec<String>,
     }
+    let file = KafkaApp::new("typed")
+        .stream::<Tx>("txs")
+        .event_time("ts", std::time::Duration::from_millis(90_500))
+        .build()
+        .unwrap();
+    assert_eq!(
+        file.watermark.map(|w| w.0),
+        Some(std::time::Duration::from_millis(90_500)),
+        "a delay given as a Duration"
+    );
     let e = KafkaApp::new("typed")
         .stream::<Nested>("txs")
         .build()
