@@ -8,9 +8,6 @@ use crate::aggregate::AggregateFn;
 use crate::duration::parse_duration;
 use crate::error::{Error, Result};
 use crate::operators::{AggregateInput, AggregateSpec, OutputMode};
-use crate::runtime::stages::{
-    groups_stay_in_partition, partition_columns_after, Grouping, StepShape,
-};
 use crate::runtime::{Clock, QueryBuilder, Topology, Trigger};
 use crate::schema::{FieldType, Schema};
 use crate::secrets::Properties;
@@ -545,31 +542,15 @@ pub enum StepSpec {
 }
 
 impl StepSpec {
-    /// What the step does to the columns rows are partitioned by, as the
-    /// builder records it.
-    pub(crate) fn shape(&self) -> StepShape {
-        let groups = |keys: &[String], kind| StepShape::Groups {
-            keys: keys.to_vec(),
-            kind,
-        };
+    /// Whether the step reads a co-partitioned input beside the source: a
+    /// stream join, a table join (not a global one), a union, or a
+    /// processor's initial state.
+    fn reads_a_second_input(&self) -> bool {
         match self {
-            StepSpec::Filter(_) => StepShape::Keeps,
-            StepSpec::Select(s) => StepShape::Selects(s.0.clone()),
-            StepSpec::WithColumn(w) => StepShape::Writes(w.name.clone()),
-            StepSpec::WindowAggregate(w) if w.window.0.is_session() => {
-                groups(&w.keys, Grouping::SessionAggregation)
-            }
-            StepSpec::WindowAggregate(w) => groups(&w.keys, Grouping::Aggregation),
-            StepSpec::RollingWindow(r) => groups(&r.partition_by, Grouping::Rolling),
-            StepSpec::Dedup(d) => groups(&d.keys, Grouping::Dedup),
-            StepSpec::Distinct(_) => StepShape::Distinct,
-            StepSpec::TableJoin(t) if t.global => StepShape::Keeps,
-            StepSpec::Join(_) | StepSpec::TableJoin(_) => StepShape::Joins,
-            StepSpec::Union(u) => StepShape::Unions {
-                keyed_by: u.keyed_by.clone(),
-            },
-            StepSpec::Process(p) => groups(&p.keys, Grouping::Processor),
-            StepSpec::Code(_) => StepShape::Opaque,
+            StepSpec::Join(_) | StepSpec::Union(_) => true,
+            StepSpec::TableJoin(t) => !t.global,
+            StepSpec::Process(p) => p.initial_state.is_some(),
+            _ => false,
         }
     }
 }
@@ -721,21 +702,6 @@ impl TableJoinYaml {
             .or_else(|| self.topic.0.first().cloned())
             .unwrap_or_else(|| "table".into())
     }
-}
-
-/// What a pipeline's joins read besides the source's own topics.
-#[derive(Debug, Clone)]
-pub struct JoinedInput<'a> {
-    /// The step's index.
-    pub step: usize,
-    /// The stream's (or table's) name.
-    pub name: String,
-    /// Its topics.
-    pub topics: &'a TopicList,
-    /// Its column types.
-    pub schema: &'a SchemaSpec,
-    /// The join's keys on the main stream.
-    pub keys: &'a [JoinKeyYaml],
 }
 
 fn default_fail_on_data_loss() -> bool {
@@ -1859,25 +1825,6 @@ impl PipelineFile {
         Ok(())
     }
 
-    /// The columns of the last grouping (window aggregation keys plus
-    /// `window_start` and `window_end`, or a rolling window's partition
-    /// columns): what identifies an output row in update mode.
-    pub fn output_keys(&self) -> Vec<String> {
-        self.steps
-            .iter()
-            .rev()
-            .find_map(|s| match s {
-                StepSpec::WindowAggregate(w) => {
-                    let mut keys = w.keys.clone();
-                    keys.extend(["window_start".to_string(), "window_end".to_string()]);
-                    Some(keys)
-                }
-                StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
-                _ => None,
-            })
-            .unwrap_or_default()
-    }
-
     /// The stages this pipeline runs in (see [`QueryBuilder::into_topology`]):
     /// a Kafka source whose first grouping is not on the record key
     /// (`source.keyed_by`), or whose stream join's topics are keyed by
@@ -1896,201 +1843,29 @@ impl PipelineFile {
         if !co_partitioned {
             query = query.repartition_joins();
         }
+        let join_keys = query.stream_join_keys();
         let topology = query.into_topology();
-        if let (true, Some(join)) = (topology.is_repartitioned(), self.join()) {
+        if let (true, Some(keys)) = (topology.is_repartitioned(), join_keys) {
             // The join's reader reads rows keyed by the left join keys, not
             // by `source.keyed_by`: its groupings must hold on those.
-            let mut reader = self.clone();
-            reader.source.keyed_by = Some(join.on.iter().map(|k| k.left.clone()).collect());
-            reader.check_join_partitioning()?;
+            self.query_builder()?
+                .keyed_by(&keys)
+                .check_join_partitioning(true)?;
         }
         Ok(topology)
     }
 
-    /// The join step, if any.
-    pub fn join(&self) -> Option<&JoinYaml> {
-        self.steps.iter().find_map(|s| match s {
-            StepSpec::Join(j) => Some(j.as_ref()),
-            _ => None,
-        })
-    }
-
-    /// Whether a step is a union with a second stream.
-    pub fn has_union(&self) -> bool {
-        self.steps.iter().any(|s| matches!(s, StepSpec::Union(_)))
-    }
-
-    /// The streams and tables the joins read, in step order.
-    pub fn joined_inputs(&self) -> Vec<JoinedInput<'_>> {
-        self.steps
-            .iter()
-            .enumerate()
-            .filter_map(|(step, s)| match s {
-                StepSpec::Join(j) => Some(JoinedInput {
-                    step,
-                    name: j.stream_name(),
-                    topics: &j.topic,
-                    schema: &j.schema,
-                    keys: &j.on,
-                }),
-                StepSpec::TableJoin(t) if !t.global => Some(JoinedInput {
-                    step,
-                    name: t.table_name(),
-                    topics: &t.topic,
-                    schema: &t.schema,
-                    keys: &t.on,
-                }),
-                StepSpec::Process(ProcessYaml {
-                    initial_state: Some(initial),
-                    ..
-                }) => Some(JoinedInput {
-                    step,
-                    name: initial.input_name(),
-                    topics: &initial.topic,
-                    schema: &initial.schema,
-                    keys: &[],
-                }),
-                StepSpec::Union(u) => Some(JoinedInput {
-                    step,
-                    name: u.stream_name(),
-                    topics: &u.topic,
-                    schema: &u.schema,
-                    keys: &[],
-                }),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The global tables (name, topics, schema), which the connectors feed.
-    pub fn global_tables(&self) -> Vec<(String, &TopicList, &SchemaSpec)> {
-        self.steps
-            .iter()
-            .filter_map(|s| match s {
-                StepSpec::TableJoin(t) if t.global => Some((t.table_name(), &t.topic, &t.schema)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The topics the source reads: its own and those of its joins.
-    pub fn input_topics(&self) -> Vec<String> {
+    /// The topics the source reads: its own and those of the inputs its
+    /// steps read beside it (joined streams and tables, unions' streams,
+    /// initial states; not global tables, which every task reads whole).
+    pub fn input_topics(&self) -> Result<Vec<String>> {
         let mut topics = self.source.topic.clone().map(|t| t.0).unwrap_or_default();
-        for joined in self.joined_inputs() {
-            topics.extend(joined.topics.0.iter().cloned());
-        }
-        topics
-    }
-
-    /// A pipeline with joins runs each task on one partition number of
-    /// every topic: its groupings must include a join's keys (or the record
-    /// key), else a key's rows would be spread over tasks.
-    pub fn check_join_partitioning(&self) -> Result<()> {
-        let unions = self.has_union();
-        let joined: Vec<JoinedInput> = self
-            .joined_inputs()
-            .into_iter()
-            .filter(|j| !matches!(self.steps[j.step], StepSpec::Union(_)))
-            .collect();
-        if unions && !joined.is_empty() {
-            return Err(Error::config(
-                "steps",
-                "a union and a join in one pipeline are not supported yet: write the union's output to a topic and join it in a second pipeline",
-            ));
-        }
-        if joined.is_empty() {
-            return Ok(());
-        }
-        if self
-            .steps
-            .iter()
-            .filter(|s| matches!(s, StepSpec::Join(_)))
-            .count()
-            > 1
-        {
-            return Err(Error::config(
-                "steps",
-                "one stream-stream join per pipeline: chain a second join in a second pipeline",
-            ));
-        }
-        // Each partitioning, with the step it holds from: a join's keys
-        // after that join, the record key from the start.
-        let mut allowed: Vec<(Vec<String>, usize)> = joined
-            .iter()
-            .flat_map(|j| self.join_partitionings(j.step))
-            .collect();
-        allowed.extend(self.source.keyed_by.clone().map(|k| (k, 0)));
-        for (at, step) in self.steps.iter().enumerate() {
-            let keys = match step {
-                StepSpec::WindowAggregate(w) => Some(w.keys.clone()),
-                StepSpec::RollingWindow(r) => Some(r.partition_by.clone()),
-                StepSpec::Dedup(d) => Some(d.keys.clone()),
-                StepSpec::Process(p) => Some(p.keys.clone()),
-                _ => None,
-            };
-            if let Some(keys) = keys {
-                let partitioned = |(columns, from): &(Vec<String>, usize)| {
-                    let shapes: Vec<StepShape> = self.steps[(*from).min(at)..at]
-                        .iter()
-                        .map(StepSpec::shape)
-                        .collect();
-                    partition_columns_after(columns, &shapes)
-                        .is_some_and(|p| groups_stay_in_partition(&keys, &p))
-                };
-                if self.source.kind == SourceKind::Kafka && !allowed.iter().any(partitioned) {
-                    let Some((join_keys, _)) = allowed.first() else {
-                        return Err(Error::config(
-                            "source.keyed_by",
-                            format!(
-                                "a grouping by {keys:?} beside a table or an initial state runs where the records are: name the record key's columns, which the grouping must include"
-                            ),
-                        ));
-                    };
-                    return Err(Error::config(
-                        "steps",
-                        format!(
-                            "a grouping in a pipeline with a join (or a table, or an initial state) must include the join keys or the record key's columns (`source.keyed_by`), {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
-                        ),
-                    ));
-                }
+        for input in self.query_builder()?.second_inputs() {
+            if input.kind != crate::runtime::SecondInputKind::GlobalTable {
+                topics.extend(input.topics);
             }
         }
-        Ok(())
-    }
-
-    /// The column sets that partition the rows after the join at `step`.
-    /// Its left keys do, except for the right rows of a right or full outer
-    /// join that found no match: their left keys are null, and a key named
-    /// differently on the right (written as itself, or `<stream>_<name>`
-    /// when the left has that name too) is what still partitions them — a
-    /// grouping must then include it as well.
-    fn join_partitionings(&self, step: usize) -> Vec<(Vec<String>, usize)> {
-        use crate::operators::JoinType;
-        let (keys, outer_right_name) = match &self.steps[step] {
-            StepSpec::Join(j) => (
-                &j.on,
-                matches!(j.join_type, JoinType::RightOuter | JoinType::FullOuter)
-                    .then(|| j.stream_name()),
-            ),
-            StepSpec::TableJoin(t) => (&t.on, None),
-            _ => return Vec::new(),
-        };
-        let left: Vec<String> = keys.iter().map(|k| k.left.clone()).collect();
-        let renamed: Vec<&JoinKeyYaml> = keys.iter().filter(|k| k.left != k.right).collect();
-        match outer_right_name {
-            Some(stream) if !renamed.is_empty() => {
-                let with = |name: &dyn Fn(&str) -> String| {
-                    let mut columns = left.clone();
-                    columns.extend(renamed.iter().map(|k| name(&k.right)));
-                    (columns, step + 1)
-                };
-                vec![
-                    with(&|right| right.to_string()),
-                    with(&|right| format!("{stream}_{right}")),
-                ]
-            }
-            _ => vec![(left, step + 1)],
-        }
+        Ok(topics)
     }
 
     /// Where the files source records its progress: `source.checkpoint`,
@@ -2302,10 +2077,9 @@ impl PipelineFile {
                     ))
                 }
                 Some(add) => {
-                    let columns: Vec<&str> = initial.schema.0.fields().map(|(n, _)| n).collect();
                     let input = crate::runtime::JoinInput::table(&initial.input_name())
                         .topics(&initial.topic.0)
-                        .columns(&columns);
+                        .schema(initial.schema.0.clone());
                     add(b, keys, input)?
                 }
                 None => {
@@ -2376,8 +2150,11 @@ impl PipelineFile {
         if let Some(m) = self.max_records_per_batch {
             b = b.max_records_per_batch(m);
         }
-        if !self.joined_inputs().is_empty() {
-            self.check_join_partitioning()?;
+        if self.steps.iter().any(StepSpec::reads_a_second_input) {
+            // The main stream's name in progress reports and in the
+            // checkpointed watermark (a join or union written in code
+            // calls it `main`, as it always has: a stored watermark keeps
+            // the name its partitions were checkpointed under).
             let main = match &self.source.topic {
                 Some(t) => t.0.join(","),
                 None => "main".to_string(),
@@ -2392,7 +2169,7 @@ impl PipelineFile {
                     let name = t.table_name();
                     let table = crate::runtime::JoinInput::table(&name)
                         .topics(&t.topic.0)
-                        .columns(&t.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+                        .schema(t.schema.0.clone());
                     let keep_unmatched = match t.join_type {
                         crate::operators::JoinType::Inner => false,
                         crate::operators::JoinType::LeftOuter => true,
@@ -2419,7 +2196,7 @@ impl PipelineFile {
                     let mut input = crate::runtime::JoinInput::new(&j.stream_name())
                         .topics(&j.topic.0)
                         .event_time(&j.event_time)
-                        .columns(&j.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+                        .schema(j.schema.0.clone());
                     if let Some(w) = j.watermark {
                         input = input.watermark(&w.to_spark_string())?;
                     }
@@ -2476,6 +2253,7 @@ impl PipelineFile {
                 }
             };
         }
+        b.check_join_partitioning(self.source.kind == SourceKind::Kafka)?;
         Ok(b)
     }
 }
@@ -2490,7 +2268,7 @@ fn union_input(u: &UnionYaml, main_topics: &[String]) -> Result<crate::runtime::
     }
     let mut input = crate::runtime::JoinInput::new(&u.stream_name())
         .topics(&u.topic.0)
-        .columns(&u.schema.0.fields().map(|(n, _)| n).collect::<Vec<_>>());
+        .schema(u.schema.0.clone());
     if let Some(column) = &u.event_time {
         input = input.event_time(column);
     }
@@ -2626,7 +2404,7 @@ sink: {kind: jsonl, path: out.jsonl}
     #[test]
     fn a_join_step_reads_and_its_mistakes_name_the_line_and_the_choices() {
         let file = PipelineFile::parse(JOIN).unwrap();
-        assert_eq!(file.input_topics(), vec!["impressions", "clicks"]);
+        assert_eq!(file.input_topics().unwrap(), vec!["impressions", "clicks"]);
         let described = file.query_builder().unwrap().build().unwrap().describe();
         assert!(described[0].contains("LeftOuter"), "{described:?}");
 
@@ -2703,7 +2481,7 @@ sink: {kind: stdout}
     #[test]
     fn a_union_step_reads_and_what_it_cannot_do_is_named() {
         let file = PipelineFile::parse(UNION).unwrap();
-        assert_eq!(file.input_topics(), ["sales-us", "sales-eu"]);
+        assert_eq!(file.input_topics().unwrap(), ["sales-us", "sales-eu"]);
         let described = file.query_builder().unwrap().build().unwrap().describe();
         assert_eq!(
             described[..2],
@@ -2762,6 +2540,23 @@ sink: {kind: stdout}
             "steps:\n  - dedup: {keys: [id]}\n  - union:",
         );
         assert!(e.contains("after a stateful step"), "{e}");
+        // A join with a union, in either order, is refused as that
+        // combination, not with advice that leads to the other refusal.
+        let table_join =
+            "  - table_join: {topic: rates, on: [id], schema: {id: string, rate: double}}\n";
+        for (from, to) in [
+            (
+                "steps:\n  - union:",
+                format!("steps:\n{table_join}  - union:"),
+            ),
+            (
+                "  - window_aggregate:",
+                format!("{table_join}  - window_aggregate:"),
+            ),
+        ] {
+            let e = refused(from, &to);
+            assert!(e.contains("a union and a join"), "{e}");
+        }
     }
 
     #[test]
@@ -2793,7 +2588,10 @@ sink: {kind: stdout}
             right.input,
             StageInput::Joined {
                 stream: "clicks".into(),
-                topics: vec!["clicks".into()]
+                topics: vec!["clicks".into()],
+                schema: file.query_builder().unwrap().second_inputs()[0]
+                    .schema
+                    .clone(),
             }
         );
         assert_eq!(
@@ -3132,13 +2930,13 @@ steps:
 sink: {kind: kafka, topic: out}
 "#;
         let file = PipelineFile::parse(text).unwrap();
-        assert!(file.check_join_partitioning().is_ok());
         file.query_builder().unwrap();
         let off_key = text.replace("keys: [id, window_start]", "keys: [name, window_start]");
         let err = PipelineFile::parse(&off_key)
             .unwrap()
-            .check_join_partitioning()
-            .unwrap_err()
+            .query_builder()
+            .err()
+            .expect("a grouping off the join keys")
             .to_string();
         assert!(err.contains("`source.keyed_by`), [\"id\"]"), "{err}");
         let rewritten = text.replace(
@@ -3147,12 +2945,12 @@ sink: {kind: kafka, topic: out}
         );
         assert!(PipelineFile::parse(&rewritten)
             .unwrap()
-            .check_join_partitioning()
+            .query_builder()
             .is_err());
         // A right outer join's unmatched auctions have a null `id`: only
         // their `seller` keeps them in one partition.
         let outer = text.replace("on: [{left: id", "type: right_outer\n      on: [{left: id");
-        let check = |t: &str| PipelineFile::parse(t).unwrap().check_join_partitioning();
+        let check = |t: &str| PipelineFile::parse(t).unwrap().query_builder().map(|_| ());
         assert!(check(&outer).is_err());
         assert!(check(&outer.replace(
             "keys: [id, window_start]",

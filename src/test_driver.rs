@@ -159,13 +159,15 @@ impl PipelineTestDriver {
         let mut decoder = crate::decode::ByTopicDecoder::new(Box::new(
             crate::decode::JsonDecoder::new(file.schema()),
         ));
-        for joined in file.joined_inputs() {
-            for topic in &joined.topics.0 {
-                let schema = joined.schema.0.clone();
+        let query = file.query_builder()?;
+        let inputs = query.second_inputs().into_iter();
+        for joined in inputs.filter(|i| i.kind != crate::runtime::SecondInputKind::GlobalTable) {
+            for topic in &joined.topics {
+                let schema = joined.schema.clone();
                 decoder = decoder.topic(topic, Box::new(crate::decode::JsonDecoder::new(schema)));
             }
         }
-        Ok(Self::new(file.query_builder()?.decoder(decoder)))
+        Ok(Self::new(query.decoder(decoder)))
     }
 
     /// Opens the next batch, run at processing time `time` (RFC 3339): the

@@ -868,8 +868,8 @@ sink: {kind: stdout}
         e.to_string().contains("steps[].process.initial_state"),
         "{e}"
     );
-    assert_eq!(file.input_topics(), ["t", "opening"]);
     let file = file.with_processor_and_initial_state::<_, OpeningTotal, _>("totals", new_totals);
+    assert_eq!(file.input_topics().unwrap(), ["t", "opening"]);
     let run = PipelineTestDriver::for_pipeline_file(file)
         .unwrap()
         .pipe("opening", r#"{"user": "a", "total": 40}"#)

@@ -18,12 +18,12 @@ use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
 use tidemark::error::{Error, Result};
 use tidemark::pipeline::{
-    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SchemaSpec, SinkKind,
-    SinkSpec, SourceKind, StartingOffsets, SubjectNameStrategySpec, TopicList,
+    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec,
+    SourceKind, StartingOffsets, SubjectNameStrategySpec,
 };
 use tidemark::runtime::{
-    DeadLetter, Decoder, QueryBuilder, Sink, Source, Stage, StageInput, StageOutput, StateBackend,
-    Topology,
+    DeadLetter, Decoder, QueryBuilder, SecondInput, SecondInputKind, Sink, Source, Stage,
+    StageInput, StageOutput, StateBackend, Topology,
 };
 
 /// The connected parts of a pipeline.
@@ -248,16 +248,13 @@ fn stage_main_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
     }
 }
 
-/// The file's global tables (name, topics, schema) whose joins run in
-/// `stage`.
-fn stage_global_tables<'a>(
-    file: &'a PipelineFile,
-    stage: &Stage,
-) -> Vec<(String, &'a TopicList, &'a SchemaSpec)> {
-    let in_stage = stage.query.global_table_names();
-    file.global_tables()
+/// The global tables whose joins run in `stage`.
+fn stage_global_tables(stage: &Stage) -> Vec<SecondInput> {
+    stage
+        .query
+        .second_inputs()
         .into_iter()
-        .filter(|(name, _, _)| in_stage.contains(name))
+        .filter(|i| i.kind == SecondInputKind::GlobalTable)
         .collect()
 }
 
@@ -385,7 +382,7 @@ fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<B
                 "with a join, the files source reads each stream from a sub-directory of `path`: name the main stream's in `source.topic`",
             ))
         }
-        Some(_) => file.input_topics(),
+        Some(_) => file.input_topics()?,
     };
     let checkpoint = file.files_checkpoint().map(|c| resolve(base_dir, &c));
     if checkpoint.is_some() && file.state_spec().is_none() && stage.query.has_stateful_steps() {
@@ -449,18 +446,18 @@ pub(crate) fn stage_source_config(
 /// joins or global tables, one per topic.
 fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<Box<dyn Decoder>> {
     let src = &file.source;
-    let joined = file.joined_inputs();
+    let second_inputs = stage.query.second_inputs();
     let schema_of = |stream: &str| {
-        joined
+        second_inputs
             .iter()
             .find(|j| j.name == stream)
-            .map(|j| j.schema.0.clone())
+            .map(|j| j.schema.clone())
             .unwrap_or_default()
     };
     let stage_joins = stage.query.joined_topics();
     let (format, schema) = match &stage.input {
         StageInput::Source => (src.format, file.schema()),
-        StageInput::Joined { stream, .. } => (src.format, schema_of(stream)),
+        StageInput::Joined { schema, .. } => (src.format, schema.clone()),
         StageInput::Repartition { .. } if stage_joins.is_empty() => {
             (Format::Json, Default::default())
         }
@@ -483,7 +480,7 @@ fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<
             Box::new(AvroDecoder::new(schemas, registry_client(file, base_dir)?))
         }
     };
-    let global_tables = stage_global_tables(file, stage);
+    let global_tables = stage_global_tables(stage);
     if format != Format::Json || (stage_joins.is_empty() && global_tables.is_empty()) {
         return Ok(decoder);
     }
@@ -494,7 +491,7 @@ fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<
         .chain(
             global_tables
                 .iter()
-                .map(|(_, t, s)| (t.0.clone(), s.0.clone())),
+                .map(|t| (t.topics.clone(), t.schema.clone())),
         );
     for (list, schema) in topics {
         for topic in &list {
@@ -512,10 +509,10 @@ fn build_table_feeds(
     cluster: &KafkaConnection,
 ) -> Result<Vec<(String, Box<dyn tidemark::runtime::TableFeed>)>> {
     let src = &file.source;
-    let global_tables = stage_global_tables(file, stage);
+    let global_tables = stage_global_tables(stage);
     let mut table_feeds: Vec<(String, Box<dyn tidemark::runtime::TableFeed>)> = Vec::new();
-    for (name, topics, _) in &global_tables {
-        let [topic] = topics.0.as_slice() else {
+    for table in &global_tables {
+        let [topic] = table.topics.as_slice() else {
             return Err(tidemark::error::Error::config(
                 "table_join.topic",
                 "a global table reads one topic",
@@ -527,7 +524,7 @@ fn build_table_feeds(
                 resolve(base_dir, src.path.as_deref().unwrap_or(".")).join(topic),
             )?),
         };
-        table_feeds.push((name.clone(), feed));
+        table_feeds.push((table.name.clone(), feed));
     }
     Ok(table_feeds)
 }
@@ -746,7 +743,7 @@ pub fn check_output_topics(file: &PipelineFile) -> Result<()> {
 /// checks its partitioning (see [`prepare_topology`]).
 pub fn ensure_repartition_topics(file: &PipelineFile, topology: &Topology) -> Result<()> {
     let clients = KafkaClients::of_pipeline(file)?;
-    prepare_topology(&clients.cluster, &file.input_topics(), topology)
+    prepare_topology(&clients.cluster, &file.input_topics()?, topology)
 }
 
 /// Readies `topology`, whose input topics are `inputs` on the cluster at
@@ -821,12 +818,18 @@ fn refuse_unpartitioned_distinct(stage: &Stage, inputs: &[String], widest: i32) 
 /// co-partitioned (different partition counts): it then runs repartitioned
 /// (see [`PipelineFile::topology`]) rather than being refused.
 pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
-    if file.source.kind != SourceKind::Kafka || (file.join().is_none() && !file.has_union()) {
+    let streams_beside = file.query_builder()?.second_inputs().iter().any(|i| {
+        matches!(
+            i.kind,
+            SecondInputKind::StreamJoin { .. } | SecondInputKind::Union
+        )
+    });
+    if file.source.kind != SourceKind::Kafka || !streams_beside {
         return Ok(false);
     }
     let clients = KafkaClients::of_pipeline(file)?;
     let mut counts = std::collections::BTreeSet::new();
-    for topic in file.input_topics() {
+    for topic in file.input_topics()? {
         counts.insert(crate::kafka::partition_count(&clients.cluster, &topic)?);
     }
     Ok(counts.len() > 1)
@@ -848,7 +851,7 @@ fn delta_sink(
         (OutputMode::Update, DeltaMode::Changes) => DeltaWriteMode::Changes,
         (OutputMode::Update, DeltaMode::Upsert) => DeltaWriteMode::Upsert {
             keys: if spec.key.is_empty() {
-                file.output_keys()
+                file.query_builder()?.output_keys()
             } else {
                 spec.key.clone()
             },

@@ -542,6 +542,37 @@ impl KafkaApp {
         self
     }
 
+    /// Sets any other of the settings a pipeline file holds, on the typed
+    /// model itself (see `docs/pipeline-file.md` for each): the source's
+    /// and sink's own client properties, TLS on the HTTP services, the
+    /// watermark policy, a files source… Checked with the rest at `build`.
+    ///
+    /// ```no_run
+    /// # use tidemark_connectors::KafkaApp;
+    /// let app = KafkaApp::new("orders").configure(|settings| {
+    ///     settings.source.static_membership = false;
+    ///     settings.multiple_watermark_policy = tidemark::watermark::WatermarkPolicy::Max;
+    /// });
+    /// ```
+    pub fn configure(mut self, set: impl FnOnce(&mut PipelineFile)) -> Self {
+        set(&mut self.file);
+        self
+    }
+
+    /// The address the application's other instances reach this one's
+    /// interactive queries on (`host:port`; default: `serve`'s listen
+    /// address). Give [`serve`](Self::serve) first.
+    pub fn serve_advertised(mut self, address: &str) -> Self {
+        match self.file.serve.as_mut() {
+            Some(serve) => serve.advertised = Some(address.to_string()),
+            None => self.mistake(Error::config(
+                "serve.advertised",
+                "an advertised address without serve: call serve(listen, token) first",
+            )),
+        }
+        self
+    }
+
     /// Relative paths (the state directory) resolve against `dir`
     /// (default: the working directory).
     pub fn base_dir(mut self, dir: impl Into<PathBuf>) -> Self {

@@ -9,6 +9,7 @@ use tidemark::error::{Error, Result};
 use tidemark::pipeline::{
     DeadLetterKind, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec, SourceKind,
 };
+use tidemark::runtime::SecondInputKind;
 
 /// The connections of a pipeline's Kafka clients.
 #[derive(Debug, Clone)]
@@ -150,7 +151,12 @@ impl KafkaClients {
                 add("standby consumer", &self.cluster);
             }
         }
-        if kafka_source && !file.global_tables().is_empty() {
+        let global_tables = file.query_builder().is_ok_and(|q| {
+            q.second_inputs()
+                .iter()
+                .any(|i| i.kind == SecondInputKind::GlobalTable)
+        });
+        if kafka_source && global_tables {
             add("global table consumers", &self.cluster);
         }
         clients

@@ -70,7 +70,7 @@ impl ResetPlan {
         for stage in &topology.stages {
             let group = crate::from_pipeline::stage_group(file, &stage.input);
             match &stage.input {
-                StageInput::Source => input_groups.push((group, source_topics(file, joins_apart))),
+                StageInput::Source => input_groups.push((group, source_topics(file, joins_apart)?)),
                 StageInput::Joined { topics, .. } => {
                     input_groups.push((group, topics.clone()));
                     candidates.push(format!("{}-watermarks", stage.name));
@@ -94,7 +94,7 @@ impl ResetPlan {
             state_dirs.push(dir.join(".instances").join(&file.name));
         }
         // Never an input or output topic, whatever it is called.
-        let mut outside = file.input_topics();
+        let mut outside = file.input_topics()?;
         outside.extend(file.sink.topic.clone());
         candidates.retain(|topic| !outside.contains(topic));
         let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
@@ -165,9 +165,9 @@ impl ResetPlan {
 
 /// The topics the stage reading the source consumes: the source's, and
 /// its joins' unless they are read `apart` (by writers of their own).
-fn source_topics(file: &PipelineFile, apart: bool) -> Vec<String> {
+fn source_topics(file: &PipelineFile, apart: bool) -> Result<Vec<String>> {
     match apart {
-        true => file.source.topic.clone().map(|t| t.0).unwrap_or_default(),
+        true => Ok(file.source.topic.clone().map(|t| t.0).unwrap_or_default()),
         false => file.input_topics(),
     }
 }

@@ -117,6 +117,9 @@ impl TopologyRunner {
     /// Runs until the input ends (`available_now`) or a stop; returns the
     /// summary of the stage writing the sink.
     pub fn run(&self) -> Result<RunSummary> {
+        // Its topics are Kafka's: a grouping after a join must hold where
+        // the join's partitions are.
+        (self.query)()?.check_join_partitioning(true)?;
         let topology = (self.query)()?.into_topology();
         let trigger = topology.trigger();
         let mut inputs = self.input.topics.clone();

@@ -101,6 +101,8 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
         .standby_replicas(2)
         .state_memory_mb(384)
         .serve("127.0.0.1:7070", Some("t0ken"))
+        .serve_advertised("host-a:7070")
+        .configure(|settings| settings.source.static_membership = false)
         .ui("127.0.0.1:7071", None)
         .prometheus("127.0.0.1:7072", Some("t0ken"))
         .to_delta("tables/out")
@@ -119,6 +121,8 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
     assert_eq!(file.sink.path.as_deref(), Some("tables/out"));
     let serve = file.serve.as_ref().expect("serve");
     assert_eq!(serve.listen, "127.0.0.1:7070");
+    assert_eq!(serve.advertised(), "host-a:7070");
+    assert!(!file.source.static_membership, "set through configure");
     assert_eq!(
         file.ui.as_ref().map(|u| u.listen.as_str()),
         Some("127.0.0.1:7071")
@@ -249,4 +253,47 @@ fn an_initial_state_needs_the_input_keyed_by_the_processors_keys() {
     let e = seeded(app().keyed_by(&["ts"])).expect_err("keyed by another column");
     assert!(e.to_string().contains("keyed_by"), "{e}");
     seeded(app().keyed_by(&["user"])).expect("keyed by the processor's key");
+}
+
+/// A join added in code is checked as a file's join is: a grouping after
+/// it that does not include its keys (or the record key's columns) would
+/// spread a key's rows over tasks, and is refused at `build`.
+#[test]
+fn a_join_written_in_code_has_its_groupings_checked() {
+    use tidemark::operators::{JoinTimeCondition, JoinType};
+    use tidemark::prelude::*;
+    use tidemark::runtime::JoinInput;
+    let app = |keys: &'static [&'static str]| {
+        KafkaApp::new("joined")
+            .input(
+                "views",
+                &[("user", "string"), ("page", "string"), ("ts", "timestamp")],
+            )
+            .event_time("ts", "1 minute")
+            .steps(move |q| {
+                let clicks = JoinInput::new("clicks")
+                    .event_time("ts")
+                    .watermark("1 minute")?;
+                let between = JoinTimeCondition::between("0 seconds", "10 minutes")?;
+                Ok(
+                    q.join(clicks, JoinType::Inner, &[("user", "user")], between)?
+                        .window_aggregate(
+                            keys.iter().copied(),
+                            tumbling("5 minutes")?,
+                            vec![count()],
+                        ),
+                )
+            })
+            .to_topic("views-per-page", &["page"])
+    };
+    let e = app(&["page"])
+        .build()
+        .expect_err("a grouping off the join keys");
+    assert!(e.to_string().contains("must include the join keys"), "{e}");
+    let file = app(&["user", "page"]).build().unwrap();
+    assert_eq!(
+        file.input_topics().unwrap(),
+        ["views", "clicks"],
+        "the joined stream's topic is read"
+    );
 }

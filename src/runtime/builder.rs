@@ -12,6 +12,9 @@ use crate::watermark::WatermarkPolicy;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Why a union beside a join (or a table, or an initial state) is refused.
+const UNION_BESIDE_JOIN: &str = "a union and a join in one pipeline are not supported yet: write the union's output to a topic and join it in a second pipeline";
+
 /// Builds one operator for one task; every task gets its own instances.
 pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + Sync>;
 
@@ -118,6 +121,9 @@ pub struct JoinInput {
     /// the columns its streams end with).
     pub(super) step_shapes: Vec<StepShape>,
     pub(super) columns: Vec<Arc<str>>,
+    /// Its columns' types, when given: the connectors decode its records
+    /// by them.
+    pub(super) schema: crate::schema::Schema,
     /// The columns its records are keyed by, when known.
     pub(super) keyed_by: Option<Vec<String>>,
 }
@@ -135,6 +141,7 @@ impl JoinInput {
             steps: Vec::new(),
             step_shapes: Vec::new(),
             columns: Vec::new(),
+            schema: crate::schema::Schema::default(),
             keyed_by: None,
         }
     }
@@ -178,9 +185,22 @@ impl JoinInput {
     }
 
     /// The stream's columns, when known: a left outer row writes them as
-    /// nulls (otherwise the columns of the rows seen so far are).
+    /// nulls (otherwise the columns of the rows seen so far are). Their
+    /// types are then inferred: it replaces a [`schema`](Self::schema).
     pub fn columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
         self.columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self.schema = crate::schema::Schema::default();
+        self
+    }
+
+    /// The stream's columns and their types: where the pipeline wiring
+    /// connects the query (`PipelineRunner`, `KafkaApp`), its records are
+    /// decoded by them (a value of another type is a dead letter); a left
+    /// outer row writes them as nulls. Sets the columns
+    /// [`columns`](Self::columns) would.
+    pub fn schema(mut self, schema: crate::schema::Schema) -> Self {
+        self.columns = schema.fields().map(|(name, _)| Arc::from(name)).collect();
+        self.schema = schema;
         self
     }
 
@@ -238,6 +258,8 @@ fn table_join_spec(
 /// A global table of the query.
 pub(crate) struct GlobalTable {
     pub(super) name: Arc<str>,
+    /// The topic it reads and its columns' types.
+    pub(super) input: SecondInput,
     pub(super) keys: Vec<Arc<str>>,
     pub(super) rows: crate::operators::SharedTable,
     pub(super) feed: Option<Box<dyn super::TableFeed>>,
@@ -299,6 +321,50 @@ impl GlobalTable {
     }
 }
 
+/// What a second input is to the query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondInputKind {
+    /// A stream-stream join's second stream.
+    StreamJoin {
+        /// A right or full outer join: its unmatched right rows have null
+        /// left keys.
+        outer_right: bool,
+    },
+    /// A co-partitioned table (Kafka Streams' `KTable`) joined.
+    Table,
+    /// A stateful processor's initial state (Spark's `initialState`).
+    InitialState,
+    /// A union's second stream.
+    Union,
+    /// A global table: every partition of its topic in every task.
+    GlobalTable,
+}
+
+/// A second input the query reads beside its main stream: what the
+/// connectors subscribe to, decode and feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecondInput {
+    /// Its name (in progress reports, and a joined stream's columns).
+    pub name: String,
+    /// The topics it reads (for the files source: the sub-directory).
+    pub topics: Vec<String>,
+    /// Its columns' types (empty: every JSON field, types inferred).
+    pub schema: crate::schema::Schema,
+    /// What it is to the query.
+    pub kind: SecondInputKind,
+}
+
+impl SecondInput {
+    fn of(input: &JoinInput, kind: SecondInputKind) -> SecondInput {
+        SecondInput {
+            name: input.name.to_string(),
+            topics: input.topics.clone(),
+            schema: input.schema.clone(),
+            kind,
+        }
+    }
+}
+
 /// A join's second stream within the query.
 pub(crate) struct SideInput {
     /// The input index its records are routed by.
@@ -310,8 +376,53 @@ pub(crate) struct SideInput {
     pub(super) left_keys: Vec<String>,
     /// The join's key columns on this side.
     pub(super) right_keys: Vec<String>,
+    /// A join's stream, a table, an initial state or a union's stream.
+    pub(super) kind: SecondInputKind,
+}
+
+impl SideInput {
     /// A union's second stream rather than a join's.
-    pub(super) union: bool,
+    pub(super) fn is_union(&self) -> bool {
+        self.kind == SecondInputKind::Union
+    }
+
+    /// The column sets that partition the rows after this input's join,
+    /// each with the step it holds from. A join's left keys do, except for
+    /// the right rows of a right or full outer join that found no match:
+    /// their left keys are null, and a key named differently on the right
+    /// (written as itself, or `<stream>_<name>` when the left has that name
+    /// too) is what still partitions them — a grouping must then include
+    /// it as well. An initial state or a union partitions nothing.
+    fn partitionings(&self) -> Vec<(Vec<String>, usize)> {
+        let after = self.join_at + 1;
+        let left = self.left_keys.clone();
+        match self.kind {
+            SecondInputKind::StreamJoin { outer_right: true } => {
+                let renamed: Vec<&String> = self
+                    .left_keys
+                    .iter()
+                    .zip(&self.right_keys)
+                    .filter(|(l, r)| l != r)
+                    .map(|(_, r)| r)
+                    .collect();
+                if renamed.is_empty() {
+                    return vec![(left, after)];
+                }
+                let stream = &self.stream.name;
+                let with = |name: &dyn Fn(&str) -> String| {
+                    let mut columns = left.clone();
+                    columns.extend(renamed.iter().map(|r| name(r)));
+                    (columns, after)
+                };
+                vec![
+                    with(&|right| right.to_string()),
+                    with(&|right| format!("{stream}_{right}")),
+                ]
+            }
+            SecondInputKind::StreamJoin { .. } | SecondInputKind::Table => vec![(left, after)],
+            _ => Vec::new(),
+        }
+    }
 }
 
 impl Query {
@@ -471,6 +582,112 @@ impl QueryBuilder {
         &self.name
     }
 
+    /// The inputs read beside the main stream, in step order: joined
+    /// streams and tables, initial states, unions' streams, global tables.
+    pub fn second_inputs(&self) -> Vec<SecondInput> {
+        let mut inputs: Vec<(usize, SecondInput)> = self
+            .side_inputs
+            .iter()
+            .map(|s| (s.join_at, SecondInput::of(&s.stream, s.kind)))
+            .collect();
+        inputs.extend(self.global_tables.iter().map(|t| (t.step, t.input.clone())));
+        inputs.sort_by_key(|(at, _)| *at);
+        inputs.into_iter().map(|(_, input)| input).collect()
+    }
+
+    /// The columns of the last windowed or rolling grouping: a window
+    /// aggregation's keys plus `window_start` and `window_end`, a rolling
+    /// window's partition columns — what identifies an output row in update
+    /// mode. Empty without such a grouping.
+    pub fn output_keys(&self) -> Vec<String> {
+        self.steps
+            .iter()
+            .rev()
+            .find_map(|s| match &s.shape {
+                StepShape::Groups {
+                    keys,
+                    kind: Grouping::Aggregation | Grouping::SessionAggregation,
+                } => {
+                    let mut keys = keys.clone();
+                    keys.extend(["window_start".to_string(), "window_end".to_string()]);
+                    Some(keys)
+                }
+                StepShape::Groups {
+                    keys,
+                    kind: Grouping::Rolling,
+                } => Some(keys.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    /// Refuses joins whose groupings would spread a key's rows over
+    /// tasks: a query that joins runs each task on one partition number of
+    /// every topic, so on a `partitioned_source` (Kafka) each grouping after
+    /// the first join must include the join's keys, or the record key's
+    /// columns ([`keyed_by`](Self::keyed_by)) from the start. Also refuses
+    /// a union beside a join, and two stream joins.
+    pub fn check_join_partitioning(&self, partitioned_source: bool) -> Result<()> {
+        let joined: Vec<&SideInput> = self.side_inputs.iter().filter(|s| !s.is_union()).collect();
+        if joined.len() < self.side_inputs.len() && !joined.is_empty() {
+            return Err(Error::config("steps", UNION_BESIDE_JOIN));
+        }
+        let stream_joins = joined
+            .iter()
+            .filter(|s| matches!(s.kind, SecondInputKind::StreamJoin { .. }))
+            .count();
+        if stream_joins > 1 {
+            return Err(Error::config(
+                "steps",
+                "one stream-stream join per pipeline: chain a second join in a second pipeline",
+            ));
+        }
+        if joined.is_empty() || !partitioned_source {
+            return Ok(());
+        }
+        // Each partitioning, with the step it holds from: a join's keys
+        // after that join, the record key from the start.
+        let mut allowed: Vec<(Vec<String>, usize)> =
+            joined.iter().flat_map(|s| s.partitionings()).collect();
+        allowed.extend(self.keyed_by.clone().map(|k| (k, 0)));
+        for (at, step) in self.steps.iter().enumerate() {
+            let StepShape::Groups { keys, .. } = &step.shape else {
+                continue;
+            };
+            let partitioned = |(columns, from): &(Vec<String>, usize)| {
+                let shapes = self.steps[(*from).min(at)..at].iter().map(|s| &s.shape);
+                super::stages::partition_columns_after(columns, shapes)
+                    .is_some_and(|p| super::stages::groups_stay_in_partition(keys, &p))
+            };
+            if allowed.iter().any(partitioned) {
+                continue;
+            }
+            let Some((join_keys, _)) = allowed.first() else {
+                return Err(Error::config(
+                    "source.keyed_by",
+                    format!(
+                        "a grouping by {keys:?} beside a table or an initial state runs where the records are: name the record key's columns, which the grouping must include"
+                    ),
+                ));
+            };
+            return Err(Error::config(
+                "steps",
+                format!(
+                    "a grouping in a pipeline with a join (or a table, or an initial state) must include the join keys or the record key's columns (`source.keyed_by`), {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The main stream's join keys of its stream-stream join, if any.
+    pub fn stream_join_keys(&self) -> Option<Vec<String>> {
+        self.side_inputs
+            .iter()
+            .find(|s| matches!(s.kind, SecondInputKind::StreamJoin { .. }))
+            .map(|s| s.left_keys.clone())
+    }
+
     /// The topics of the joined streams and tables, by stream name.
     pub fn joined_topics(&self) -> Vec<(String, Vec<String>)> {
         self.side_inputs
@@ -493,7 +710,7 @@ impl QueryBuilder {
     /// repartition topic) reads its topics however they are partitioned.
     pub fn needs_co_partitioned_inputs(&self) -> bool {
         self.side_inputs.iter().any(|s| {
-            !s.union
+            !s.is_union()
                 || self.steps[s.join_at + 1..]
                     .iter()
                     .any(|step| step.shape.is_stateful())
@@ -534,14 +751,20 @@ impl QueryBuilder {
 
     /// Appends a join with the second input `side` on `on`, its records
     /// routed as the next input.
-    fn push_join(mut self, side: JoinInput, on: &[(&str, &str)], build: OperatorFactory) -> Self {
+    fn push_join(
+        mut self,
+        side: JoinInput,
+        kind: SecondInputKind,
+        on: &[(&str, &str)],
+        build: OperatorFactory,
+    ) -> Self {
         self.side_inputs.push(SideInput {
             input: self.side_inputs.len() + 1,
             join_at: self.steps.len(),
             stream: side,
             left_keys: on.iter().map(|(l, _)| l.to_string()).collect(),
             right_keys: on.iter().map(|(_, r)| r.to_string()).collect(),
-            union: false,
+            kind,
         });
         self.push_step(StepShape::Joins, build)
     }
@@ -1028,7 +1251,7 @@ impl QueryBuilder {
             stream: initial,
             left_keys: on.iter().map(|(l, _)| l.clone()).collect(),
             right_keys: on.iter().map(|(_, r)| r.clone()).collect(),
-            union: false,
+            kind: SecondInputKind::InitialState,
         });
         Ok(b.push_step(
             StepShape::Groups {
@@ -1135,8 +1358,13 @@ impl QueryBuilder {
                 "a join without a time condition and watermarks keeps every row of both streams for ever: its state grows without bound"
             );
         }
+        let outer_right = matches!(
+            join_type,
+            crate::operators::JoinType::RightOuter | crate::operators::JoinType::FullOuter
+        );
         Ok(self.push_join(
             right,
+            SecondInputKind::StreamJoin { outer_right },
             on,
             Arc::new(move |_| {
                 Box::new(
@@ -1172,6 +1400,9 @@ impl QueryBuilder {
     /// assert_eq!(query.describe()[0], "Union [sales-eu] by name");
     /// ```
     pub fn union(mut self, mut other: JoinInput) -> Result<Self> {
+        if self.side_inputs.iter().any(|s| !s.is_union()) {
+            return Err(Error::config("steps", UNION_BESIDE_JOIN));
+        }
         if other.table {
             return Err(Error::config(
                 "union",
@@ -1220,7 +1451,7 @@ impl QueryBuilder {
             stream: other,
             left_keys: Vec::new(),
             right_keys: Vec::new(),
-            union: true,
+            kind: SecondInputKind::Union,
         });
         Ok(self.push_step(
             shape,
@@ -1274,6 +1505,7 @@ impl QueryBuilder {
         crate::operators::TableJoin::new(spec.clone())?;
         Ok(self.push_join(
             table,
+            SecondInputKind::Table,
             on,
             Arc::new(move |_| {
                 Box::new(
@@ -1302,6 +1534,7 @@ impl QueryBuilder {
         crate::operators::TableJoin::global(spec.clone(), rows.clone())?;
         self.global_tables.push(GlobalTable {
             name: table.name.clone(),
+            input: SecondInput::of(&table, SecondInputKind::GlobalTable),
             keys: spec.table_keys.clone(),
             rows: rows.clone(),
             feed: None,
@@ -1423,7 +1656,10 @@ impl QueryBuilder {
                 "update output mode is not supported for session windows (as in Spark); use append or complete",
             ));
         }
-        if self.side_inputs.iter().any(|s| !s.stream.table && !s.union)
+        if self
+            .side_inputs
+            .iter()
+            .any(|s| !s.stream.table && !s.is_union())
             && self.output_mode != OutputMode::Append
         {
             return Err(Error::config(

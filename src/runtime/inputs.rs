@@ -54,7 +54,7 @@ impl Inputs {
                     table: true,
                     ..Input::default()
                 }
-            } else if side.union && stream.watermark.is_none() {
+            } else if side.is_union() && stream.watermark.is_none() {
                 // Spark: a stream without `withWatermark` does not take part
                 // in the global watermark; its times are still timestamps.
                 Input {

@@ -21,7 +21,9 @@ mod task_manager;
 pub mod testing;
 mod watermark_exchange;
 
-pub use builder::{EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder};
+pub use builder::{
+    EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder, SecondInput, SecondInputKind,
+};
 pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use output::{BatchOutput, ColumnsOutput, OutputPart, TaskRuns};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};

@@ -189,6 +189,8 @@ pub enum StageInput {
         stream: String,
         /// Its topics.
         topics: Vec<String>,
+        /// Its columns' types (empty: inferred).
+        schema: crate::schema::Schema,
     },
     /// An internal topic written by an earlier stage, keyed by `keys`
     /// (consumer group `<group>-repartition`).
@@ -246,9 +248,9 @@ impl Topology {
     /// keys (a second grouping on other keys after the first, which would
     /// need a second repartition: a stage that keeps state and writes a
     /// repartition topic, not built yet), as the grouping's keys and the
-    /// columns the rows are partitioned by. Stream joins and unions are
-    /// checked by the pipeline file; a stage whose input partitioning is
-    /// unknown is not checked.
+    /// columns the rows are partitioned by. Joins are checked by
+    /// [`QueryBuilder::check_join_partitioning`]; a stage whose input
+    /// partitioning is unknown is not checked.
     pub fn unpartitioned_grouping(&self) -> Option<(Vec<String>, Vec<String>)> {
         let query = &self.stages.last()?.query;
         // Tables (a stream–table join, an initial state) keep the rows where
@@ -327,9 +329,10 @@ impl QueryBuilder {
 
     /// The first grouping and its keys, when its rows are not already
     /// partitioned by them; `None` with joins (co-partitioned topics are
-    /// read where they are; their checks are the pipeline file's).
+    /// read where they are; [`QueryBuilder::check_join_partitioning`]
+    /// checks their groupings).
     fn grouping_to_repartition(&self) -> Option<(usize, Vec<String>)> {
-        if self.side_inputs.iter().any(|s| !s.union) {
+        if self.side_inputs.iter().any(|s| !s.is_union()) {
             return None;
         }
         let (at, keys) = self
@@ -358,7 +361,7 @@ impl QueryBuilder {
         let side = self
             .side_inputs
             .iter()
-            .find(|s| !s.stream.table && !s.union)?;
+            .find(|s| !s.stream.table && !s.is_union())?;
         let (left, right) = (&side.left_keys, &side.right_keys);
         let sorted = |mut k: Vec<String>| {
             k.sort();
@@ -448,6 +451,7 @@ impl QueryBuilder {
         let right_input = StageInput::Joined {
             stream: side.stream.name.to_string(),
             topics: std::mem::replace(&mut side.stream.topics, vec![right_topic.clone()]),
+            schema: side.stream.schema.clone(),
         };
         side.stream.keyed_by = Some(right_keys.clone());
         self.side_inputs.insert(index, side);
@@ -721,7 +725,8 @@ mod tests {
             stages[1].input,
             StageInput::Joined {
                 stream: "clicks".into(),
-                topics: vec!["clicks".into()]
+                topics: vec!["clicks".into()],
+                schema: Default::default(),
             }
         );
     }

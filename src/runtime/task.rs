@@ -80,7 +80,7 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
             let streams = builder
                 .side_inputs
                 .iter()
-                .filter(|s| !s.stream.table && (!s.union || s.stream.watermark.is_some()));
+                .filter(|s| !s.stream.table && (!s.is_union() || s.stream.watermark.is_some()));
             // Tables take no part in the watermark: with tables alone the
             // main stream's events count as no named stream's (see
             // `Inputs::of`), so no stream is waited for.

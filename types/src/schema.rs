@@ -70,7 +70,7 @@ impl fmt::Display for FieldType {
 ///     .unwrap();
 /// assert_eq!(row.get("amount").unwrap().as_f64(), Some(3.0));
 /// ```
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schema {
     fields: Vec<(Arc<str>, FieldType)>,
 }
