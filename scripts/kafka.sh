@@ -15,6 +15,9 @@
 #   scripts/kafka.sh logs     tail of broker.log
 #   scripts/kafka.sh classpath  prints the classpath glob (for running Kafka CLI
 #                             classes: java -cp "$(scripts/kafka.sh classpath)" ...)
+#   scripts/kafka.sh assemble   fetches the jars if needed (no broker started) and
+#                             prints their folder (scripts/images.sh copies it
+#                             into the Kafka container image)
 #   scripts/kafka.sh secure-env prints the secured listener's settings as
 #                             KEY=value lines (see below)
 #
@@ -498,9 +501,10 @@ case "${1:-}" in
   reset) cmd_reset ;;
   logs) tail -n "${2:-100}" "$LOG" ;;
   classpath) echo "$LIBS/*" ;;
+  assemble) mkdir -p "$KH"; assemble; echo "$LIBS" ;;
   secure-env) cmd_secure_env ;;
   *)
-    echo "usage: $0 start|stop|restart|status|reset|logs [N]|classpath|secure-env" >&2
+    echo "usage: $0 start|stop|restart|status|reset|logs [N]|classpath|assemble|secure-env" >&2
     exit 2
     ;;
 esac

@@ -12,7 +12,10 @@
 #                    TLS, SCRAM and GSSAPI); for the tests
 #                    only, Java 17 and Maven (the real broker is assembled
 #                    from Maven Central jars), Chromium (the web page's
-#                    test loads it headless)
+#                    test loads it headless), a Docker engine (docker.io),
+#                    docker-compose and debootstrap (the container tests run
+#                    images scripts/images.sh builds locally); dockerd is
+#                    started when no Docker engine answers
 #   rust components  rustfmt, clippy (tests only)
 #   python readers   fastavro and deltalake + pyarrow, the independent readers
 #                    the tests check Avro bytes and Delta tables with (tests only)
@@ -46,6 +49,11 @@ if ((!build_only)); then
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   # Headless Chromium loads the web page (`ui:`) in cli/tests/web_ui.rs.
   command -v chromium >/dev/null || missing+=(chromium)
+  # The container tests (testkit/tests): an engine, compose, and debootstrap
+  # for the base image. A Docker that already answers is used as it is.
+  docker info >/dev/null 2>&1 || command -v dockerd >/dev/null || missing+=(docker.io)
+  docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || missing+=(docker-compose)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
 fi
 if ((${#missing[@]})); then
   note "installing ${missing[*]}"
@@ -56,6 +64,26 @@ if ((${#missing[@]})); then
 fi
 
 ((build_only)) && exit 0
+
+# dockerd where no Docker engine answers (machines without systemd do not
+# start it): its own session, so it outlives this script; log in /var/log.
+if ! docker info >/dev/null 2>&1; then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  if ! pgrep -x dockerd >/dev/null; then
+    note "starting dockerd (log: /var/log/tidemark-dockerd.log)"
+    $SUDO sh -c 'setsid nohup dockerd >>/var/log/tidemark-dockerd.log 2>&1 </dev/null &'
+  fi
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  docker info >/dev/null 2>&1 || {
+    tail -n 20 /var/log/tidemark-dockerd.log >&2
+    note "dockerd did not answer within 30 s"
+    exit 1
+  }
+fi
 
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy

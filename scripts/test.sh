@@ -72,11 +72,21 @@ fi
 step "cargo test"
 log="$(mktemp)"
 cargo test --workspace 2>&1 | tee "$log"
+# The container images the testkit's container tests run (built on this
+# machine, no registry; skipped when their content hash is unchanged).
+step "container images (scripts/images.sh)"
+bash scripts/images.sh
 # The testcontainers helper is a workspace of its own (see testkit/Cargo.toml).
 step "cargo test (testkit)"
-cargo fmt --manifest-path testkit/Cargo.toml -- --check
-cargo clippy --manifest-path testkit/Cargo.toml --all-targets -- -D warnings
-cargo test --manifest-path testkit/Cargo.toml 2>&1 | tee -a "$log"
+testkit=(--manifest-path testkit/Cargo.toml)
+cargo fmt "${testkit[@]}" -- --check
+cargo clippy "${testkit[@]}" --all-targets -- -D warnings
+# KAFKA_BOOTSTRAP's broker: the unit tests, the doc example, tests/broker.rs.
+cargo test "${testkit[@]}" --lib --test broker 2>&1 | tee -a "$log"
+cargo test "${testkit[@]}" --doc 2>&1 | tee -a "$log"
+# Docker's: with KAFKA_BOOTSTRAP unset, KafkaContainer::start() starts the
+# Kafka image; docker-compose.yml runs the broker and tidemark's image.
+env -u KAFKA_BOOTSTRAP cargo test "${testkit[@]}" --test container --test compose 2>&1 | tee -a "$log"
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ { passed += $4; failed += $6; ignored += $8 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"

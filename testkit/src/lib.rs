@@ -3,8 +3,11 @@
 //!
 //! 1. `KAFKA_BOOTSTRAP`, when set: a broker someone already runs (CI, a
 //!    shared cluster);
-//! 2. else, where Docker runs, a container of the `apache/kafka` image,
-//!    started by the `testcontainers` crate and removed when dropped;
+//! 2. else, where a Docker engine answers, a container of the local Kafka
+//!    image (`tidemark/kafka:4.1.1`, made by tidemark's `scripts/images.sh`
+//!    from Maven Central jars; `TIDEMARK_KAFKA_IMAGE` names another), started
+//!    by the `testcontainers` crate on the host network with ports of its
+//!    own, and removed when the value is dropped;
 //! 3. else the broker `scripts/kafka.sh` assembles from Maven Central jars
 //!    (no Docker; `TIDEMARK_KAFKA_SCRIPT` names the script from outside the
 //!    tidemark repository).
@@ -16,18 +19,43 @@
 //! ```
 #![deny(missing_docs)]
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use testcontainers_modules::kafka::apache::{Kafka, KAFKA_PORT};
-use testcontainers_modules::testcontainers::runners::SyncRunner;
-use testcontainers_modules::testcontainers::Container;
+use std::time::Duration;
+use testcontainers::core::WaitFor;
+use testcontainers::runners::SyncRunner;
+use testcontainers::{Container, GenericImage, ImageExt};
+
+/// The Kafka image a container starts from when `TIDEMARK_KAFKA_IMAGE` is
+/// unset: the one tidemark's `scripts/images.sh kafka` builds.
+pub const DEFAULT_KAFKA_IMAGE: &str = "tidemark/kafka:4.1.1";
+
+/// The line the image's broker prints on stdout once it takes clients.
+const READY_LINE: &str = "Kafka Server started";
+
+/// How long a container may take to print [`READY_LINE`]: the JVM's start
+/// and the storage format, a few seconds on an idle machine, far more on a
+/// loaded 2-core one.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Why no broker could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// Docker runs but the container did not start.
-    #[error("starting the Kafka container: {0}")]
-    Container(String),
+    #[error("starting a Kafka container from {image}: {reason} (no image registry is needed: tidemark's scripts/images.sh kafka builds the image locally)")]
+    Container {
+        /// The image, `name:tag`.
+        image: String,
+        /// What testcontainers or Docker said.
+        reason: String,
+    },
+    /// `TIDEMARK_KAFKA_IMAGE` is not `name:tag`.
+    #[error("TIDEMARK_KAFKA_IMAGE={0:?} is not an image `name:tag`")]
+    ImageName(String),
+    /// No free port on 127.0.0.1 for the container's listeners.
+    #[error("finding a free port on 127.0.0.1 for the Kafka container: {0}")]
+    Port(#[source] std::io::Error),
     /// Neither `KAFKA_BOOTSTRAP` nor Docker, and no script to fall back on.
     #[error("no broker: set KAFKA_BOOTSTRAP, run Docker, or point TIDEMARK_KAFKA_SCRIPT at tidemark's scripts/kafka.sh (looked for {0})")]
     NoScript(PathBuf),
@@ -56,8 +84,9 @@ pub enum BrokerOrigin {
 pub struct KafkaContainer {
     bootstrap: String,
     origin: BrokerOrigin,
-    /// Held for its drop: the container stops with this value.
-    _container: Option<Container<Kafka>>,
+    /// Held for its drop: testcontainers stops and removes the container
+    /// with this value.
+    container: Option<Container<GenericImage>>,
 }
 
 impl KafkaContainer {
@@ -70,11 +99,40 @@ impl KafkaContainer {
             BrokerOrigin::Environment => Ok(KafkaContainer {
                 bootstrap: from_env.unwrap_or_default(),
                 origin: BrokerOrigin::Environment,
-                _container: None,
+                container: None,
             }),
-            BrokerOrigin::Container => start_container(),
+            BrokerOrigin::Container => Self::start_container(&kafka_image()),
             BrokerOrigin::Script => start_script(&script_path()),
         }
+    }
+
+    /// A container of `image` (`name:tag`, a local image), whatever the
+    /// environment says: the broker listens on 127.0.0.1 on two free ports
+    /// of the host (host network, so every connection stays on loopback and
+    /// the advertised address is the one clients dial).
+    pub fn start_container(image: &str) -> Result<Self, BrokerError> {
+        let (name, tag) = image
+            .rsplit_once(':')
+            .filter(|(name, tag)| !name.is_empty() && !tag.is_empty() && !tag.contains('/'))
+            .ok_or_else(|| BrokerError::ImageName(image.to_string()))?;
+        let [port, controller_port] = free_ports()?;
+        let failed = |e: testcontainers::TestcontainersError| BrokerError::Container {
+            image: image.to_string(),
+            reason: e.to_string(),
+        };
+        let container = GenericImage::new(name, tag)
+            .with_wait_for(WaitFor::message_on_stdout(READY_LINE))
+            .with_network("host")
+            .with_env_var("KAFKA_PORT", port.to_string())
+            .with_env_var("KAFKA_CONTROLLER_PORT", controller_port.to_string())
+            .with_startup_timeout(STARTUP_TIMEOUT)
+            .start()
+            .map_err(failed)?;
+        Ok(KafkaContainer {
+            bootstrap: format!("127.0.0.1:{port}"),
+            origin: BrokerOrigin::Container,
+            container: Some(container),
+        })
     }
 
     /// `host:port` for `bootstrap.servers`.
@@ -85,6 +143,12 @@ impl KafkaContainer {
     /// Where the broker came from.
     pub fn origin(&self) -> BrokerOrigin {
         self.origin
+    }
+
+    /// The Docker id of the container this value started, if it started one
+    /// (for `docker exec`, e.g. the image's `kafka-tool produce TOPIC`).
+    pub fn container_id(&self) -> Option<&str> {
+        self.container.as_ref().map(|container| container.id())
     }
 }
 
@@ -104,21 +168,27 @@ pub fn docker_available() -> bool {
     std::env::var_os("DOCKER_HOST").is_some() || Path::new("/var/run/docker.sock").exists()
 }
 
-fn start_container() -> Result<KafkaContainer, BrokerError> {
-    let container = Kafka::default()
-        .start()
-        .map_err(|e| BrokerError::Container(e.to_string()))?;
-    let host = container
-        .get_host()
-        .map_err(|e| BrokerError::Container(e.to_string()))?;
-    let port = container
-        .get_host_port_ipv4(KAFKA_PORT)
-        .map_err(|e| BrokerError::Container(e.to_string()))?;
-    Ok(KafkaContainer {
-        bootstrap: format!("{host}:{port}"),
-        origin: BrokerOrigin::Container,
-        _container: Some(container),
-    })
+/// `TIDEMARK_KAFKA_IMAGE`, else [`DEFAULT_KAFKA_IMAGE`].
+pub fn kafka_image() -> String {
+    std::env::var("TIDEMARK_KAFKA_IMAGE")
+        .ok()
+        .filter(|image| !image.is_empty())
+        .unwrap_or_else(|| DEFAULT_KAFKA_IMAGE.to_string())
+}
+
+/// Two ports nothing listens on, both held while the second is found so
+/// they differ. Another process may still take one before the broker binds
+/// it; the broker then fails to start and says so.
+fn free_ports() -> Result<[u16; 2], BrokerError> {
+    let first = TcpListener::bind("127.0.0.1:0").map_err(BrokerError::Port)?;
+    let second = TcpListener::bind("127.0.0.1:0").map_err(BrokerError::Port)?;
+    let port = |listener: &TcpListener| {
+        listener
+            .local_addr()
+            .map(|address| address.port())
+            .map_err(BrokerError::Port)
+    };
+    Ok([port(&first)?, port(&second)?])
 }
 
 /// `TIDEMARK_KAFKA_SCRIPT`, else `scripts/kafka.sh` of the tidemark
@@ -151,7 +221,7 @@ fn start_script(script: &Path) -> Result<KafkaContainer, BrokerError> {
     Ok(KafkaContainer {
         bootstrap: format!("127.0.0.1:{port}"),
         origin: BrokerOrigin::Script,
-        _container: None,
+        container: None,
     })
 }
 
@@ -164,6 +234,30 @@ mod tests {
         assert_eq!(choose(true, true), BrokerOrigin::Environment);
         assert_eq!(choose(false, true), BrokerOrigin::Container);
         assert_eq!(choose(false, false), BrokerOrigin::Script);
+    }
+
+    #[test]
+    fn an_image_name_without_a_tag_is_refused_naming_it() {
+        for image in [
+            "tidemark/kafka",
+            "tidemark/kafka:",
+            ":4.1.1",
+            "host:5000/kafka",
+        ] {
+            let error = KafkaContainer::start_container(image).err().unwrap();
+            assert!(
+                matches!(error, BrokerError::ImageName(_)),
+                "{image}: {error}"
+            );
+            assert!(error.to_string().contains(image), "{error}");
+        }
+    }
+
+    #[test]
+    fn two_free_ports_differ() {
+        let [a, b] = free_ports().unwrap();
+        assert_ne!(a, b);
+        assert!(a > 0 && b > 0);
     }
 
     #[test]
