@@ -84,6 +84,18 @@ cargo clippy "${testkit[@]}" --all-targets -- -D warnings
 # KAFKA_BOOTSTRAP's broker: the unit tests, the doc example, tests/broker.rs.
 cargo test "${testkit[@]}" --lib --test broker 2>&1 | tee -a "$log"
 cargo test "${testkit[@]}" --doc 2>&1 | tee -a "$log"
+# What a killed earlier run left: the testkit's containers (labelled) and
+# the compose test's projects.
+stale="$(docker ps -aq --filter label=tidemark.testkit)"
+stale+=" $(docker ps -a --format '{{.ID}} {{.Label "com.docker.compose.project"}}' | awk '$2 ~ /^tidemark-compose-test-/ { print $1 }')"
+# shellcheck disable=SC2086
+[[ -z "${stale// /}" ]] || docker rm -f $stale >/dev/null
+# What a killed earlier run left: the testkit's containers (labelled) and
+# the compose test's projects.
+stale="$(docker ps -aq --filter label=tidemark.testkit)"
+stale+=" $(docker ps -a --format '{{.ID}} {{.Label "com.docker.compose.project"}}' | awk '$2 ~ /^tidemark-compose-test-/ { print $1 }')"
+# shellcheck disable=SC2086
+[[ -z "${stale// /}" ]] || docker rm -f $stale >/dev/null
 # Docker's: with KAFKA_BOOTSTRAP unset, KafkaContainer::start() starts the
 # Kafka image; docker-compose.yml runs the broker and tidemark's image.
 env -u KAFKA_BOOTSTRAP cargo test "${testkit[@]}" --test container --test compose 2>&1 | tee -a "$log"

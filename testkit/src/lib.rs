@@ -31,6 +31,11 @@ use testcontainers::{Container, GenericImage, ImageExt};
 /// unset: the one tidemark's `scripts/images.sh kafka` builds.
 pub const DEFAULT_KAFKA_IMAGE: &str = "tidemark/kafka:4.1.1";
 
+/// The label on every container this crate starts, so that what a killed
+/// test run left behind can be found (`docker ps -a --filter
+/// label=tidemark.testkit`).
+pub const CONTAINER_LABEL: &str = "tidemark.testkit";
+
 /// The line the image's broker prints on stdout once it takes clients.
 const READY_LINE: &str = "Kafka Server started";
 
@@ -50,6 +55,11 @@ pub enum BrokerError {
         /// What testcontainers or Docker said.
         reason: String,
     },
+    /// The Docker engine has no such image. testcontainers would pull it
+    /// from a registry; the image is built locally instead, so nothing of
+    /// unknown origin runs on the host network.
+    #[error("the Docker engine has no image {0}: build it with tidemark's scripts/images.sh kafka (it is never pulled from a registry)")]
+    ImageMissing(String),
     /// `TIDEMARK_KAFKA_IMAGE` is not `name:tag`.
     #[error("TIDEMARK_KAFKA_IMAGE={0:?} is not an image `name:tag`")]
     ImageName(String),
@@ -115,6 +125,9 @@ impl KafkaContainer {
             .rsplit_once(':')
             .filter(|(name, tag)| !name.is_empty() && !tag.is_empty() && !tag.contains('/'))
             .ok_or_else(|| BrokerError::ImageName(image.to_string()))?;
+        if !image_present(image) {
+            return Err(BrokerError::ImageMissing(image.to_string()));
+        }
         let [port, controller_port] = free_ports()?;
         let failed = |e: testcontainers::TestcontainersError| BrokerError::Container {
             image: image.to_string(),
@@ -123,6 +136,7 @@ impl KafkaContainer {
         let container = GenericImage::new(name, tag)
             .with_wait_for(WaitFor::message_on_stdout(READY_LINE))
             .with_network("host")
+            .with_label(CONTAINER_LABEL, "kafka")
             .with_env_var("KAFKA_PORT", port.to_string())
             .with_env_var("KAFKA_CONTROLLER_PORT", controller_port.to_string())
             .with_startup_timeout(STARTUP_TIMEOUT)
@@ -174,6 +188,26 @@ pub fn kafka_image() -> String {
         .ok()
         .filter(|image| !image.is_empty())
         .unwrap_or_else(|| DEFAULT_KAFKA_IMAGE.to_string())
+}
+
+/// Whether the Docker engine holds `image`, asked with the `docker` CLI
+/// (which finds the engine as testcontainers does: `DOCKER_HOST`, else the
+/// default socket). Only a clear "no such image" counts as absent: without
+/// the CLI, or when it cannot reach the engine, testcontainers' own start
+/// says what is wrong.
+fn image_present(image: &str) -> bool {
+    match Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+    {
+        Ok(out) => {
+            out.status.success()
+                || !String::from_utf8_lossy(&out.stderr)
+                    .to_lowercase()
+                    .contains("no such image")
+        }
+        Err(_) => true,
+    }
 }
 
 /// Two ports nothing listens on, both held while the second is found so
@@ -251,6 +285,17 @@ mod tests {
             );
             assert!(error.to_string().contains(image), "{error}");
         }
+    }
+
+    #[test]
+    fn an_image_the_engine_lacks_is_refused_before_anything_is_pulled() {
+        let image = "tidemark/no-such-image:0";
+        let error = KafkaContainer::start_container(image).err().unwrap();
+        assert!(matches!(error, BrokerError::ImageMissing(_)), "{error}");
+        assert!(
+            error.to_string().contains("scripts/images.sh kafka"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -39,9 +39,15 @@ fn start_runs_the_local_kafka_image_a_tidemark_container_processes_a_pipeline_on
     let pipelines = format!("{}:/pipelines:ro", examples_dir().display());
     let bootstrap = format!("KAFKA_BOOTSTRAP={}", kafka.bootstrap());
     let image = tidemark_image();
+    // Guarded before it exists: a container made but not started goes too.
+    let _pipeline = RemovedOnDrop(name.clone());
     docker(&[
         "run",
         "-d",
+        "--pull",
+        "never",
+        "--label",
+        "tidemark.testkit=pipeline",
         "--name",
         &name,
         "--network",
@@ -54,7 +60,6 @@ fn start_runs_the_local_kafka_image_a_tidemark_container_processes_a_pipeline_on
         "run",
         "/pipelines/tumbling-count/kafka.yaml",
     ]);
-    let _pipeline = RemovedOnDrop(name.clone());
     let rows = consume(&exec, "window-counts", EXPECTED_WINDOWS.len(), 90_000);
     let logs = run("docker", &["logs", "--tail", "40", &name], None);
     let context = format!("tidemark's log:\n{}", String::from_utf8_lossy(&logs.stderr));
@@ -65,7 +70,8 @@ fn start_runs_the_local_kafka_image_a_tidemark_container_processes_a_pipeline_on
     docker(&["stop", "-t", "60", &name]);
     let exit = docker(&["inspect", "--format", "{{.State.ExitCode}}", &name]);
     assert_eq!(exit.trim(), "0", "{context}");
-    let all = consume(&exec, "window-counts", EXPECTED_WINDOWS.len() + 1, 5_000);
+    // The timeout also covers joining the group and the first fetch.
+    let all = consume(&exec, "window-counts", EXPECTED_WINDOWS.len() + 1, 20_000);
     assert_windows(&all, &context);
 
     drop(kafka);
