@@ -53,6 +53,9 @@ if [[ "${1:-}" == "--repeat" ]]; then
   exit 0
 fi
 
+step "import circles (scripts/module_cycles.py)"
+python3 scripts/module_cycles.py
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod aggregate;
+pub mod aggregator;
 pub mod columns;
 pub mod columns_json;
 pub mod duration;

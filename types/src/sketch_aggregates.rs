@@ -2,7 +2,7 @@
 //! (HyperLogLog) and `approx_percentile` (KLL), mergeable and serializable
 //! like every other aggregate.
 
-use crate::aggregate::Aggregator;
+use crate::aggregator::Aggregator;
 use crate::row::Value;
 use datasketches::common::SearchCriteria;
 use datasketches::hll::{HllSketch, HllType, HllUnion};

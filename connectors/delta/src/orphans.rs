@@ -102,13 +102,14 @@ pub(crate) fn sweep_pending(sink: &DeltaSink) -> Result<usize> {
 /// returns (entries, files) removed.
 pub(crate) fn sweep_staged(
     sink: &DeltaSink,
+    staged_dir: &str,
     published: impl Fn(i32) -> Result<Option<u64>>,
 ) -> Result<(usize, usize)> {
     let Some(table) = &sink.table else {
         return Ok((0, 0));
     };
     let store = table.object_store();
-    let prefix = deltalake::Path::from(crate::task_commits::STAGED_DIR);
+    let prefix = deltalake::Path::from(staged_dir);
     let listed: Vec<deltalake::Path> = sink
         .runtime
         .block_on(async {

@@ -208,7 +208,7 @@ pub(super) fn publish(sink: &mut DeltaSink, batch_id: u64) -> Result<()> {
 /// (see the `orphans` module).
 pub(super) fn sweep(sink: &mut DeltaSink) -> Result<()> {
     refresh(sink)?;
-    crate::orphans::sweep_staged(sink, |partition| published_seq(sink, partition))?;
+    crate::orphans::sweep_staged(sink, STAGED_DIR, |partition| published_seq(sink, partition))?;
     Ok(())
 }
 
