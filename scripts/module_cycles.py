@@ -98,12 +98,15 @@ def expand_use(tree):
     return out
 
 
-def absolute(path, module, is_dir_module):
-    """`super::x` in `crate::a::b` -> `crate::a::x`; `self::x` -> `crate::a::b::x`."""
+def absolute(path, module, modules):
+    """`super::x` in `crate::a::b` -> `crate::a::x`; `self::x` and `child::x`
+    (a module declared in this one) -> `crate::a::b::x`."""
     segments = path.split("::")
     base = module.split("::")
     if segments[0] == "crate":
         return segments
+    if module + "::" + segments[0] in modules:
+        return base + segments
     if segments[0] == "self":
         return base + segments[1:]
     if segments[0] == "super":
@@ -119,19 +122,19 @@ def parse(modules):
     info = {}
     for module, path in modules.items():
         code = strip_code(path.read_text())
-        dir_module = path.name in ("mod.rs", "lib.rs", "main.rs")
         reexports, named = {}, []
         for found in re.finditer(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", code):
             for full in expand_use(found.group(2)):
                 full_path, _, alias = full.partition("@")
-                segments = absolute(full_path, module, dir_module)
+                segments = absolute(full_path, module, modules)
                 if found.group(1) and not full_path.endswith("*"):
-                    # None: another crate's item, which makes no edge here
+                    # A re-export gathers, it does not import: followed by
+                    # the modules that name it. None: another crate's item.
                     reexports[alias or full_path.split("::")[-1]] = segments
-                if segments is not None:
+                elif segments is not None:
                     named.append(segments)
         for found in re.finditer(r"\b(?:crate|super|self)(?:::(?:" + IDENT + r"))+", code):
-            segments = absolute(found.group(0), module, dir_module)
+            segments = absolute(found.group(0), module, modules)
             if segments:
                 named.append(segments)
         info[module] = (reexports, named)

@@ -21,6 +21,7 @@
 //! ```
 
 use crate::instance::InstanceIdentity;
+use crate::running::{LastProgress, RunHandles};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -114,7 +115,13 @@ impl PipelineRunner {
     /// it, wait for it (blocking or from async code), ask its state. See
     /// [`crate::RunningPipeline`].
     pub fn start(self) -> Result<crate::RunningPipeline> {
-        crate::RunningPipeline::start(self)
+        let handles = RunHandles {
+            stop: self.stopper(),
+            status: self.run_status(),
+            state: self.state_reader(),
+            last_progress: self.last_progress(),
+        };
+        crate::RunningPipeline::start(handles, move || self.run())
     }
 
     /// Each stage's last progress report (shared with the handle).
@@ -350,24 +357,6 @@ pub(crate) fn retry_transient<T>(
             }
             Err(e) => return Err(e),
         }
-    }
-}
-
-/// Each stage's last progress report, by stage name.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct LastProgress(
-    Arc<std::sync::Mutex<std::collections::BTreeMap<String, QueryProgress>>>,
-);
-
-impl LastProgress {
-    fn record(&self, stage: &str, progress: &QueryProgress) {
-        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        last.insert(stage.to_string(), progress.clone());
-    }
-
-    /// The reports, by stage name.
-    pub(crate) fn reports(&self) -> std::collections::BTreeMap<String, QueryProgress> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 

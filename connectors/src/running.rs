@@ -19,18 +19,45 @@
 //! # Ok(()) }
 //! ```
 
-use crate::PipelineRunner;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::{RunState, RunStatus, RunSummary, StateReader, StopHandle};
 
+/// What a running pipeline's handle reaches into: handed over by the
+/// runner that starts the run, so this module needs no runner.
+pub(crate) struct RunHandles {
+    pub(crate) stop: StopHandle,
+    pub(crate) status: RunStatus,
+    pub(crate) state: StateReader,
+    pub(crate) last_progress: LastProgress,
+}
+
+/// Each stage's last progress report, by stage name.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LastProgress(
+    Arc<std::sync::Mutex<std::collections::BTreeMap<String, QueryProgress>>>,
+);
+
+impl LastProgress {
+    pub(crate) fn record(&self, stage: &str, progress: &QueryProgress) {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        last.insert(stage.to_string(), progress.clone());
+    }
+
+    /// The reports, by stage name.
+    pub(crate) fn reports(&self) -> std::collections::BTreeMap<String, QueryProgress> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// A pipeline running on its own thread (see the module documentation).
 /// Dropping it asks the run to stop and does not wait.
 pub struct RunningPipeline {
     stop: StopHandle,
-    last_progress: crate::runner::LastProgress,
+    last_progress: LastProgress,
     status: RunStatus,
     state: StateReader,
     result: Option<tokio::sync::oneshot::Receiver<Result<RunSummary>>>,
@@ -38,17 +65,25 @@ pub struct RunningPipeline {
 }
 
 impl RunningPipeline {
-    /// Runs `runner` on a thread named `tidemark-pipeline`.
-    pub(crate) fn start(runner: PipelineRunner) -> Result<Self> {
-        let (stop, status, state) = (runner.stopper(), runner.run_status(), runner.state_reader());
-        let last_progress = runner.last_progress();
+    /// Runs `run` (a [`crate::PipelineRunner`]'s run) on a thread named
+    /// `tidemark-pipeline`; `handles` reach into it.
+    pub(crate) fn start(
+        handles: RunHandles,
+        run: impl FnOnce() -> Result<RunSummary> + Send + 'static,
+    ) -> Result<Self> {
+        let RunHandles {
+            stop,
+            status,
+            state,
+            last_progress,
+        } = handles;
         let (send, result) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("tidemark-pipeline".into())
             .spawn(move || {
                 // The receiver may be gone (the handle dropped): nothing
                 // waits for the result then.
-                let _ = send.send(runner.run());
+                let _ = send.send(run());
             })
             .map_err(|e| Error::io("starting the pipeline's thread", e))?;
         Ok(RunningPipeline {

@@ -4,9 +4,9 @@
 //! to bytes that are not such state; a panic, an abort (an allocation sized
 //! from the bytes) or a hang is a defect.
 
+use crate::aggregate_spec::{AggregateInput, AggregateSpec};
 use crate::error::Result;
 use crate::rolling::{FrontierSpec, RollingMeasure, RollingWindow};
-use crate::window_aggregate::{AggregateInput, AggregateSpec};
 use std::sync::Arc;
 use tidemark_types::aggregate::AggregateFn;
 

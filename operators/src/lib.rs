@@ -6,6 +6,7 @@
 //! mode will call at each watermark advance instead.
 #![deny(missing_docs)]
 
+mod aggregate_spec;
 #[cfg(test)]
 mod columnar_equivalence;
 mod dedup;
@@ -24,6 +25,7 @@ mod test_store;
 mod union;
 mod window_aggregate;
 
+pub use aggregate_spec::{AggregateInput, AggregateSpec};
 pub use dedup::{DedupSpec, Deduplicate};
 pub use join::{JoinSpec, JoinTimeCondition, JoinType, StreamJoin};
 pub use processor::{
@@ -35,7 +37,7 @@ pub use rolling::{FrontierBasis, FrontierSpec, RollingMeasure, RollingWindow};
 pub use stateless::{AsType, Filter, FlatMapTyped, MapRows, Select, WithColumn};
 pub use table_join::{record_key as table_record_key, SharedTable, TableJoin, TableJoinSpec};
 pub use union::Union;
-pub use window_aggregate::{AggregateInput, AggregateSpec, TimeColumn, WindowAggregate};
+pub use window_aggregate::{TimeColumn, WindowAggregate};
 
 // The vocabulary, under the names the operators' code uses.
 use arrow_array::RecordBatch;

@@ -4,10 +4,8 @@
 mod builder;
 mod columnar;
 mod commit;
-mod exchange_alignment;
 pub mod fault_injection;
 mod inputs;
-mod markers;
 mod output;
 mod query;
 mod reporter;
@@ -19,12 +17,11 @@ mod state_query;
 mod task;
 mod task_manager;
 pub mod testing;
-mod watermark_exchange;
+mod watermark;
 
 pub use builder::{
     EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder, SecondInput, SecondInputKind,
 };
-pub use markers::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 pub use output::{BatchOutput, ColumnsOutput, OutputPart, TaskRuns};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use run_status::{RunState, RunStateListener, RunStatus, StageStatus};
@@ -33,7 +30,8 @@ pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
 };
 pub use task::checkpoint_batch_id;
-pub use watermark_exchange::{PartitionProgress, WatermarkExchange};
+pub use watermark::{PartitionProgress, WatermarkExchange};
+pub use watermark::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 
 use crate::error::{Error, Result};
 use crate::record::Record;

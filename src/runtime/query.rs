@@ -573,7 +573,7 @@ impl<'a> TriggerLoop<'a> {
     /// markers now (see `markers`); `None` for any other query.
     fn forwarded_stream_maxima(&self) -> Option<BTreeMap<String, TimestampMicros>> {
         self.builder.forwards_stream_maxima.then(|| {
-            super::markers::forwarded_stream_maxima(
+            super::watermark::forwarded_stream_maxima(
                 self.tasks.tasks(),
                 &self.source.assigned_inputs(),
                 &self.router.inputs,

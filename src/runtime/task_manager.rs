@@ -6,12 +6,12 @@
 //! revoked.
 
 use super::builder::QueryBuilder;
-use super::exchange_alignment::ExchangeAlignment;
 use super::router::BatchScope;
 use super::task::{
     new_task, pending_task, restore_checkpoint, restore_thread_died, RestoringTask, Task,
     TaskCheckpoint, RESTORE_GRACE,
 };
+use super::watermark::ExchangeAlignment;
 use super::{PartitionProgress, SinkCommit, Source, SourceBatch, StateBackend};
 use crate::error::Result;
 use crate::operators::BatchContext;
@@ -244,7 +244,7 @@ impl TaskManager {
     /// A repartition writer under the query scope starts every `assigned`
     /// partition's: each reports its stream's progress, silent or not (see
     /// `markers`), and one handed over with a backlog is known as such only
-    /// at its assignment (it catches up, see `exchange_alignment`).
+    /// at its assignment (it catches up, see `watermark::alignment`).
     fn new_partitions(&self, batch: &SourceBatch, assigned: &[i32]) -> BTreeSet<i32> {
         let resumed = batch
             .restored_checkpoints
@@ -489,7 +489,7 @@ impl TaskManager {
     /// Counts the progress published to the watermark exchange (every
     /// instance's, by input partition) in every task's query-wide
     /// watermark, as far as the alignment lets each (see
-    /// `exchange_alignment`); returns whether a watermark would move (a
+    /// `watermark::alignment`); returns whether a watermark would move (a
     /// batch is then due, as Spark's driver would run one having seen
     /// every partition).
     pub(super) fn observe_other_instances(

@@ -1,5 +1,5 @@
-//! Topic administration and metadata: the default broker, creating
-//! topics, reading partition counts.
+//! Topic administration and metadata: creating topics, reading
+//! partition counts.
 
 use crate::connection::KafkaConnection;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -7,12 +7,6 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
-
-/// The broker to use when none is configured: `KAFKA_BOOTSTRAP`, else
-/// `127.0.0.1:9092`.
-pub fn default_bootstrap() -> String {
-    std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
-}
 
 /// Creates `topic` with `partitions` partitions if it does not exist.
 pub fn ensure_topic(cluster: &KafkaConnection, topic: &str, partitions: i32) -> Result<()> {

@@ -16,6 +16,12 @@ use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::secrets::{redact, Properties};
 
+/// The broker to use when none is configured: `KAFKA_BOOTSTRAP`, else
+/// `127.0.0.1:9092`.
+pub fn default_bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
+}
+
 /// Bootstrap servers and the librdkafka properties every client of a query
 /// gets. `Debug` and [`KafkaConnection::describe`] mask secret values.
 ///
@@ -47,7 +53,7 @@ impl KafkaConnection {
 
     /// `KAFKA_BOOTSTRAP`, else `127.0.0.1:9092`.
     pub fn local() -> Self {
-        KafkaConnection::new(crate::default_bootstrap())
+        KafkaConnection::new(default_bootstrap())
     }
 
     /// With librdkafka property `name` set to `value`.

@@ -31,7 +31,7 @@ pub use state_backend::split_memory_budget;
 pub use changelog::{
     changelog_topic, read_changelog, restore_changelog, KafkaChangelogWriter, RestoreOptions,
 };
-pub use connection::KafkaConnection;
+pub use connection::{default_bootstrap, KafkaConnection};
 pub use dead_letter::KafkaDeadLetter;
 pub use exactly_once::SharedTransactions;
 pub use group_members::{serving_client_id, GroupMember, GroupMembers};
@@ -43,8 +43,8 @@ pub use watermark_exchange::KafkaWatermarkExchange;
 
 mod admin;
 pub use admin::{
-    broker_creates_topics, check_output_topic, default_bootstrap, ensure_topic,
-    ensure_topic_with_config, output_topic_verdict, partition_count,
+    broker_creates_topics, check_output_topic, ensure_topic, ensure_topic_with_config,
+    output_topic_verdict, partition_count,
 };
 
 /// `fetch.queue.backoff.ms` for every consumer of this crate. librdkafka's

@@ -17,7 +17,7 @@
 //! that reads a partition is the one that knows how far it has read: its
 //! task keeps a watermark counting the other partitions' progress (this
 //! instance's, and the others' through the watermark exchange) only as far
-//! as it has read its own (see `exchange_alignment`), and its markers carry,
+//! as it has read its own (see `alignment`), and its markers carry,
 //! for its partition, that stream maximum rather than the partition's own.
 //! The reader takes, per stream, the smallest of those reports
 //! ([`crate::watermark::WatermarkTracker::with_aligned_inputs`]): a writer
@@ -87,11 +87,11 @@ impl WatermarkMarker {
 /// stream that the partition's task counts (see the module's
 /// documentation). Only assigned ones: another instance's partition of the
 /// same number (a union's other topic) is reported by its own writer.
-pub(super) fn forwarded_stream_maxima(
-    tasks: &BTreeMap<i32, super::task::Task>,
+pub(in crate::runtime) fn forwarded_stream_maxima(
+    tasks: &BTreeMap<i32, crate::runtime::task::Task>,
     assigned: &[(String, i32)],
-    inputs: &super::inputs::Inputs,
-    source: &dyn super::Source,
+    inputs: &crate::runtime::inputs::Inputs,
+    source: &dyn crate::runtime::Source,
 ) -> BTreeMap<String, TimestampMicros> {
     let mut forwarded = BTreeMap::new();
     for (topic, partition) in assigned {

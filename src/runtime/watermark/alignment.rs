@@ -42,9 +42,9 @@
 //! after a restart) has read nothing: it counts nothing published until
 //! its first batch ends.
 
-use super::watermark_exchange::PartitionProgress;
-use super::Source;
+use super::exchange::PartitionProgress;
 use crate::record::Record;
+use crate::runtime::Source;
 use crate::time::TimestampMicros;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -67,7 +67,7 @@ enum ReadFrontier {
 /// The exchange's progress gated by this instance's reading (see the
 /// module's documentation), and the largest progress seen per partition.
 #[derive(Debug, Default)]
-pub(super) struct ExchangeAlignment {
+pub(in crate::runtime) struct ExchangeAlignment {
     /// This instance's task partitions that committed a batch.
     own: BTreeMap<i32, ReadFrontier>,
     /// Tasks that joined running ones and have not read their backlog to
@@ -93,7 +93,7 @@ pub(super) struct ExchangeAlignment {
 impl ExchangeAlignment {
     /// An alignment that counts everything published at once: for the
     /// real-time trigger, whose polls are not planned.
-    pub(super) fn ungated() -> Self {
+    pub(in crate::runtime) fn ungated() -> Self {
         ExchangeAlignment {
             ungated: true,
             ..Default::default()
@@ -103,7 +103,7 @@ impl ExchangeAlignment {
     /// Notes the record timestamps of one poll's `records`; a timestamp
     /// ahead of the wall clock counts as now (a producer's clock ahead
     /// must not make a partition look read far ahead).
-    pub(super) fn note_read(&mut self, records: &[Record], source: &dyn Source) {
+    pub(in crate::runtime) fn note_read(&mut self, records: &[Record], source: &dyn Source) {
         let now_ms = crate::time::now_micros() / 1_000;
         // Records come in runs per partition: the maps are touched once a
         // run, not once a record.
@@ -152,7 +152,7 @@ impl ExchangeAlignment {
     /// when it read nothing and is in `caught_up` (partitions whose plan,
     /// asked at `as_of_ms`, reads them to their latest offset). A task
     /// catching up is in step once its plan reads it to the end.
-    pub(super) fn batch_committed(
+    pub(in crate::runtime) fn batch_committed(
         &mut self,
         tasks: &[i32],
         caught_up: &BTreeSet<i32>,
@@ -178,7 +178,7 @@ impl ExchangeAlignment {
     /// After a poll that read nothing: each of `tasks` in `caught_up` with
     /// nothing read since its last batch had nothing waiting at `as_of_ms`
     /// (when its plan asked for the latest offsets).
-    pub(super) fn nothing_read(
+    pub(in crate::runtime) fn nothing_read(
         &mut self,
         tasks: &[i32],
         caught_up: &BTreeSet<i32>,
@@ -193,7 +193,7 @@ impl ExchangeAlignment {
     }
 
     /// Forgets the open batch's reads (it aborted and is read again).
-    pub(super) fn batch_aborted(&mut self) {
+    pub(in crate::runtime) fn batch_aborted(&mut self) {
         self.batch_reads.clear();
     }
 
@@ -204,7 +204,7 @@ impl ExchangeAlignment {
     /// rows are in step with the running tasks' — or when it was catching
     /// up already (its task rebuilt after an aborted batch; a revoked
     /// partition is forgotten at the next commit). Returns whether it is.
-    pub(super) fn task_started(
+    pub(in crate::runtime) fn task_started(
         &mut self,
         partition: i32,
         joins_running: bool,
@@ -224,12 +224,12 @@ impl ExchangeAlignment {
     }
 
     /// Whether the task of `partition` is catching up.
-    pub(super) fn is_catching_up(&self, partition: i32) -> bool {
+    pub(in crate::runtime) fn is_catching_up(&self, partition: i32) -> bool {
         self.catching_up.contains(&partition)
     }
 
     /// Takes the reports `collected` from the exchange.
-    pub(super) fn offer(&mut self, collected: Vec<(String, PartitionProgress)>) {
+    pub(in crate::runtime) fn offer(&mut self, collected: Vec<(String, PartitionProgress)>) {
         for (input, progress) in collected {
             let largest = self.largest.entry(input.clone()).or_insert(progress);
             *largest = largest.max_with(progress);
@@ -243,7 +243,7 @@ impl ExchangeAlignment {
 
     /// Per input partition, the largest published event time the tasks of
     /// `group` may count: of rows read before every one of them.
-    pub(super) fn countable(&self, group: &[i32]) -> BTreeMap<String, TimestampMicros> {
+    pub(in crate::runtime) fn countable(&self, group: &[i32]) -> BTreeMap<String, TimestampMicros> {
         let Some(frontier) = self.frontier(group) else {
             return BTreeMap::new();
         };
@@ -263,7 +263,7 @@ impl ExchangeAlignment {
     /// Forgets the reports every one of `tasks` has counted, keeping per
     /// input partition the newest of them (a task started later counts it
     /// once it has read as far).
-    pub(super) fn prune(&mut self, tasks: &[i32]) {
+    pub(in crate::runtime) fn prune(&mut self, tasks: &[i32]) {
         let frontiers: Option<Vec<i64>> = tasks.iter().map(|p| self.frontier(&[*p])).collect();
         let Some(frontier) = frontiers.and_then(|f| f.into_iter().min()) else {
             return;
@@ -303,7 +303,7 @@ impl ExchangeAlignment {
     /// This instance's committed `progress` (largest event time per input
     /// partition) to publish: each raised to the largest known for its
     /// partition, with how far it was read.
-    pub(super) fn progress_to_publish(
+    pub(in crate::runtime) fn progress_to_publish(
         &mut self,
         progress: &BTreeMap<String, TimestampMicros>,
     ) -> BTreeMap<String, PartitionProgress> {

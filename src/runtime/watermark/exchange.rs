@@ -6,7 +6,7 @@
 //! of its input partitions delivered, and how far each was read in record
 //! timestamps; between batches it collects what the others published and
 //! every task's watermark counts it once its own partitions are read as far
-//! (see `exchange_alignment`). Only committed progress is published: a
+//! (see `alignment`). Only committed progress is published: a
 //! batch that aborts and is read again must not find its own rows already
 //! behind the watermark.
 
