@@ -173,3 +173,6 @@ esac
 build_base
 if [[ "$what" == kafka || "$what" == all ]]; then build_kafka; fi
 if [[ "$what" == tidemark || "$what" == all ]]; then build_tidemark; fi
+# The versions a rebuild replaced (untagged now; a new binary each test run
+# would otherwise leave ~150 MB behind every time).
+docker image prune -f --filter label=tidemark.content >/dev/null
