@@ -4,6 +4,8 @@
 //! Values are checked while the file is read, so an error names the line and
 //! column of the offending key together with what is allowed.
 
+mod describe;
+
 use crate::aggregate::AggregateFn;
 use crate::duration::parse_duration;
 use crate::error::{Error, Result};
@@ -1843,13 +1845,14 @@ impl PipelineFile {
         if !co_partitioned {
             query = query.repartition_joins();
         }
-        let join_keys = query.stream_join_keys();
+        let join_keys = query.plan().stream_join_keys();
         let topology = query.into_topology();
         if let (true, Some(keys)) = (topology.is_repartitioned(), join_keys) {
             // The join's reader reads rows keyed by the left join keys, not
             // by `source.keyed_by`: its groupings must hold on those.
             self.query_builder()?
                 .keyed_by(&keys)
+                .plan()
                 .check_join_partitioning(true)?;
         }
         Ok(topology)
@@ -1860,7 +1863,7 @@ impl PipelineFile {
     /// initial states; not global tables, which every task reads whole).
     pub fn input_topics(&self) -> Result<Vec<String>> {
         let mut topics = self.source.topic.clone().map(|t| t.0).unwrap_or_default();
-        for input in self.query_builder()?.second_inputs() {
+        for input in self.query_builder()?.plan().second_inputs() {
             if input.kind != crate::runtime::SecondInputKind::GlobalTable {
                 topics.extend(input.topics);
             }
@@ -2253,7 +2256,8 @@ impl PipelineFile {
                 }
             };
         }
-        b.check_join_partitioning(self.source.kind == SourceKind::Kafka)?;
+        b.plan()
+            .check_join_partitioning(self.source.kind == SourceKind::Kafka)?;
         Ok(b)
     }
 }
@@ -2589,7 +2593,7 @@ sink: {kind: stdout}
             StageInput::Joined {
                 stream: "clicks".into(),
                 topics: vec!["clicks".into()],
-                schema: file.query_builder().unwrap().second_inputs()[0]
+                schema: file.query_builder().unwrap().plan().second_inputs()[0]
                     .schema
                     .clone(),
             }
@@ -2601,7 +2605,7 @@ sink: {kind: stdout}
                 keys: vec!["clickAdId".into()]
             }
         );
-        assert!(right.query.joined_topics().is_empty());
+        assert!(right.query.plan().joined_topics().is_empty());
         assert_eq!(reader.name, "ad-clicks");
         assert_eq!(reader.output, StageOutput::Sink);
         assert_eq!(
@@ -2612,7 +2616,7 @@ sink: {kind: stdout}
             }
         );
         assert_eq!(
-            reader.query.joined_topics(),
+            reader.query.plan().joined_topics(),
             vec![(
                 "clicks".to_string(),
                 vec!["ad-clicks-right-repartition".to_string()]

@@ -160,7 +160,7 @@ impl PipelineTestDriver {
             crate::decode::JsonDecoder::new(file.schema()),
         ));
         let query = file.query_builder()?;
-        let inputs = query.second_inputs().into_iter();
+        let inputs = query.plan().second_inputs().into_iter();
         for joined in inputs.filter(|i| i.kind != crate::runtime::SecondInputKind::GlobalTable) {
             for topic in &joined.topics {
                 let schema = joined.schema.clone();

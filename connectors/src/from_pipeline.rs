@@ -252,6 +252,7 @@ fn stage_main_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
 fn stage_global_tables(stage: &Stage) -> Vec<SecondInput> {
     stage
         .query
+        .plan()
         .second_inputs()
         .into_iter()
         .filter(|i| i.kind == SecondInputKind::GlobalTable)
@@ -292,7 +293,14 @@ fn standby_member(
 /// Every topic a stage reads: its own and its joined streams'.
 fn stage_topics(file: &PipelineFile, stage: &Stage) -> Vec<String> {
     let mut topics = stage_main_topics(file, stage);
-    topics.extend(stage.query.joined_topics().into_iter().flat_map(|(_, t)| t));
+    topics.extend(
+        stage
+            .query
+            .plan()
+            .joined_topics()
+            .into_iter()
+            .flat_map(|(_, t)| t),
+    );
     topics
 }
 
@@ -307,13 +315,13 @@ fn build_source(
     identity: &InstanceIdentity,
 ) -> Result<Box<dyn Source>> {
     let src = &file.source;
-    let joined = stage.query.joined_topics();
+    let joined = stage.query.plan().joined_topics();
     if src.kind == SourceKind::Files {
         return files_source(file, stage, base_dir);
     }
     let topics = stage_topics(file, stage);
     let mut properties = src.properties.0.clone();
-    if !joined.is_empty() && stage.query.needs_co_partitioned_inputs() {
+    if !joined.is_empty() && stage.query.plan().needs_co_partitioned_inputs() {
         check_co_partitioned(&clients.cluster, &topics)?;
         // Partition n of every topic to the same instance: the range
         // assignor splits each topic alike.
@@ -374,7 +382,7 @@ fn input_group(group: &str, input: &StageInput) -> String {
 fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<Box<dyn Source>> {
     let src = &file.source;
     let dir = resolve(base_dir, src.path.as_deref().unwrap_or("."));
-    let inputs = match stage.query.joined_topics().first() {
+    let inputs = match stage.query.plan().joined_topics().first() {
         None => Vec::new(),
         Some(_) if src.topic.is_none() => {
             return Err(tidemark::error::Error::config(
@@ -385,7 +393,10 @@ fn files_source(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<B
         Some(_) => file.input_topics()?,
     };
     let checkpoint = file.files_checkpoint().map(|c| resolve(base_dir, &c));
-    if checkpoint.is_some() && file.state_spec().is_none() && stage.query.has_stateful_steps() {
+    if checkpoint.is_some()
+        && file.state_spec().is_none()
+        && stage.query.plan().has_stateful_steps()
+    {
         return Err(tidemark::error::Error::config(
             "state_dir",
             "a files source that remembers its progress (`source.checkpoint`) with stateful steps needs `state_dir` too: the state must survive with the progress",
@@ -446,7 +457,7 @@ pub(crate) fn stage_source_config(
 /// joins or global tables, one per topic.
 fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<Box<dyn Decoder>> {
     let src = &file.source;
-    let second_inputs = stage.query.second_inputs();
+    let second_inputs = stage.query.plan().second_inputs();
     let schema_of = |stream: &str| {
         second_inputs
             .iter()
@@ -454,7 +465,7 @@ fn build_decoder(file: &PipelineFile, stage: &Stage, base_dir: &Path) -> Result<
             .map(|j| j.schema.clone())
             .unwrap_or_default()
     };
-    let stage_joins = stage.query.joined_topics();
+    let stage_joins = stage.query.plan().joined_topics();
     let (format, schema) = match &stage.input {
         StageInput::Source => (src.format, file.schema()),
         StageInput::Joined { schema, .. } => (src.format, schema.clone()),
@@ -818,12 +829,17 @@ fn refuse_unpartitioned_distinct(stage: &Stage, inputs: &[String], widest: i32) 
 /// co-partitioned (different partition counts): it then runs repartitioned
 /// (see [`PipelineFile::topology`]) rather than being refused.
 pub fn join_needs_repartition(file: &PipelineFile) -> Result<bool> {
-    let streams_beside = file.query_builder()?.second_inputs().iter().any(|i| {
-        matches!(
-            i.kind,
-            SecondInputKind::StreamJoin { .. } | SecondInputKind::Union
-        )
-    });
+    let streams_beside = file
+        .query_builder()?
+        .plan()
+        .second_inputs()
+        .iter()
+        .any(|i| {
+            matches!(
+                i.kind,
+                SecondInputKind::StreamJoin { .. } | SecondInputKind::Union
+            )
+        });
     if file.source.kind != SourceKind::Kafka || !streams_beside {
         return Ok(false);
     }
@@ -851,7 +867,7 @@ fn delta_sink(
         (OutputMode::Update, DeltaMode::Changes) => DeltaWriteMode::Changes,
         (OutputMode::Update, DeltaMode::Upsert) => DeltaWriteMode::Upsert {
             keys: if spec.key.is_empty() {
-                file.query_builder()?.output_keys()
+                file.query_builder()?.plan().output_keys()
             } else {
                 spec.key.clone()
             },

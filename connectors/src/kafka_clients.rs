@@ -152,7 +152,8 @@ impl KafkaClients {
             }
         }
         let global_tables = file.query_builder().is_ok_and(|q| {
-            q.second_inputs()
+            q.plan()
+                .second_inputs()
                 .iter()
                 .any(|i| i.kind == SecondInputKind::GlobalTable)
         });

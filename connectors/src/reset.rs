@@ -77,7 +77,7 @@ impl ResetPlan {
                 }
                 StageInput::Repartition { .. } => internal_groups.push(group),
             }
-            for store in stage.query.store_names() {
+            for store in stage.query.plan().store_names() {
                 candidates.push(format!("{}-{store}-changelog", stage.name));
             }
             if let Some(dir) = &state_dir {

@@ -119,12 +119,13 @@ impl TopologyRunner {
     pub fn run(&self) -> Result<RunSummary> {
         // Its topics are Kafka's: a grouping after a join must hold where
         // the join's partitions are.
-        (self.query)()?.check_join_partitioning(true)?;
+        (self.query)()?.plan().check_join_partitioning(true)?;
         let topology = (self.query)()?.into_topology();
         let trigger = topology.trigger();
         let mut inputs = self.input.topics.clone();
         inputs.extend(
             (self.query)()?
+                .plan()
                 .joined_topics()
                 .into_iter()
                 .flat_map(|(_, t)| t),
@@ -160,12 +161,12 @@ impl TopologyRunner {
             StageInput::Joined { topics, .. } => config.topics = topics.clone(),
             StageInput::Repartition { topic, .. } => config.topics = vec![topic.clone()],
         }
-        let joined = stage.query.joined_topics();
+        let joined = stage.query.plan().joined_topics();
         config
             .topics
             .extend(joined.into_iter().flat_map(|(_, t)| t));
         let own_topics = config.topics.clone();
-        if stage.query.needs_co_partitioned_inputs() {
+        if stage.query.plan().needs_co_partitioned_inputs() {
             check_co_partitioned(&config.cluster, &config.topics)?;
             // Partition n of every topic to the same instance.
             config
@@ -183,7 +184,7 @@ impl TopologyRunner {
         let mut builder = stage
             .query
             .on_progress(move |_: &tidemark::progress::QueryProgress| committed.batch_committed());
-        if builder.forwards_stream_maxima() {
+        if builder.plan().forwards_stream_maxima() {
             // A writer under the query scope counts the other instances'
             // progress, shared on a topic of its own.
             let topic = format!("{}-watermarks", stage.name);

@@ -78,7 +78,7 @@ fn code_steps_and_processors_build_and_an_unregistered_code_step_is_refused() {
         .to_topic("out", &["user"])
         .build()
         .unwrap();
-    let described: Vec<String> = file.query_builder().unwrap().store_names();
+    let described: Vec<String> = file.query_builder().unwrap().plan().store_names();
     assert_eq!(
         described.len(),
         1,

@@ -1,22 +1,19 @@
 //! Building a query: its steps, inputs, watermarks and checks.
 
+use super::plan::{
+    columns_after, groups_stay_in_partition, partition_columns_after, GlobalTable, Grouping,
+    JoinInput, OperatorFactory, QueryPlan, SecondInput, SecondInputKind, SideInput, Step,
+    StepShape, UNION_BESIDE_JOIN,
+};
 use super::query::{default_query_id, Query, StopHandle};
-use super::stages::{Grouping, Step, StepShape};
+use super::resources::QueryResources;
 use super::{Clock, DeadLetter, Decoder, Sink, Trigger};
 use crate::error::{Error, Result};
 use crate::operators::{Operator, OutputMode};
 use crate::progress::ProgressListener;
-use crate::row::Row;
-use crate::time::TimestampMicros;
 use crate::watermark::WatermarkPolicy;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Why a union beside a join (or a table, or an initial state) is refused.
-const UNION_BESIDE_JOIN: &str = "a union and a join in one pipeline are not supported yet: write the union's output to a topic and join it in a second pipeline";
-
-/// Builds one operator for one task; every task gets its own instances.
-pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + Sync>;
 
 /// Builds a [`Query`].
 ///
@@ -43,201 +40,10 @@ pub type OperatorFactory = Arc<dyn Fn(OutputMode) -> Box<dyn Operator> + Send + 
 /// assert_eq!(sink.rows[0].get("count"), Some(&Value::Long(1)));
 /// ```
 pub struct QueryBuilder {
-    pub(super) name: String,
-    pub(super) id: Option<String>,
-    pub(super) event_time: Option<Arc<str>>,
-    pub(super) watermark: Option<Duration>,
-    pub(super) policy: WatermarkPolicy,
-    pub(super) scope: crate::watermark::WatermarkScope,
-    pub(super) idle_timeout: Option<Duration>,
-    pub(super) steps: Vec<Step>,
-    /// The columns the main input's records are partitioned by (its
-    /// record key), when known.
-    pub(super) keyed_by: Option<Vec<String>>,
-    /// Repartition a stream join's inputs even when their record keys are
-    /// the join keys (their topics are not co-partitioned).
-    pub(super) repartition_joins: bool,
-    /// The second streams of joins.
-    pub(super) side_inputs: Vec<SideInput>,
-    /// Global tables: their shared rows, key columns and feeds.
-    pub(super) global_tables: Vec<GlobalTable>,
-    /// The name of the main stream, in progress reports of joins.
-    pub(super) main_stream: Arc<str>,
-    /// The main stream's declared columns (a right outer join's nulls).
-    pub(super) main_columns: Vec<Arc<str>>,
-    pub(super) output_mode: OutputMode,
-    pub(super) trigger: Trigger,
-    pub(super) clock: Clock,
-    pub(super) max_records_per_batch: usize,
-    pub(super) decoder: Option<Box<dyn Decoder>>,
-    pub(super) dead_letter: Option<Box<dyn DeadLetter>>,
-    pub(super) late_data: Option<Box<dyn Sink>>,
-    pub(super) state_backend: Option<Box<dyn super::StateBackend>>,
-    pub(super) event_time_extractor: Option<EventTimeExtractor>,
-    pub(super) listeners: Vec<Box<dyn ProgressListener>>,
-    pub(super) watermark_from_markers: bool,
-    /// A repartition writer under the query scope: its markers carry, for
-    /// each of its partitions, the stream's largest event time as far as
-    /// its task may count it (see `markers`), not the partition's own.
-    pub(super) forwards_stream_maxima: bool,
-    /// Behind a repartition, the streams whose progress the markers carry
-    /// by origin topic: a union's inputs, each with its own watermark.
-    pub(super) marker_streams: Vec<MarkerStream>,
-    /// Shares partitions' progress with the query's other instances
-    /// (`watermark_scope: query`).
-    pub(super) watermark_exchange: Option<Box<dyn super::WatermarkExchange>>,
-    /// Where interactive queries' requests reach the running query.
-    pub(super) state_service: Option<super::StateService>,
-}
-
-/// A stream whose progress reaches a repartition reader in markers, by the
-/// topics its origins name (`topic/partition`).
-#[derive(Debug, Clone)]
-pub(crate) struct MarkerStream {
-    /// Its topics.
-    pub(super) topics: Vec<String>,
-    /// Its name in `streamWatermarks`.
-    pub(super) stream: Arc<str>,
-    /// Its own watermark delay (microseconds); `None`: it has no
-    /// watermark and takes no part in the query's (Spark).
-    pub(super) delay: Option<i64>,
-}
-
-/// Computes a row's event time (microseconds) when no column holds it.
-pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send + Sync>;
-
-/// The second stream of a join: its topics, event-time column, watermark
-/// and the stateless steps its rows go through before the join.
-#[derive(Clone)]
-pub struct JoinInput {
-    pub(super) name: Arc<str>,
-    /// A table (compacted topic) for a stream–table join, not a stream.
-    pub(super) table: bool,
-    pub(super) topics: Vec<String>,
-    pub(super) event_time: Option<Arc<str>>,
-    pub(super) watermark: Option<Duration>,
-    pub(super) steps: Vec<OperatorFactory>,
-    /// What each of `steps` does to the columns (a union lines rows up by
-    /// the columns its streams end with).
-    pub(super) step_shapes: Vec<StepShape>,
-    pub(super) columns: Vec<Arc<str>>,
-    /// Its columns' types, when given: the connectors decode its records
-    /// by them.
-    pub(super) schema: crate::schema::Schema,
-    /// The columns its records are keyed by, when known.
-    pub(super) keyed_by: Option<Vec<String>>,
-}
-
-impl JoinInput {
-    /// The stream `name`, read from the topic of that name (for the files
-    /// source: the sub-directory of that name).
-    pub fn new(name: &str) -> Self {
-        JoinInput {
-            name: Arc::from(name),
-            table: false,
-            topics: vec![name.to_string()],
-            event_time: None,
-            watermark: None,
-            steps: Vec::new(),
-            step_shapes: Vec::new(),
-            columns: Vec::new(),
-            schema: crate::schema::Schema::default(),
-            keyed_by: None,
-        }
-    }
-
-    /// The table `name` for [`QueryBuilder::join_table`]: a compacted
-    /// topic of that name (latest row per key, tombstones delete). A table
-    /// has no event time and no watermark.
-    pub fn table(name: &str) -> Self {
-        JoinInput {
-            table: true,
-            ..JoinInput::new(name)
-        }
-    }
-
-    /// Reads the stream from these topics instead (co-partitioned with the
-    /// main stream's).
-    pub fn topics<S: AsRef<str>>(mut self, topics: &[S]) -> Self {
-        self.topics = topics.iter().map(|t| t.as_ref().to_string()).collect();
-        self
-    }
-
-    /// The columns the stream's records are keyed by (partitioned on):
-    /// a join on other columns repartitions the stream.
-    pub fn keyed_by<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
-        self.keyed_by = Some(columns.iter().map(|c| c.as_ref().to_string()).collect());
-        self
-    }
-
-    /// The stream's event-time column.
-    pub fn event_time(mut self, column: &str) -> Self {
-        self.event_time = Some(Arc::from(column));
-        self
-    }
-
-    /// The stream's own watermark delay, as a Spark duration string.
-    pub fn watermark(mut self, delay: &str) -> Result<Self> {
-        let d = crate::duration::parse_duration(delay)
-            .map_err(|e| Error::config("join.watermark", e.to_string()))?;
-        self.watermark = Some(d);
-        Ok(self)
-    }
-
-    /// The stream's columns, when known: a left outer row writes them as
-    /// nulls (otherwise the columns of the rows seen so far are). Their
-    /// types are then inferred: it replaces a [`schema`](Self::schema).
-    pub fn columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
-        self.columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
-        self.schema = crate::schema::Schema::default();
-        self
-    }
-
-    /// The stream's columns and their types: where the pipeline wiring
-    /// connects the query (`PipelineRunner`, `KafkaApp`), its records are
-    /// decoded by them (a value of another type is a dead letter); a left
-    /// outer row writes them as nulls. Sets the columns
-    /// [`columns`](Self::columns) would.
-    pub fn schema(mut self, schema: crate::schema::Schema) -> Self {
-        self.columns = schema.fields().map(|(name, _)| Arc::from(name)).collect();
-        self.schema = schema;
-        self
-    }
-
-    /// Keeps the stream's rows for which `condition` is true.
-    pub fn filter(mut self, condition: &str) -> Result<Self> {
-        crate::operators::Filter::new(condition)?;
-        let condition = condition.to_string();
-        self.steps.push(Arc::new(move |_| {
-            Box::new(crate::operators::Filter::new(&condition).expect("validated"))
-        }));
-        self.step_shapes.push(StepShape::Keeps);
-        Ok(self)
-    }
-
-    /// Keeps `(column, output name)` pairs of the stream's rows.
-    pub fn select<S: AsRef<str>>(mut self, columns: &[(S, S)]) -> Self {
-        let cols: Vec<(String, String)> = columns
-            .iter()
-            .map(|(a, b)| (a.as_ref().to_string(), b.as_ref().to_string()))
-            .collect();
-        self.step_shapes.push(StepShape::Selects(cols.clone()));
-        self.steps.push(Arc::new(move |_| {
-            Box::new(crate::operators::Select::new(cols.clone()))
-        }));
-        self
-    }
-
-    /// Adds a computed column to the stream's rows.
-    pub fn with_column(mut self, name: &str, expression: &str) -> Result<Self> {
-        crate::operators::WithColumn::new(name, expression)?;
-        let (n, e) = (name.to_string(), expression.to_string());
-        self.step_shapes.push(StepShape::Writes(n.clone()));
-        self.steps.push(Arc::new(move |_| {
-            Box::new(crate::operators::WithColumn::new(&n, &e).expect("validated"))
-        }));
-        Ok(self)
-    }
+    /// What the query is.
+    pub(super) plan: QueryPlan,
+    /// What it runs with.
+    pub(super) resources: QueryResources,
 }
 
 /// The settings of a join of the stream with `table` on `on`.
@@ -255,209 +61,12 @@ fn table_join_spec(
     }
 }
 
-/// A global table of the query.
-pub(crate) struct GlobalTable {
-    pub(super) name: Arc<str>,
-    /// The topic it reads and its columns' types.
-    pub(super) input: SecondInput,
-    pub(super) keys: Vec<Arc<str>>,
-    pub(super) rows: crate::operators::SharedTable,
-    pub(super) feed: Option<Box<dyn super::TableFeed>>,
-    /// The index of its join among the steps.
-    pub(super) step: usize,
-}
-
-impl GlobalTable {
-    /// Reads what the feed has and applies it: an upsert per record, a
-    /// delete per tombstone (by record key). Bad records go to `dead_letter`.
-    pub(super) fn catch_up(
-        &mut self,
-        decoder: &mut dyn Decoder,
-        dead_letter: &mut dyn DeadLetter,
-    ) -> Result<u64> {
-        let Some(feed) = self.feed.as_mut() else {
-            return Err(Error::config(
-                "table_join.global",
-                format!("the global table `{}` has no feed", self.name),
-            ));
-        };
-        let records = feed.catch_up()?;
-        let mut bad = 0;
-        let mut rows = self.rows.write().unwrap_or_else(|p| p.into_inner());
-        for record in &records {
-            let applied = match (&record.value, &record.key) {
-                (None, Some(key)) => match std::str::from_utf8(key) {
-                    Ok(key) => {
-                        rows.remove(key);
-                        Ok(())
-                    }
-                    Err(_) => Err("a tombstone whose key is not UTF-8 text".to_string()),
-                },
-                (None, None) => Err("a tombstone without a key deletes nothing".to_string()),
-                (Some(_), _) => match decoder.decode(record) {
-                    Ok(row) => match crate::operators::table_record_key(&row, &self.keys) {
-                        Some(key) => {
-                            rows.insert(key, row);
-                            Ok(())
-                        }
-                        None => Err(format!("the key columns {:?} are missing", self.keys)),
-                    },
-                    Err(e) if e.is_bad_data() => Err(e.to_string()),
-                    // A registry outage is not the record's fault.
-                    Err(e) => return Err(e),
-                },
-            };
-            if let Err(reason) = applied {
-                bad += 1;
-                let error = Error::BadRecord {
-                    position: record.position.clone(),
-                    field: "<table>".into(),
-                    reason,
-                };
-                dead_letter.send_between_batches(record, &error)?;
-            }
-        }
-        Ok(bad)
-    }
-}
-
-/// What a second input is to the query.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecondInputKind {
-    /// A stream-stream join's second stream.
-    StreamJoin {
-        /// A right or full outer join: its unmatched right rows have null
-        /// left keys.
-        outer_right: bool,
-    },
-    /// A co-partitioned table (Kafka Streams' `KTable`) joined.
-    Table,
-    /// A stateful processor's initial state (Spark's `initialState`).
-    InitialState,
-    /// A union's second stream.
-    Union,
-    /// A global table: every partition of its topic in every task.
-    GlobalTable,
-}
-
-/// A second input the query reads beside its main stream: what the
-/// connectors subscribe to, decode and feed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecondInput {
-    /// Its name (in progress reports, and a joined stream's columns).
-    pub name: String,
-    /// The topics it reads (for the files source: the sub-directory).
-    pub topics: Vec<String>,
-    /// Its columns' types (empty: every JSON field, types inferred).
-    pub schema: crate::schema::Schema,
-    /// What it is to the query.
-    pub kind: SecondInputKind,
-}
-
-impl SecondInput {
-    fn of(input: &JoinInput, kind: SecondInputKind) -> SecondInput {
-        SecondInput {
-            name: input.name.to_string(),
-            topics: input.topics.clone(),
-            schema: input.schema.clone(),
-            kind,
-        }
-    }
-}
-
-/// A join's second stream within the query.
-pub(crate) struct SideInput {
-    /// The input index its records are routed by.
-    pub(super) input: usize,
-    /// The index of its join in the steps.
-    pub(super) join_at: usize,
-    pub(super) stream: JoinInput,
-    /// The join's key columns on the main side.
-    pub(super) left_keys: Vec<String>,
-    /// The join's key columns on this side.
-    pub(super) right_keys: Vec<String>,
-    /// A join's stream, a table, an initial state or a union's stream.
-    pub(super) kind: SecondInputKind,
-}
-
-impl SideInput {
-    /// A union's second stream rather than a join's.
-    pub(super) fn is_union(&self) -> bool {
-        self.kind == SecondInputKind::Union
-    }
-
-    /// The column sets that partition the rows after this input's join,
-    /// each with the step it holds from. A join's left keys do, except for
-    /// the right rows of a right or full outer join that found no match:
-    /// their left keys are null, and a key named differently on the right
-    /// (written as itself, or `<stream>_<name>` when the left has that name
-    /// too) is what still partitions them — a grouping must then include
-    /// it as well. An initial state or a union partitions nothing.
-    fn partitionings(&self) -> Vec<(Vec<String>, usize)> {
-        let after = self.join_at + 1;
-        let left = self.left_keys.clone();
-        match self.kind {
-            SecondInputKind::StreamJoin { outer_right: true } => {
-                let renamed: Vec<&String> = self
-                    .left_keys
-                    .iter()
-                    .zip(&self.right_keys)
-                    .filter(|(l, r)| l != r)
-                    .map(|(_, r)| r)
-                    .collect();
-                if renamed.is_empty() {
-                    return vec![(left, after)];
-                }
-                let stream = &self.stream.name;
-                let with = |name: &dyn Fn(&str) -> String| {
-                    let mut columns = left.clone();
-                    columns.extend(renamed.iter().map(|r| name(r)));
-                    (columns, after)
-                };
-                vec![
-                    with(&|right| right.to_string()),
-                    with(&|right| format!("{stream}_{right}")),
-                ]
-            }
-            SecondInputKind::StreamJoin { .. } | SecondInputKind::Table => vec![(left, after)],
-            _ => Vec::new(),
-        }
-    }
-}
-
 impl Query {
     /// Starts building a query named `name`.
     pub fn builder(name: &str) -> QueryBuilder {
         QueryBuilder {
-            name: name.to_string(),
-            id: None,
-            event_time: None,
-            watermark: None,
-            policy: WatermarkPolicy::Min,
-            scope: Default::default(),
-            idle_timeout: None,
-            steps: Vec::new(),
-            keyed_by: None,
-            repartition_joins: false,
-            side_inputs: Vec::new(),
-            global_tables: Vec::new(),
-            main_stream: Arc::from("main"),
-            main_columns: Vec::new(),
-            output_mode: OutputMode::Append,
-            trigger: Trigger::default(),
-            clock: Clock::System,
-            max_records_per_batch: 100_000,
-            decoder: None,
-            dead_letter: None,
-            late_data: None,
-            state_backend: None,
-            event_time_extractor: None,
-            listeners: Vec::new(),
-            watermark_from_markers: false,
-            forwards_stream_maxima: false,
-            marker_streams: Vec::new(),
-            watermark_exchange: None,
-            state_service: None,
+            plan: QueryPlan::new(name),
+            resources: QueryResources::default(),
         }
     }
 }
@@ -465,13 +74,13 @@ impl Query {
 impl QueryBuilder {
     /// A stable id (default: derived from the name), Spark's `id`.
     pub fn id(mut self, id: &str) -> Self {
-        self.id = Some(id.to_string());
+        self.plan.id = Some(id.to_string());
         self
     }
 
     /// The event-time column (a timestamp; RFC 3339 or epoch ms on input).
     pub fn event_time(mut self, column: &str) -> Self {
-        self.event_time = Some(Arc::from(column));
+        self.plan.event_time = Some(Arc::from(column));
         self
     }
 
@@ -481,10 +90,13 @@ impl QueryBuilder {
     pub fn event_time_from(
         mut self,
         column: &str,
-        extractor: impl Fn(&Row) -> Option<TimestampMicros> + Send + Sync + 'static,
+        extractor: impl Fn(&crate::row::Row) -> Option<crate::time::TimestampMicros>
+            + Send
+            + Sync
+            + 'static,
     ) -> Self {
-        self.event_time = Some(Arc::from(column));
-        self.event_time_extractor = Some(Arc::new(extractor));
+        self.plan.event_time = Some(Arc::from(column));
+        self.plan.event_time_extractor = Some(Arc::new(extractor));
         self
     }
 
@@ -492,7 +104,7 @@ impl QueryBuilder {
     /// (Flink's late-data side output), written and committed with each
     /// batch.
     pub fn late_data(mut self, sink: impl Sink + 'static) -> Self {
-        self.late_data = Some(Box::new(sink));
+        self.resources.late_data = Some(Box::new(sink));
         self
     }
 
@@ -500,7 +112,7 @@ impl QueryBuilder {
     /// with Kafka changelogs in production), checkpointed after every batch
     /// and restored when a task starts. Without one, state lives in memory.
     pub fn state_backend(mut self, backend: impl super::StateBackend + 'static) -> Self {
-        self.state_backend = Some(Box::new(backend));
+        self.resources.state_backend = Some(Box::new(backend));
         self
     }
 
@@ -508,7 +120,7 @@ impl QueryBuilder {
     pub fn watermark(mut self, delay: &str) -> Result<Self> {
         let d = crate::duration::parse_duration(delay)
             .map_err(|e| Error::config("watermark", e.to_string()))?;
-        self.watermark = Some(d);
+        self.plan.watermark = Some(d);
         Ok(self)
     }
 
@@ -516,13 +128,13 @@ impl QueryBuilder {
     /// from rows: the reading side of a repartition topic, whose rows come
     /// from many input partitions interleaved.
     pub fn watermark_from_markers(mut self) -> Self {
-        self.watermark_from_markers = true;
+        self.plan.watermark_from_markers = true;
         self
     }
 
     /// How inputs' watermarks combine (`min` default, `max`).
     pub fn watermark_policy(mut self, policy: WatermarkPolicy) -> Self {
-        self.policy = policy;
+        self.plan.policy = policy;
         self
     }
 
@@ -531,7 +143,7 @@ impl QueryBuilder {
     /// then plans batches by offsets, see [`super::BatchRequest::plan_offsets`]),
     /// or one per input partition (see [`crate::watermark::WatermarkScope`]).
     pub fn watermark_scope(mut self, scope: crate::watermark::WatermarkScope) -> Self {
-        self.scope = scope;
+        self.plan.scope = scope;
         self
     }
 
@@ -540,16 +152,8 @@ impl QueryBuilder {
     /// [`WatermarkScope::Query`](crate::watermark::WatermarkScope) each
     /// instance's watermark counts every partition, not only its own.
     pub fn watermark_exchange(mut self, exchange: impl super::WatermarkExchange + 'static) -> Self {
-        self.watermark_exchange = Some(Box::new(exchange));
+        self.resources.watermark_exchange = Some(Box::new(exchange));
         self
-    }
-
-    /// Whether this is a repartition writer under the query scope, whose
-    /// markers carry its stream's maximum as far as it has read (see
-    /// [`super::WatermarkMarker`]): with several instances it needs a
-    /// [`QueryBuilder::watermark_exchange`] to count the others' progress.
-    pub fn forwards_stream_maxima(&self) -> bool {
-        self.forwards_stream_maxima
     }
 
     /// Answers interactive queries through `service`: readers made from it
@@ -557,7 +161,7 @@ impl QueryBuilder {
     /// runs, and keep working when a supervisor rebuilds the query with
     /// the same service. Without one, [`Query::stores`] gives a reader.
     pub fn state_service(mut self, service: &super::StateService) -> Self {
-        self.state_service = Some(service.clone());
+        self.resources.state_service = Some(service.clone());
         self
     }
 
@@ -566,179 +170,27 @@ impl QueryBuilder {
     /// where the records arrive; any other grouping is repartitioned (see
     /// [`QueryBuilder::into_topology`]). Unset: every grouping is.
     pub fn keyed_by<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
-        self.keyed_by = Some(columns.iter().map(|c| c.as_ref().to_string()).collect());
+        self.plan.keyed_by = Some(columns.iter().map(|c| c.as_ref().to_string()).collect());
         self
     }
 
     /// Repartitions a stream join's two inputs by the join keys even when
     /// each is keyed by them: their topics have different partition counts.
     pub fn repartition_joins(mut self) -> Self {
-        self.repartition_joins = true;
+        self.plan.repartition_joins = true;
         self
     }
 
-    /// The query's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The inputs read beside the main stream, in step order: joined
-    /// streams and tables, initial states, unions' streams, global tables.
-    pub fn second_inputs(&self) -> Vec<SecondInput> {
-        let mut inputs: Vec<(usize, SecondInput)> = self
-            .side_inputs
-            .iter()
-            .map(|s| (s.join_at, SecondInput::of(&s.stream, s.kind)))
-            .collect();
-        inputs.extend(self.global_tables.iter().map(|t| (t.step, t.input.clone())));
-        inputs.sort_by_key(|(at, _)| *at);
-        inputs.into_iter().map(|(_, input)| input).collect()
-    }
-
-    /// The columns of the last windowed or rolling grouping: a window
-    /// aggregation's keys plus `window_start` and `window_end`, a rolling
-    /// window's partition columns — what identifies an output row in update
-    /// mode. Empty without such a grouping.
-    pub fn output_keys(&self) -> Vec<String> {
-        self.steps
-            .iter()
-            .rev()
-            .find_map(|s| match &s.shape {
-                StepShape::Groups {
-                    keys,
-                    kind: Grouping::Aggregation | Grouping::SessionAggregation,
-                } => {
-                    let mut keys = keys.clone();
-                    keys.extend(["window_start".to_string(), "window_end".to_string()]);
-                    Some(keys)
-                }
-                StepShape::Groups {
-                    keys,
-                    kind: Grouping::Rolling,
-                } => Some(keys.clone()),
-                _ => None,
-            })
-            .unwrap_or_default()
-    }
-
-    /// Refuses joins whose groupings would spread a key's rows over
-    /// tasks: a query that joins runs each task on one partition number of
-    /// every topic, so on a `partitioned_source` (Kafka) each grouping after
-    /// the first join must include the join's keys, or the record key's
-    /// columns ([`keyed_by`](Self::keyed_by)) from the start. Also refuses
-    /// a union beside a join, and two stream joins.
-    pub fn check_join_partitioning(&self, partitioned_source: bool) -> Result<()> {
-        let joined: Vec<&SideInput> = self.side_inputs.iter().filter(|s| !s.is_union()).collect();
-        if joined.len() < self.side_inputs.len() && !joined.is_empty() {
-            return Err(Error::config("steps", UNION_BESIDE_JOIN));
-        }
-        let stream_joins = joined
-            .iter()
-            .filter(|s| matches!(s.kind, SecondInputKind::StreamJoin { .. }))
-            .count();
-        if stream_joins > 1 {
-            return Err(Error::config(
-                "steps",
-                "one stream-stream join per pipeline: chain a second join in a second pipeline",
-            ));
-        }
-        if joined.is_empty() || !partitioned_source {
-            return Ok(());
-        }
-        // Each partitioning, with the step it holds from: a join's keys
-        // after that join, the record key from the start.
-        let mut allowed: Vec<(Vec<String>, usize)> =
-            joined.iter().flat_map(|s| s.partitionings()).collect();
-        allowed.extend(self.keyed_by.clone().map(|k| (k, 0)));
-        for (at, step) in self.steps.iter().enumerate() {
-            let StepShape::Groups { keys, .. } = &step.shape else {
-                continue;
-            };
-            let partitioned = |(columns, from): &(Vec<String>, usize)| {
-                let shapes = self.steps[(*from).min(at)..at].iter().map(|s| &s.shape);
-                super::stages::partition_columns_after(columns, shapes)
-                    .is_some_and(|p| super::stages::groups_stay_in_partition(keys, &p))
-            };
-            if allowed.iter().any(partitioned) {
-                continue;
-            }
-            let Some((join_keys, _)) = allowed.first() else {
-                return Err(Error::config(
-                    "source.keyed_by",
-                    format!(
-                        "a grouping by {keys:?} beside a table or an initial state runs where the records are: name the record key's columns, which the grouping must include"
-                    ),
-                ));
-            };
-            return Err(Error::config(
-                "steps",
-                format!(
-                    "a grouping in a pipeline with a join (or a table, or an initial state) must include the join keys or the record key's columns (`source.keyed_by`), {join_keys:?}: each task holds one partition of the co-partitioned topics, and grouping by {keys:?} would need a repartition, which joins do not support yet"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The main stream's join keys of its stream-stream join, if any.
-    pub fn stream_join_keys(&self) -> Option<Vec<String>> {
-        self.side_inputs
-            .iter()
-            .find(|s| matches!(s.kind, SecondInputKind::StreamJoin { .. }))
-            .map(|s| s.left_keys.clone())
-    }
-
-    /// The topics of the joined streams and tables, by stream name.
-    pub fn joined_topics(&self) -> Vec<(String, Vec<String>)> {
-        self.side_inputs
-            .iter()
-            .map(|s| (s.stream.name.to_string(), s.stream.topics.clone()))
-            .collect()
-    }
-
-    /// Counts the groupings of a kind.
-    fn count_groupings(&self, kind: impl Fn(Grouping) -> bool) -> usize {
-        self.steps
-            .iter()
-            .filter(|s| matches!(s.shape, StepShape::Groups { kind: k, .. } if kind(k)))
-            .count()
-    }
-
-    /// Whether the query's inputs must be co-partitioned (task `n` reads
-    /// partition `n` of every topic): a join's, or a union's followed by a
-    /// stateful step. A union whose rows go on statelessly (or to a
-    /// repartition topic) reads its topics however they are partitioned.
-    pub fn needs_co_partitioned_inputs(&self) -> bool {
-        self.side_inputs.iter().any(|s| {
-            !s.is_union()
-                || self.steps[s.join_at + 1..]
-                    .iter()
-                    .any(|step| step.shape.is_stateful())
-        })
-    }
-
-    /// Whether a step keeps state across batches (aggregations, joins,
-    /// deduplication, windows).
-    pub fn has_stateful_steps(&self) -> bool {
-        self.steps.iter().any(|s| s.shape.is_stateful())
-    }
-
-    /// The names of the stores its stateful steps keep (`op<index>`), as a
-    /// state backend opens them: with the query's name, what names their
-    /// changelog topics.
-    pub fn store_names(&self) -> Vec<String> {
-        self.steps
-            .iter()
-            .enumerate()
-            .filter(|(_, step)| step.shape.is_stateful())
-            .map(|(index, _)| format!("op{index}"))
-            .collect()
+    /// What the query is so far: its steps, inputs and settings, which
+    /// the planner and the checks read.
+    pub fn plan(&self) -> &QueryPlan {
+        &self.plan
     }
 
     /// After this long without records, an input stops holding the
     /// watermark back.
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = Some(timeout);
+        self.plan.idle_timeout = Some(timeout);
         self
     }
 
@@ -758,9 +210,9 @@ impl QueryBuilder {
         on: &[(&str, &str)],
         build: OperatorFactory,
     ) -> Self {
-        self.side_inputs.push(SideInput {
-            input: self.side_inputs.len() + 1,
-            join_at: self.steps.len(),
+        self.plan.side_inputs.push(SideInput {
+            input: self.plan.side_inputs.len() + 1,
+            join_at: self.plan.steps.len(),
             stream: side,
             left_keys: on.iter().map(|(l, _)| l.to_string()).collect(),
             right_keys: on.iter().map(|(_, r)| r.to_string()).collect(),
@@ -771,7 +223,7 @@ impl QueryBuilder {
 
     /// Appends a step whose effect on the partitioning is `shape`.
     fn push_step(mut self, shape: StepShape, build: OperatorFactory) -> Self {
-        self.steps.push(Step { build, shape });
+        self.plan.steps.push(Step { build, shape });
         self
     }
 
@@ -918,7 +370,7 @@ impl QueryBuilder {
         window: crate::window::WindowSpec,
         aggregates: Vec<crate::operators::AggregateSpec>,
     ) -> Self {
-        let time = match &self.event_time {
+        let time = match &self.plan.event_time {
             Some(c) => crate::operators::TimeColumn::EventTime(c.clone()),
             None => crate::operators::TimeColumn::ProcessingTime,
         };
@@ -938,6 +390,7 @@ impl QueryBuilder {
         aggregates: Vec<crate::operators::AggregateSpec>,
     ) -> Result<Self> {
         if self
+            .plan
             .count_groupings(|g| matches!(g, Grouping::Aggregation | Grouping::SessionAggregation))
             == 0
         {
@@ -994,7 +447,7 @@ impl QueryBuilder {
         frontier: crate::operators::FrontierSpec,
         measures: Vec<crate::operators::RollingMeasure>,
     ) -> Result<Self> {
-        let order_by: Arc<str> = match (order_by, &self.event_time) {
+        let order_by: Arc<str> = match (order_by, &self.plan.event_time) {
             (Some(c), _) => Arc::from(c),
             (None, Some(c)) => c.clone(),
             (None, None) => {
@@ -1004,7 +457,8 @@ impl QueryBuilder {
                 ))
             }
         };
-        if frontier.basis == crate::operators::FrontierBasis::EventTime && self.watermark.is_none()
+        if frontier.basis == crate::operators::FrontierBasis::EventTime
+            && self.plan.watermark.is_none()
         {
             return Err(Error::config(
                 "rolling_window.frontier.basis",
@@ -1056,7 +510,7 @@ impl QueryBuilder {
     /// event time) differ, until the watermark reaches the first one's
     /// event time plus the delay. Needs a watermark.
     pub fn drop_duplicates_within_watermark<K: AsRef<str>>(self, keys: &[K]) -> Result<Self> {
-        let Some(delay) = self.watermark else {
+        let Some(delay) = self.plan.watermark else {
             return Err(Error::config(
                 "dedup.within_watermark",
                 "dropDuplicatesWithinWatermark needs a watermark: set `watermark` (and `event_time`)",
@@ -1070,7 +524,11 @@ impl QueryBuilder {
     }
 
     fn deduplicate(self, spec: crate::operators::DedupSpec) -> Result<Self> {
-        let event_time = self.event_time.clone().filter(|_| self.watermark.is_some());
+        let event_time = self
+            .plan
+            .event_time
+            .clone()
+            .filter(|_| self.plan.watermark.is_some());
         let probe = crate::operators::Deduplicate::new(spec.clone(), event_time.clone())?;
         if !probe.evicts() {
             tracing::warn!(
@@ -1201,7 +659,7 @@ impl QueryBuilder {
                 ),
             ));
         }
-        if let Some(stream) = self.side_inputs.iter().find(|s| !s.stream.table) {
+        if let Some(stream) = self.plan.side_inputs.iter().find(|s| !s.stream.table) {
             // A stream join or union before may be repartitioned by other
             // keys, which the initial state's topic is not.
             return Err(Error::config(
@@ -1214,12 +672,11 @@ impl QueryBuilder {
             ));
         }
         let in_place = self
+            .plan
             .keyed_by
             .as_ref()
-            .and_then(|k| {
-                super::stages::partition_columns_after(k, self.steps.iter().map(|s| &s.shape))
-            })
-            .is_some_and(|k| super::stages::groups_stay_in_partition(&keys, &k));
+            .and_then(|k| partition_columns_after(k, self.plan.steps.iter().map(|s| &s.shape)))
+            .is_some_and(|k| groups_stay_in_partition(&keys, &k));
         if !in_place {
             return Err(Error::config(
                 "process.initial_state",
@@ -1245,9 +702,9 @@ impl QueryBuilder {
                 },
             );
         let mut b = self;
-        b.side_inputs.push(SideInput {
-            input: b.side_inputs.len() + 1,
-            join_at: b.steps.len(),
+        b.plan.side_inputs.push(SideInput {
+            input: b.plan.side_inputs.len() + 1,
+            join_at: b.plan.steps.len(),
             stream: initial,
             left_keys: on.iter().map(|(l, _)| l.clone()).collect(),
             right_keys: on.iter().map(|(_, r)| r.clone()).collect(),
@@ -1265,7 +722,7 @@ impl QueryBuilder {
     /// Names the main stream (the query's own input) in progress reports
     /// of a join's per-stream watermarks (default `main`).
     pub fn main_stream(mut self, name: &str) -> Self {
-        self.main_stream = Arc::from(name);
+        self.plan.main_stream = Arc::from(name);
         self
     }
 
@@ -1273,7 +730,7 @@ impl QueryBuilder {
     /// them as nulls in an unmatched right row (otherwise the columns of
     /// the rows seen so far).
     pub fn main_columns<S: AsRef<str>>(mut self, columns: &[S]) -> Self {
-        self.main_columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
+        self.plan.main_columns = columns.iter().map(|c| Arc::from(c.as_ref())).collect();
         self
     }
 
@@ -1311,7 +768,7 @@ impl QueryBuilder {
         on: &[(&str, &str)],
         time: crate::operators::JoinTimeCondition,
     ) -> Result<Self> {
-        let Some(left_time) = self.event_time.clone() else {
+        let Some(left_time) = self.plan.event_time.clone() else {
             return Err(Error::config(
                 "event_time",
                 "a stream-stream join compares event times: set the main stream's `event_time`",
@@ -1326,14 +783,14 @@ impl QueryBuilder {
                 ),
             ));
         };
-        if right.watermark.is_some() && self.watermark.is_none() {
+        if right.watermark.is_some() && self.plan.watermark.is_none() {
             return Err(Error::config(
                 "watermark",
                 "the joined stream has a watermark but the main stream has none: set `watermark`",
             ));
         }
         let needs_watermarks = join_type != crate::operators::JoinType::Inner;
-        if needs_watermarks && (self.watermark.is_none() || right.watermark.is_none()) {
+        if needs_watermarks && (self.plan.watermark.is_none() || right.watermark.is_none()) {
             return Err(Error::config(
                 "join.watermark",
                 "outer and semi joins need a watermark on both streams (as in Spark): set `watermark` and the join's `watermark`",
@@ -1348,11 +805,11 @@ impl QueryBuilder {
             time,
             right_name: right.name.clone(),
             right_columns: right.columns.clone(),
-            left_columns: self.main_columns.clone(),
+            left_columns: self.plan.main_columns.clone(),
         };
         // Checked once here so that the step factory cannot fail.
         let probe = crate::operators::StreamJoin::new(spec.clone())?;
-        if time == crate::operators::JoinTimeCondition::None || self.watermark.is_none() {
+        if time == crate::operators::JoinTimeCondition::None || self.plan.watermark.is_none() {
             tracing::warn!(
                 step = %crate::operators::Operator::describe(&probe),
                 "a join without a time condition and watermarks keeps every row of both streams for ever: its state grows without bound"
@@ -1400,7 +857,7 @@ impl QueryBuilder {
     /// assert_eq!(query.describe()[0], "Union [sales-eu] by name");
     /// ```
     pub fn union(mut self, mut other: JoinInput) -> Result<Self> {
-        if self.side_inputs.iter().any(|s| !s.is_union()) {
+        if self.plan.side_inputs.iter().any(|s| !s.is_union()) {
             return Err(Error::config("steps", UNION_BESIDE_JOIN));
         }
         if other.table {
@@ -1409,20 +866,20 @@ impl QueryBuilder {
                 format!("`{}` is a table: a union's second input is a stream (join a table with `table_join`)", other.name),
             ));
         }
-        if other.watermark.is_some() && self.watermark.is_none() {
+        if other.watermark.is_some() && self.plan.watermark.is_none() {
             return Err(Error::config(
                 "watermark",
                 format!("the union's stream `{}` has a watermark but the main stream has none: set `watermark`", other.name),
             ));
         }
-        if self.steps.iter().any(|s| s.shape.is_stateful()) {
+        if self.plan.steps.iter().any(|s| s.shape.is_stateful()) {
             return Err(Error::config(
                 "union",
                 format!("a union after a stateful step (`{}`) is not supported yet: put the union before the aggregation, deduplication or join", other.name),
             ));
         }
-        match (&other.event_time, &self.event_time) {
-            (None, _) => other.event_time = self.event_time.clone(),
+        match (&other.event_time, &self.plan.event_time) {
+            (None, _) => other.event_time = self.plan.event_time.clone(),
             (Some(theirs), Some(ours)) if theirs != ours => {
                 return Err(Error::config(
                     "union.event_time",
@@ -1445,9 +902,9 @@ impl QueryBuilder {
         let shape = StepShape::Unions {
             keyed_by: other.keyed_by.clone(),
         };
-        self.side_inputs.push(SideInput {
-            input: self.side_inputs.len() + 1,
-            join_at: self.steps.len(),
+        self.plan.side_inputs.push(SideInput {
+            input: self.plan.side_inputs.len() + 1,
+            join_at: self.plan.steps.len(),
             stream: other,
             left_keys: Vec::new(),
             right_keys: Vec::new(),
@@ -1463,9 +920,11 @@ impl QueryBuilder {
     /// then `other`'s that the main stream lacks; none (rows pass as they
     /// are) when either side's columns are unknown.
     fn union_columns(&self, other: &JoinInput) -> Vec<String> {
-        let main =
-            super::stages::columns_after(&self.main_columns, self.steps.iter().map(|s| &s.shape));
-        let side = super::stages::columns_after(&other.columns, &other.step_shapes);
+        let main = columns_after(
+            &self.plan.main_columns,
+            self.plan.steps.iter().map(|s| &s.shape),
+        );
+        let side = columns_after(&other.columns, &other.step_shapes);
         match (main, side) {
             (Some(mut columns), Some(side)) => {
                 for c in side {
@@ -1532,13 +991,12 @@ impl QueryBuilder {
         let spec = table_join_spec(&table, keep_unmatched, on);
         let rows: crate::operators::SharedTable = Default::default();
         crate::operators::TableJoin::global(spec.clone(), rows.clone())?;
-        self.global_tables.push(GlobalTable {
+        self.plan.global_tables.push(GlobalTable {
             name: table.name.clone(),
             input: SecondInput::of(&table, SecondInputKind::GlobalTable),
             keys: spec.table_keys.clone(),
             rows: rows.clone(),
-            feed: None,
-            step: self.steps.len(),
+            step: self.plan.steps.len(),
         });
         // Rows keep their columns and gain the table's.
         Ok(self.push_step(
@@ -1554,74 +1012,69 @@ impl QueryBuilder {
 
     /// Where the global table `name` reads its topic from.
     pub fn table_feed(mut self, name: &str, feed: impl super::TableFeed + 'static) -> Self {
-        if let Some(t) = self.global_tables.iter_mut().find(|t| &*t.name == name) {
-            t.feed = Some(Box::new(feed));
+        if self.plan.global_tables.iter().any(|t| &*t.name == name) {
+            self.resources.table_feeds.retain(|(n, _)| n != name);
+            self.resources
+                .table_feeds
+                .push((name.to_string(), Box::new(feed)));
         }
         self
     }
 
-    /// The names of the global tables, which need a [`QueryBuilder::table_feed`].
-    pub fn global_table_names(&self) -> Vec<String> {
-        self.global_tables
-            .iter()
-            .map(|t| t.name.to_string())
-            .collect()
-    }
-
     /// Spark's output mode (default append).
     pub fn output_mode(mut self, mode: OutputMode) -> Self {
-        self.output_mode = mode;
+        self.plan.output_mode = mode;
         self
     }
 
     /// When batches run.
     pub fn trigger(mut self, trigger: Trigger) -> Self {
-        self.trigger = trigger;
+        self.plan.trigger = trigger;
         self
     }
 
     /// The processing-time clock (virtual for deterministic replays).
     pub fn clock(mut self, clock: Clock) -> Self {
-        self.clock = clock;
+        self.plan.clock = clock;
         self
     }
 
     /// Caps the records of one batch (Spark's `maxOffsetsPerTrigger`).
     pub fn max_records_per_batch(mut self, max: usize) -> Self {
-        self.max_records_per_batch = max.max(1);
+        self.plan.max_records_per_batch = max.max(1);
         self
     }
 
     /// How records become rows (default: JSON objects, types inferred).
     pub fn decoder(mut self, decoder: impl Decoder + 'static) -> Self {
-        self.decoder = Some(Box::new(decoder));
+        self.resources.decoder = Some(Box::new(decoder));
         self
     }
 
     /// Where records that fail go (default: logged and counted).
     pub fn dead_letter(mut self, dead_letter: impl DeadLetter + 'static) -> Self {
-        self.dead_letter = Some(Box::new(dead_letter));
+        self.resources.dead_letter = Some(Box::new(dead_letter));
         self
     }
 
     /// Receives each batch's [`QueryProgress`](crate::progress::QueryProgress).
     pub fn on_progress(mut self, listener: impl ProgressListener + 'static) -> Self {
-        self.listeners.push(Box::new(listener));
+        self.resources.listeners.push(Box::new(listener));
         self
     }
 
     /// Checks the query as Spark's analyzer would and builds it.
     pub fn build(self) -> Result<Query> {
-        if self.count_groupings(|g| g == Grouping::Rolling) > 0
-            && self.output_mode != OutputMode::Update
+        if self.plan.count_groupings(|g| g == Grouping::Rolling) > 0
+            && self.plan.output_mode != OutputMode::Update
         {
             return Err(Error::config(
                 "output_mode",
                 "rolling windows emit each key's current values as they change: only update output mode is supported (as in Databricks); set `output_mode: update`",
             ));
         }
-        if matches!(self.trigger, Trigger::RealTime { .. })
-            && self.output_mode != OutputMode::Update
+        if matches!(self.plan.trigger, Trigger::RealTime { .. })
+            && self.plan.output_mode != OutputMode::Update
         {
             return Err(Error::config(
                 "output_mode",
@@ -1629,27 +1082,34 @@ impl QueryBuilder {
             ));
         }
         let aggregations = self
+            .plan
             .count_groupings(|g| matches!(g, Grouping::Aggregation | Grouping::SessionAggregation));
-        if aggregations > 1 && self.output_mode != OutputMode::Append {
+        if aggregations > 1 && self.plan.output_mode != OutputMode::Append {
             return Err(Error::config(
                 "output_mode",
                 "multiple streaming aggregations are supported in append output mode only (as in Spark 3.4 and later): set `output_mode: append`",
             ));
         }
-        if aggregations == 0 && self.output_mode == OutputMode::Complete {
+        if aggregations == 0 && self.plan.output_mode == OutputMode::Complete {
             return Err(Error::config(
                 "output_mode",
                 "complete mode needs an aggregation (as in Spark); use append or update",
             ));
         }
-        if aggregations > 0 && self.output_mode == OutputMode::Append && self.watermark.is_none() {
+        if aggregations > 0
+            && self.plan.output_mode == OutputMode::Append
+            && self.plan.watermark.is_none()
+        {
             return Err(Error::config(
                 "output_mode",
                 "append mode with an aggregation needs a watermark (as in Spark): set `watermark`, or use update or complete",
             ));
         }
-        if self.count_groupings(|g| g == Grouping::SessionAggregation) > 0
-            && self.output_mode == OutputMode::Update
+        if self
+            .plan
+            .count_groupings(|g| g == Grouping::SessionAggregation)
+            > 0
+            && self.plan.output_mode == OutputMode::Update
         {
             return Err(Error::config(
                 "output_mode",
@@ -1657,32 +1117,38 @@ impl QueryBuilder {
             ));
         }
         if self
+            .plan
             .side_inputs
             .iter()
             .any(|s| !s.stream.table && !s.is_union())
-            && self.output_mode != OutputMode::Append
+            && self.plan.output_mode != OutputMode::Append
         {
             return Err(Error::config(
                 "output_mode",
                 "stream-stream joins support append output mode only (as in Spark): set `output_mode: append`",
             ));
         }
-        if self.watermark.is_some() && self.event_time.is_none() {
+        if self.plan.watermark.is_some() && self.plan.event_time.is_none() {
             return Err(Error::config(
                 "watermark",
                 "a watermark needs an `event_time` column",
             ));
         }
         let id = self
+            .plan
             .id
             .clone()
-            .unwrap_or_else(|| default_query_id(&self.name));
-        let mut builder = self;
+            .unwrap_or_else(|| default_query_id(&self.plan.name));
+        let QueryBuilder {
+            plan,
+            mut resources,
+        } = self;
         Ok(Query {
             id,
             run_id: uuid::Uuid::new_v4().to_string(),
-            state: builder.state_service.take().unwrap_or_default(),
-            builder,
+            state: resources.state_service.take().unwrap_or_default(),
+            plan,
+            resources,
             stop: StopHandle::default(),
             status: None,
         })

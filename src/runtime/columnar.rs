@@ -9,9 +9,11 @@
 //! run before any later row, marker or batch end of that task, so the
 //! order the step sees is the order records arrived in.
 
-use super::output::ColumnsOutput;
-use super::router::{in_spark_range, BatchScope, RecordRouter, RoutedBatch, MISSING_EVENT_TIME};
+use super::inputs::Inputs;
+use super::output::{mark_task, ColumnsOutput};
+use super::routed::{in_spark_range, BatchScope, RoutedBatch, MISSING_EVENT_TIME};
 use super::task::Task;
+use super::Decoder;
 use crate::error::{Error, Result};
 use crate::json_columns::JsonColumns;
 use crate::json_row::Slot;
@@ -60,7 +62,7 @@ impl PendingColumns {
             .entry(partition)
             .or_insert_with(|| scope.contexts(task));
         let to_sink = task.push_columns(&batch, contexts, &mut routed.outputs)?;
-        super::router::mark_task(&routed.outputs, &mut routed.output_tasks, partition);
+        mark_task(&routed.outputs, &mut routed.output_tasks, partition);
         if let Some(batch) = to_sink.filter(|b| b.num_rows() > 0) {
             routed.output_columns.push(ColumnsOutput {
                 before_row: routed.outputs.len(),
@@ -88,21 +90,30 @@ impl PendingColumns {
     }
 }
 
-impl RecordRouter {
+/// What the columnar route reads of the router: the decoder (its typed
+/// schemas) and the inputs (which topic is the main one, its event time).
+pub(super) struct ColumnarRoute<'a> {
+    /// The query's decoder.
+    pub(super) decoder: &'a dyn Decoder,
+    /// The query's inputs.
+    pub(super) inputs: &'a Inputs,
+}
+
+impl<'a> ColumnarRoute<'a> {
     /// The columns `record` is decoded into, when it takes the columnar
     /// route: a record of the main input (not a table), decoded as JSON of
-    /// a typed schema with its event time (if any) a timestamp column, no
-    /// custom event-time extractor, and a task whose chain reads columns
-    /// (`Task::reads_columns`). A record of another topic or schema than the task's
-    /// pending columns takes the row route (after them: the caller hands
-    /// them on first).
-    pub(super) fn columns_for<'s, 'p>(
-        &'s self,
+    /// a typed schema with its event time (if any) a timestamp column, and
+    /// a task whose chain reads columns (`Task::reads_columns`); the router
+    /// asks only without a custom event-time extractor. A record of another
+    /// topic or schema than the task's pending columns takes the row route
+    /// (after them: the caller hands them on first).
+    pub(super) fn columns_for<'p>(
+        &self,
         record: &Record,
         task: &Task,
         pending: &'p mut PendingColumns,
-    ) -> Option<(&'s Schema, &'p mut TaskColumns)> {
-        if self.extractor.is_some() || !task.reads_columns() {
+    ) -> Option<(&'a Schema, &'p mut TaskColumns)> {
+        if !task.reads_columns() {
             return None;
         }
         // Asked per record: a decoder may refuse one before parsing it.

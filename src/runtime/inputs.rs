@@ -2,7 +2,7 @@
 //! records belong to, and each input's event-time column, stream name and
 //! watermark delay. Worked out once per run, not once per record.
 
-use super::builder::QueryBuilder;
+use super::plan::QueryPlan;
 use crate::time::TimestampMicros;
 use std::sync::Arc;
 
@@ -31,23 +31,23 @@ pub(super) struct Inputs {
     topics: Vec<(String, usize)>,
     /// Behind a repartition: the stream each marker origin's topic belongs
     /// to (a union's inputs), and the main stream for the other origins.
-    marker_streams: Vec<super::builder::MarkerStream>,
+    marker_streams: Vec<super::plan::MarkerStream>,
     main_stream: Arc<str>,
 }
 
 impl Inputs {
-    /// The inputs `builder` declares.
-    pub(super) fn of(builder: &QueryBuilder) -> Self {
-        let only_tables = builder.side_inputs.iter().all(|s| s.stream.table);
+    /// The inputs `plan` declares.
+    pub(super) fn of(plan: &QueryPlan) -> Self {
+        let only_tables = plan.side_inputs.iter().all(|s| s.stream.table);
         let mut inputs = vec![Input {
-            event_time: builder.event_time.clone(),
-            stream: (!only_tables).then(|| builder.main_stream.clone()),
+            event_time: plan.event_time.clone(),
+            stream: (!only_tables).then(|| plan.main_stream.clone()),
             delay: None,
             table: false,
             watermarked: true,
         }];
         let mut topics = Vec::new();
-        for side in &builder.side_inputs {
+        for side in &plan.side_inputs {
             let stream = &side.stream;
             inputs.push(if stream.table {
                 Input {
@@ -75,8 +75,8 @@ impl Inputs {
         Inputs {
             inputs,
             topics,
-            marker_streams: builder.marker_streams.clone(),
-            main_stream: builder.main_stream.clone(),
+            marker_streams: plan.marker_streams.clone(),
+            main_stream: plan.main_stream.clone(),
         }
     }
 

@@ -5,11 +5,15 @@ mod builder;
 mod columnar;
 mod commit;
 pub mod fault_injection;
+mod global_tables;
 mod inputs;
 mod output;
+mod plan;
 mod query;
 mod reporter;
+mod resources;
 pub mod retry;
+mod routed;
 mod router;
 mod run_status;
 pub(crate) mod stages;
@@ -19,10 +23,11 @@ mod task_manager;
 pub mod testing;
 mod watermark;
 
-pub use builder::{
-    EventTimeExtractor, JoinInput, OperatorFactory, QueryBuilder, SecondInput, SecondInputKind,
-};
+pub use builder::QueryBuilder;
 pub use output::{BatchOutput, ColumnsOutput, OutputPart, TaskRuns};
+pub use plan::{
+    EventTimeExtractor, JoinInput, OperatorFactory, QueryPlan, SecondInput, SecondInputKind,
+};
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use run_status::{RunState, RunStateListener, RunStatus, StageStatus};
 pub use stages::{Stage, StageInput, StageOutput, Topology};

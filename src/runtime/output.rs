@@ -140,9 +140,24 @@ impl<'a> BatchOutput<'a> {
                     partition
                 }
             };
-            super::router::mark_task(&rows, &mut tasks, partition);
+            mark_task(&rows, &mut tasks, partition);
         }
         Ok((rows, tasks))
+    }
+}
+
+/// Records that the rows of `rows` added since the last mark came from task
+/// `partition`: `tasks` holds `(partition, end)` runs, each covering the
+/// rows from the previous run's end up to `end`.
+pub(super) fn mark_task(rows: &[Row], tasks: &mut Vec<(i32, usize)>, partition: i32) {
+    let end = rows.len();
+    let start = tasks.last().map_or(0, |(_, e)| *e);
+    if end == start {
+        return;
+    }
+    match tasks.last_mut() {
+        Some((p, e)) if *p == partition => *e = end,
+        _ => tasks.push((partition, end)),
     }
 }
 

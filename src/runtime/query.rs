@@ -2,12 +2,14 @@
 //! batch through the tasks, write the sink, commit, report — batch after
 //! batch, as Kafka Streams' `StreamThread` runs its loop.
 
-use super::builder::QueryBuilder;
 use super::commit::{commit_batch, CommitOutcome, CommitTargets};
 use super::inputs::Inputs;
+use super::plan::QueryPlan;
 use super::reporter::{state_progress, CommittedBatch, OpenBatch, PollOutcome, ProgressReporter};
+use super::resources::QueryResources;
 use super::retry::Backoff;
-use super::router::{BatchScope, RecordRouter};
+use super::routed::BatchScope;
+use super::router::RecordRouter;
 use super::state_query::{store_description, StateHolder};
 use super::task_manager::{Backend, TaskManager};
 use super::{BatchLog, BatchRequest, Decoder, Sink, Source, SourceBatch, Trigger};
@@ -34,7 +36,10 @@ pub fn default_query_id(name: &str) -> String {
 pub struct Query {
     pub(super) id: String,
     pub(super) run_id: String,
-    pub(super) builder: QueryBuilder,
+    /// What it is.
+    pub(super) plan: QueryPlan,
+    /// What it runs with (taken by the loop when it runs).
+    pub(super) resources: QueryResources,
     pub(super) stop: StopHandle,
     /// Interactive queries' requests reach the loop through it.
     pub(super) state: StateService,
@@ -113,7 +118,7 @@ impl Query {
     /// to read by key while the query runs:
     /// `query.store("op1")?.get(&[Value::from("a")])`.
     pub fn store(&self, name: &str) -> std::result::Result<StoreHandle, StateQueryError> {
-        let stores = describe_stores(&self.builder);
+        let stores = describe_stores(&self.plan);
         match stores.iter().find(|s| s.name == name) {
             Some(description) => Ok(StoreHandle::new(self.stores(), description.clone())),
             None => Err(StateQueryError::UnknownStore {
@@ -128,6 +133,11 @@ impl Query {
         &self.id
     }
 
+    /// What the query is: its steps, inputs and settings.
+    pub fn plan(&self) -> &QueryPlan {
+        &self.plan
+    }
+
     /// The operator graph, one line per step.
     pub fn describe(&self) -> Vec<String> {
         self.processors().into_iter().map(|p| p.name).collect()
@@ -138,7 +148,7 @@ impl Query {
     /// topic is made from): a join's second stream's steps come before
     /// the join, named `[stream] step`.
     pub fn processors(&self) -> Vec<NodeDescription> {
-        let b = &self.builder;
+        let b = &self.plan;
         let mut nodes = Vec::new();
         for (index, f) in b.steps.iter().enumerate() {
             for side in b.side_inputs.iter().filter(|s| s.join_at == index) {
@@ -167,7 +177,14 @@ impl Query {
     /// [`StopHandle::stop`] is called.
     pub fn run(self, source: &mut dyn Source, sink: &mut dyn Sink) -> Result<RunSummary> {
         // Checked here, not at build: `describe` builds without connecting.
-        if let Some(t) = self.builder.global_tables.iter().find(|t| t.feed.is_none()) {
+        let without_feed = self.plan.global_tables.iter().find(|t| {
+            !self
+                .resources
+                .table_feeds
+                .iter()
+                .any(|(name, _)| *name == *t.name)
+        });
+        if let Some(t) = without_feed {
             return Err(Error::config(
                 "table_join.global",
                 format!("the global table `{}` has no feed to read it from", t.name),
@@ -224,8 +241,10 @@ struct TriggerLoop<'a> {
     late_data: Option<Box<dyn Sink>>,
     reporter: ProgressReporter,
     router: RecordRouter,
-    /// The plan: steps, inputs, trigger (connectors taken out above).
-    builder: QueryBuilder,
+    /// The plan: steps, inputs, trigger.
+    plan: QueryPlan,
+    /// Where each global table reads its topic from.
+    table_feeds: Vec<(String, Box<dyn super::TableFeed>)>,
     stop: StopHandle,
     source: &'a mut dyn Source,
     sink: &'a mut dyn Sink,
@@ -270,7 +289,8 @@ impl<'a> TriggerLoop<'a> {
         let Query {
             id,
             run_id,
-            mut builder,
+            plan,
+            mut resources,
             stop,
             state,
             status,
@@ -279,31 +299,31 @@ impl<'a> TriggerLoop<'a> {
             status.starting();
         }
         let router = RecordRouter {
-            inputs: Inputs::of(&builder),
-            decoder: builder
+            inputs: Inputs::of(&plan),
+            decoder: resources
                 .decoder
                 .take()
                 .unwrap_or_else(|| Box::new(InferJsonDecoder)),
-            dead_letter: builder
+            dead_letter: resources
                 .dead_letter
                 .take()
                 .unwrap_or_else(|| Box::new(super::LogDeadLetter::default())),
-            extractor: builder.event_time_extractor.clone(),
-            watermark_from_markers: builder.watermark_from_markers,
+            extractor: plan.event_time_extractor.clone(),
+            watermark_from_markers: plan.watermark_from_markers,
         };
-        let backend = builder.state_backend.take();
-        let watermark_exchange = builder.watermark_exchange.take();
-        let listeners = std::mem::take(&mut builder.listeners);
-        let mut tasks = TaskManager::new(&builder, &backend);
-        let cadence = Cadence::of(builder.trigger);
+        let backend = resources.state_backend.take();
+        let watermark_exchange = resources.watermark_exchange.take();
+        let listeners = std::mem::take(&mut resources.listeners);
+        let mut tasks = TaskManager::new(&plan, &backend);
+        let cadence = Cadence::of(plan.trigger);
         if watermark_exchange.is_some() {
             tasks.align_to_exchange(!cadence.real_time());
         }
         TriggerLoop {
             tasks,
-            reporter: ProgressReporter::new(id, run_id, builder.name.clone(), listeners),
+            reporter: ProgressReporter::new(id, run_id, plan.name.clone(), listeners),
             cadence,
-            late_data: builder.late_data.take(),
+            late_data: resources.late_data.take(),
             backend,
             router,
             stop,
@@ -318,8 +338,9 @@ impl<'a> TriggerLoop<'a> {
             others_moved_watermark: false,
             last_forwarded: BTreeMap::new(),
             state,
-            stores: describe_stores(&builder),
-            builder,
+            stores: describe_stores(&plan),
+            plan,
+            table_feeds: std::mem::take(&mut resources.table_feeds),
             abort_backoff: ABORT_BACKOFF,
             status,
         }
@@ -405,7 +426,7 @@ impl<'a> TriggerLoop<'a> {
         // the batch waits for every restore instead.
         let hold_allowed = self.replaying != Some(self.batch_id) && !self.query_wide_watermark();
         self.tasks.follow_assignment(
-            &self.builder,
+            &self.plan,
             &batch,
             &mut self.backend,
             &mut *self.source,
@@ -461,13 +482,19 @@ impl<'a> TriggerLoop<'a> {
             if let Some(alignment) = self.tasks.alignment_mut() {
                 alignment.offer(collected);
             }
-            let processing_time = self.builder.clock.batch_time(self.batch_id);
+            let processing_time = self.plan.clock.batch_time(self.batch_id);
             self.others_moved_watermark |= self
                 .tasks
                 .observe_other_instances(&self.router.inputs, processing_time);
         }
-        for table in self.builder.global_tables.iter_mut() {
-            self.summary.bad_records += table.catch_up(
+        for table in &self.plan.global_tables {
+            let Some((_, feed)) = self.table_feeds.iter_mut().find(|(n, _)| *n == *table.name)
+            else {
+                continue; // Refused before the loop started (see `Query::run`).
+            };
+            self.summary.bad_records += super::global_tables::catch_up(
+                table,
+                feed.as_mut(),
                 self.router.decoder.as_mut(),
                 self.router.dead_letter.as_mut(),
             )?;
@@ -481,8 +508,8 @@ impl<'a> TriggerLoop<'a> {
     ///
     /// [`WatermarkScope::Query`]: crate::watermark::WatermarkScope::Query
     fn query_wide_watermark(&self) -> bool {
-        (self.builder.watermark.is_some() || self.builder.event_time.is_some())
-            && self.builder.scope == crate::watermark::WatermarkScope::Query
+        (self.plan.watermark.is_some() || self.plan.event_time.is_some())
+            && self.plan.scope == crate::watermark::WatermarkScope::Query
     }
 
     /// Polls the source for the open batch (opening one if needed); returns
@@ -506,7 +533,7 @@ impl<'a> TriggerLoop<'a> {
             } else {
                 open.trigger_start + self.cadence.interval
             },
-            max_records: self.builder.max_records_per_batch,
+            max_records: self.plan.max_records_per_batch,
             available_now: self.cadence.available_now,
             return_early: real_time,
             // A repartition writer plans too: the reader's watermark comes
@@ -542,13 +569,13 @@ impl<'a> TriggerLoop<'a> {
     fn batch_due(&mut self, batch: &SourceBatch) -> bool {
         let real_time = self.cadence.real_time();
         let evicts_by_watermark =
-            self.builder.has_stateful_steps() && self.builder.output_mode != OutputMode::Complete;
+            self.plan.has_stateful_steps() && self.plan.output_mode != OutputMode::Complete;
         let others_moved = std::mem::take(&mut self.others_moved_watermark);
         let watermark_pending =
             evicts_by_watermark && (self.tasks.watermark_pending() || others_moved);
         let has_records = self.tasks.has_records_for_tasks(&batch.records);
         let timers_due = !has_records && !real_time && {
-            let scope = self.scope(self.builder.clock.batch_time(self.batch_id));
+            let scope = self.scope(self.plan.clock.batch_time(self.batch_id));
             self.tasks.timers_due(&scope)
         };
         let batch_id = self.batch_id;
@@ -572,7 +599,7 @@ impl<'a> TriggerLoop<'a> {
     /// What a repartition writer under the query scope forwards in its
     /// markers now (see `markers`); `None` for any other query.
     fn forwarded_stream_maxima(&self) -> Option<BTreeMap<String, TimestampMicros>> {
-        self.builder.forwards_stream_maxima.then(|| {
+        self.plan.forwards_stream_maxima.then(|| {
             super::watermark::forwarded_stream_maxima(
                 self.tasks.tasks(),
                 &self.source.assigned_inputs(),
@@ -588,7 +615,7 @@ impl<'a> TriggerLoop<'a> {
         let processing_time = if self.cadence.real_time() {
             crate::time::now_micros()
         } else {
-            self.builder.clock.batch_time(self.batch_id)
+            self.plan.clock.batch_time(self.batch_id)
         };
         let scope = self.scope(processing_time);
         let started = Instant::now();
@@ -615,7 +642,7 @@ impl<'a> TriggerLoop<'a> {
             &routed.max_event_time,
             &self.router.inputs,
             &*self.source,
-            self.builder.watermark_from_markers,
+            self.plan.watermark_from_markers,
             processing_time,
         );
         let contexts = std::mem::take(&mut routed.contexts);
@@ -795,14 +822,13 @@ impl<'a> TriggerLoop<'a> {
     }
 }
 
-/// The stores of `builder`'s stateful operators that keys can read.
-fn describe_stores(builder: &QueryBuilder) -> Vec<StoreDescription> {
-    builder
-        .steps
+/// The stores of `plan`'s stateful operators that keys can read.
+fn describe_stores(plan: &QueryPlan) -> Vec<StoreDescription> {
+    plan.steps
         .iter()
         .enumerate()
         .filter_map(|(index, step)| {
-            let op = (step.build)(builder.output_mode);
+            let op = (step.build)(plan.output_mode);
             let state = op.queryable_state()?;
             Some(store_description(index, op.describe(), state))
         })
@@ -841,6 +867,7 @@ mod tests {
     use crate::progress::QueryProgress;
     use crate::row::Value;
     use crate::runtime::testing::{CollectSink, VecSource};
+    use crate::runtime::QueryBuilder;
     use crate::window::WindowSpec;
 
     /// A query counting rows per `k` in `window` over event time `t` with
@@ -952,7 +979,7 @@ mod tests {
                 .watermark("1 minute")
                 .unwrap()
                 .trigger(Trigger::AvailableNow);
-            writer.forwards_stream_maxima = forwards;
+            writer.plan.forwards_stream_maxima = forwards;
             writer.build().unwrap().run(&mut source, &mut sink).unwrap();
             let seen = seen.lock().unwrap().clone();
             seen
@@ -1169,7 +1196,7 @@ mod tests {
         let query = build();
         let mut query_with_listener = query;
         query_with_listener
-            .builder
+            .resources
             .listeners
             .push(Box::new(move |p: &QueryProgress| {
                 *seen.lock().unwrap() += p
@@ -1207,9 +1234,11 @@ mod tests {
         assert!(owing.finish_batch(0), "the watermark moved");
         let encode = |batch_id, watermark: &WatermarkTracker| {
             let checkpoint = TaskCheckpoint {
+                version: 0,
                 batch_id,
                 watermark: Some(watermark.clone()),
                 sink: None,
+                stores: Default::default(),
             };
             serde_json::to_string(&checkpoint).unwrap()
         };
@@ -1230,7 +1259,7 @@ mod tests {
             .build()
             .unwrap();
             query
-                .builder
+                .resources
                 .listeners
                 .push(Box::new(move |p: &QueryProgress| {
                     seen.lock()
@@ -1440,6 +1469,129 @@ mod tests {
             .run(&mut second_half(source.checkpoints().clone()), &mut sink)
             .unwrap();
         assert_eq!(counts(&sink), vec![("a".to_string(), Value::Long(1))]);
+    }
+
+    /// A stateful step put before another renames the other's store:
+    /// restoring `op0`'s window counts into a deduplication would misread
+    /// them, so the restart is refused, naming the store; the same chain
+    /// restarts, and a stateful step added after the others starts empty.
+    #[test]
+    fn a_store_restored_into_another_step_is_refused_naming_it() {
+        let rows = || {
+            VecSource::json_batches(vec![vec![
+                r#"{"t": "2026-01-01T00:00:10Z", "k": "a"}"#,
+                r#"{"t": "2026-01-01T00:00:20Z", "k": "b"}"#,
+            ]])
+        };
+        let backend = crate::runtime::InMemoryStateBackend::default();
+        let counted = || {
+            counting(
+                "chain",
+                "1 minute",
+                WindowSpec::tumbling("1 minute").unwrap(),
+            )
+        };
+        let mut first = rows();
+        counted()
+            .state_backend(backend.clone())
+            .build()
+            .unwrap()
+            .run(&mut first, &mut CollectSink::default())
+            .unwrap();
+        let checkpoints = first.checkpoints().clone();
+        assert!(
+            checkpoints[&0].contains("window aggregation by [k]"),
+            "{checkpoints:?}"
+        );
+
+        let moved = Query::builder("chain")
+            .event_time("t")
+            .watermark("1 minute")
+            .unwrap()
+            .drop_duplicates_within_watermark(&["k"])
+            .unwrap()
+            .window_aggregate(
+                ["k"],
+                WindowSpec::tumbling("1 minute").unwrap(),
+                vec![AggregateSpec::count()],
+            )
+            .trigger(Trigger::AvailableNow)
+            .state_backend(backend.clone())
+            .build()
+            .unwrap();
+        let e = moved
+            .run(
+                &mut rows().restoring(checkpoints.clone()),
+                &mut CollectSink::default(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, Error::Config { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("`op0`") && e.contains("partition 0"), "{e}");
+        assert!(
+            e.contains("window aggregation by [k]") && e.contains("deduplication by [k]"),
+            "{e}"
+        );
+
+        let removed = Query::builder("chain")
+            .event_time("t")
+            .trigger(Trigger::AvailableNow)
+            .state_backend(backend.clone())
+            .build()
+            .unwrap();
+        let e = removed
+            .run(
+                &mut rows().restoring(checkpoints.clone()),
+                &mut CollectSink::default(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`op0`") && e.contains("has no step any more"),
+            "{e}"
+        );
+
+        let mut again = rows().restoring(checkpoints.clone());
+        counted()
+            .state_backend(backend.clone())
+            .build()
+            .unwrap()
+            .run(&mut again, &mut CollectSink::default())
+            .unwrap();
+        let added = counted()
+            .drop_duplicates(&["k", "window_start"])
+            .unwrap()
+            .state_backend(backend)
+            .build()
+            .unwrap();
+        added
+            .run(
+                &mut rows().restoring(again.checkpoints().clone()),
+                &mut CollectSink::default(),
+            )
+            .unwrap();
+    }
+
+    /// A checkpoint of an encoding this release does not know (a newer
+    /// release's) stops the restart instead of being misread or ignored.
+    #[test]
+    fn a_checkpoint_of_a_newer_encoding_is_refused() {
+        let newer = r#"{"v": 99, "batchId": 3, "future": [1, 2]}"#.to_string();
+        let e = counting(
+            "newer",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .build()
+        .unwrap()
+        .run(
+            &mut VecSource::json_batches(vec![vec![r#"{"t": "2026-01-01T00:00:10Z", "k": "a"}"#]])
+                .restoring([(0, newer)]),
+            &mut CollectSink::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("partition 0") && e.contains("version 99"), "{e}");
     }
 
     #[test]

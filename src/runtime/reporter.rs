@@ -2,7 +2,7 @@
 //! `StreamingQueryProgress`-shaped report made of it once it commits,
 //! handed to the query's listeners and metrics.
 
-use super::router::{EventTimeStats, RoutedBatch};
+use super::routed::{EventTimeStats, RoutedBatch};
 use super::task_manager::{Backend, BatchEnd, TaskManager};
 use super::{Sink, Source};
 use crate::progress::{

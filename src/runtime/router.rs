@@ -5,136 +5,19 @@
 //! join. A record that cannot be decoded or evaluated goes to the dead
 //! letter output and the batch goes on.
 
-use super::builder::EventTimeExtractor;
-use super::columnar::PendingColumns;
+use super::columnar::{ColumnarRoute, PendingColumns};
 use super::inputs::Inputs;
-use super::output::{BatchOutput, ColumnsOutput};
+use super::output::mark_task;
+use super::plan::EventTimeExtractor;
+use super::routed::{in_spark_range, BatchScope, RoutedBatch, MISSING_EVENT_TIME};
 use super::task::Task;
 use super::{DeadLetter, Decoder, WatermarkMarker};
 use crate::error::{Error, Result};
-use crate::operators::BatchContext;
 use crate::record::Record;
 use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// What every operator of a batch sees of it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct BatchScope {
-    pub(super) batch_id: u64,
-    /// The batch's processing time (a virtual clock's in tests).
-    pub(super) processing_time: TimestampMicros,
-    pub(super) collect_late_rows: bool,
-    pub(super) real_time: bool,
-}
-
-impl BatchScope {
-    /// Each operator's view of the batch in `task`.
-    pub(super) fn contexts(&self, task: &Task) -> Vec<BatchContext> {
-        task.contexts(
-            self.batch_id,
-            self.processing_time,
-            self.collect_late_rows,
-            self.real_time,
-        )
-    }
-}
-
-/// Minimum, maximum and mean of the event times a batch read (Spark's
-/// `eventTime` progress).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct EventTimeStats {
-    pub(super) min: TimestampMicros,
-    pub(super) max: TimestampMicros,
-    pub(super) sum: i128,
-    pub(super) count: u64,
-}
-
-impl Default for EventTimeStats {
-    fn default() -> Self {
-        EventTimeStats {
-            min: i64::MAX,
-            max: i64::MIN,
-            sum: 0,
-            count: 0,
-        }
-    }
-}
-
-impl EventTimeStats {
-    fn observe(&mut self, t: TimestampMicros) {
-        self.min = self.min.min(t);
-        self.max = self.max.max(t);
-        self.sum += t as i128;
-        self.count += 1;
-    }
-
-    /// Adds what `other` saw.
-    pub(super) fn merge(&mut self, other: &EventTimeStats) {
-        self.min = self.min.min(other.min);
-        self.max = self.max.max(other.max);
-        self.sum += other.sum;
-        self.count += other.count;
-    }
-}
-
-/// Records that the rows of `rows` added since the last mark came from task
-/// `partition`: `tasks` holds `(partition, end)` runs, each covering the
-/// rows from the previous run's end up to `end`.
-pub(super) fn mark_task(rows: &[Row], tasks: &mut Vec<(i32, usize)>, partition: i32) {
-    let end = rows.len();
-    let start = tasks.last().map_or(0, |(_, e)| *e);
-    if end == start {
-        return;
-    }
-    match tasks.last_mut() {
-        Some((p, e)) if *p == partition => *e = end,
-        _ => tasks.push((partition, end)),
-    }
-}
-
-/// What routing a batch's records did.
-#[derive(Default)]
-pub(super) struct RoutedBatch {
-    /// Rows the operators emitted while taking the records.
-    pub(super) outputs: Vec<Row>,
-    /// Which task emitted which of `outputs` (see [`mark_task`]).
-    pub(super) output_tasks: Vec<(i32, usize)>,
-    /// Columnar batches chains gave the sink, placed among `outputs`.
-    pub(super) output_columns: Vec<ColumnsOutput>,
-    /// Records sent to the dead-letter output.
-    pub(super) bad_records: u64,
-    /// Data records taken (not markers, not records of restoring tasks).
-    pub(super) num_input: u64,
-    pub(super) event_times: EventTimeStats,
-    /// The largest event time per input partition.
-    pub(super) max_event_time: BTreeMap<(Arc<str>, i32), TimestampMicros>,
-    /// The operator contexts each task used, kept for its batch end.
-    pub(super) contexts: BTreeMap<i32, Vec<BatchContext>>,
-}
-
-impl RoutedBatch {
-    /// What the batch's tasks emitted, for the sink.
-    pub(super) fn output(&self) -> BatchOutput<'_> {
-        BatchOutput {
-            rows: &self.outputs,
-            tasks: &self.output_tasks,
-            columns: &self.output_columns,
-        }
-    }
-
-    /// Counts event time `t` of `record` for the batch's progress and its
-    /// partition's watermark.
-    pub(super) fn observe_event_time(&mut self, record: &Record, t: TimestampMicros) {
-        self.event_times.observe(t);
-        let slot = self
-            .max_event_time
-            .entry((record.position.topic.clone(), record.position.partition))
-            .or_insert(t);
-        *slot = (*slot).max(t);
-    }
-}
 
 /// Routes records into tasks; one per run.
 pub(super) struct RecordRouter {
@@ -171,9 +54,18 @@ impl RecordRouter {
                 }
             }
             routed.num_input += 1;
-            let taken = match self.columns_for(record, task, &mut pending) {
+            let route = ColumnarRoute {
+                decoder: &*self.decoder,
+                inputs: &self.inputs,
+            };
+            let into_columns = match self.extractor {
+                None => route.columns_for(record, task, &mut pending),
+                // A custom extractor sets event times on rows: the row route.
+                Some(_) => None,
+            };
+            let taken = match into_columns {
                 Some((schema, columns)) => {
-                    self.take_into_columns(record, schema, columns, task, scope, &mut routed)
+                    route.take_into_columns(record, schema, columns, task, scope, &mut routed)
                 }
                 None => {
                     // Rows after columns: the columns run first, in order.
@@ -353,20 +245,6 @@ fn with_position(error: Error, record: &Record) -> Error {
 
 fn event_time_of(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {
     in_spark_range(event_time_value(row, column)?)
-}
-
-/// Why an event time is refused when its column is NULL or absent.
-pub(super) const MISSING_EVENT_TIME: &str = "the event-time column is missing or null";
-
-/// `t`, if Spark's timestamps can hold it.
-pub(super) fn in_spark_range(t: TimestampMicros) -> std::result::Result<TimestampMicros, String> {
-    use crate::time::{MAX_TIMESTAMP_MICROS, MIN_TIMESTAMP_MICROS};
-    if !(MIN_TIMESTAMP_MICROS..=MAX_TIMESTAMP_MICROS).contains(&t) {
-        return Err(format!(
-            "event time {t} µs is outside the timestamps Spark supports (0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z)"
-        ));
-    }
-    Ok(t)
 }
 
 fn event_time_value(row: &Row, column: &str) -> std::result::Result<TimestampMicros, String> {

@@ -12,149 +12,10 @@
 //! connectors run it (see `tidemark_connectors::PipelineRunner` and
 //! `TopologyRunner`).
 
-use super::builder::{GlobalTable, OperatorFactory, QueryBuilder, SideInput};
+use super::builder::QueryBuilder;
+use super::plan::{groups_stay_in_partition, partition_columns_after};
+use super::plan::{GlobalTable, MarkerStream, SideInput, Step, StepShape};
 use crate::operators::OutputMode;
-use std::sync::Arc;
-
-/// A step as the builder keeps it: how to build it for a task, and what it
-/// does to the columns a partitioning rests on.
-pub(crate) struct Step {
-    /// Builds the operator, once per task.
-    pub(crate) build: OperatorFactory,
-    /// Its effect on the partitioning.
-    pub(crate) shape: StepShape,
-}
-
-/// What a step does to the columns rows are partitioned by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum StepShape {
-    /// Keeps every column (a filter, a global-table lookup).
-    Keeps,
-    /// Adds or overwrites this column.
-    Writes(String),
-    /// Keeps only these `(input, output)` columns.
-    Selects(Vec<(String, String)>),
-    /// Unknown (a typed map, a custom step): a partitioning does not
-    /// survive it.
-    Opaque,
-    /// Keeps state per key of `keys`.
-    Groups {
-        /// The grouping columns.
-        keys: Vec<String>,
-        /// Which grouping.
-        kind: Grouping,
-    },
-    /// Keeps state per whole row (`distinct`).
-    Distinct,
-    /// A stream–stream or stream–table join (state per join key).
-    Joins,
-    /// A union with a second stream whose records are keyed by `keyed_by`
-    /// (when known): the rows stay partitioned only by those columns.
-    Unions {
-        /// The second stream's record-key columns.
-        keyed_by: Option<Vec<String>>,
-    },
-}
-
-/// The stateful groupings, as Spark's output-mode rules tell them apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Grouping {
-    /// A tumbling or sliding window aggregation.
-    Aggregation,
-    /// A session window aggregation.
-    SessionAggregation,
-    /// A rolling window.
-    Rolling,
-    /// `dropDuplicates`.
-    Dedup,
-    /// A user's stateful processor (`transformWithState`).
-    Processor,
-}
-
-impl StepShape {
-    /// Whether the step keeps state across batches.
-    pub(crate) fn is_stateful(&self) -> bool {
-        matches!(
-            self,
-            StepShape::Groups { .. } | StepShape::Distinct | StepShape::Joins
-        )
-    }
-}
-
-/// Whether grouping by `group_keys` keeps every group inside one partition
-/// of an input partitioned by `partition_keys`: when the grouping includes
-/// every partitioning column, rows of one group share those columns and so
-/// their partition (Spark's `ClusteredDistribution` is likewise satisfied
-/// by hash partitioning on a subset of its keys). No partitioning column, no
-/// such guarantee.
-pub(crate) fn groups_stay_in_partition(group_keys: &[String], partition_keys: &[String]) -> bool {
-    !partition_keys.is_empty() && partition_keys.iter().all(|k| group_keys.contains(k))
-}
-
-/// The names the partitioning columns `partition_keys` have after steps of
-/// these shapes: a `select` may rename them; `None` when a step drops or
-/// rewrites one (a `with_column` of that name, a `select` without it, a
-/// step of unknown effect), since the rows are then no longer partitioned
-/// by the values those names hold.
-pub(crate) fn partition_columns_after<'a>(
-    partition_keys: &[String],
-    shapes: impl IntoIterator<Item = &'a StepShape>,
-) -> Option<Vec<String>> {
-    let mut columns = partition_keys.to_vec();
-    for shape in shapes {
-        match shape {
-            StepShape::Writes(name) if columns.contains(name) => return None,
-            StepShape::Opaque => return None,
-            StepShape::Unions { keyed_by } => {
-                let sorted = |mut k: Vec<String>| {
-                    k.sort();
-                    k
-                };
-                if keyed_by.clone().map(sorted) != Some(sorted(columns.clone())) {
-                    return None;
-                }
-            }
-            StepShape::Selects(select) => {
-                columns = columns
-                    .iter()
-                    .map(|c| {
-                        select
-                            .iter()
-                            .find(|(source, _)| source == c)
-                            .map(|(_, output)| output.clone())
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-            }
-            _ => {}
-        }
-    }
-    Some(columns)
-}
-
-/// The columns rows have after steps of these shapes, starting from
-/// `columns`; `None` when unknown (no columns declared, or a step whose
-/// output columns the shapes do not tell).
-pub(crate) fn columns_after<'a>(
-    columns: &[Arc<str>],
-    shapes: impl IntoIterator<Item = &'a StepShape>,
-) -> Option<Vec<String>> {
-    if columns.is_empty() {
-        return None;
-    }
-    let mut out: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
-    for shape in shapes {
-        match shape {
-            StepShape::Keeps => {}
-            StepShape::Writes(name) if !out.contains(name) => out.push(name.clone()),
-            StepShape::Writes(_) => {}
-            StepShape::Selects(select) => {
-                out = select.iter().map(|(_, output)| output.clone()).collect();
-            }
-            _ => return None,
-        }
-    }
-    Some(out)
-}
 
 /// A query as the stages it runs in, writers first; the last stage writes
 /// the query's sink.
@@ -236,7 +97,7 @@ impl Topology {
     pub fn trigger(&self) -> super::Trigger {
         self.stages
             .last()
-            .map_or_else(Default::default, |s| s.query.trigger)
+            .map_or_else(Default::default, |s| s.query.plan.trigger)
     }
 
     /// Whether the query runs in more than one stage.
@@ -249,22 +110,22 @@ impl Topology {
     /// need a second repartition: a stage that keeps state and writes a
     /// repartition topic, not built yet), as the grouping's keys and the
     /// columns the rows are partitioned by. Joins are checked by
-    /// [`QueryBuilder::check_join_partitioning`]; a stage whose input
+    /// [`QueryPlan::check_join_partitioning`](super::QueryPlan::check_join_partitioning); a stage whose input
     /// partitioning is unknown is not checked.
     pub fn unpartitioned_grouping(&self) -> Option<(Vec<String>, Vec<String>)> {
         let query = &self.stages.last()?.query;
         // Tables (a stream–table join, an initial state) keep the rows where
         // they are: the groupings are checked as without them.
-        if query.side_inputs.iter().any(|s| !s.stream.table) {
+        if query.plan.side_inputs.iter().any(|s| !s.stream.table) {
             return None;
         }
-        let keyed_by = query.keyed_by.as_ref()?;
-        query.steps.iter().enumerate().find_map(|(at, step)| {
+        let keyed_by = query.plan.keyed_by.as_ref()?;
+        query.plan.steps.iter().enumerate().find_map(|(at, step)| {
             let StepShape::Groups { keys, .. } = &step.shape else {
                 return None;
             };
             let partitioned =
-                partition_columns_after(keyed_by, query.steps[..at].iter().map(|s| &s.shape));
+                partition_columns_after(keyed_by, query.plan.steps[..at].iter().map(|s| &s.shape));
             match partitioned {
                 Some(p) if groups_stay_in_partition(keys, &p) => None,
                 Some(p) => Some((keys.clone(), p)),
@@ -283,10 +144,11 @@ impl Topology {
     pub fn unpartitioned_distinct(&self) -> Option<&Stage> {
         self.stages.iter().find(|stage| {
             let query = &stage.query;
-            query.steps.iter().enumerate().any(|(at, step)| {
+            query.plan.steps.iter().enumerate().any(|(at, step)| {
                 step.shape == StepShape::Distinct && {
-                    let before = query.steps[..at].iter().map(|s| &s.shape);
+                    let before = query.plan.steps[..at].iter().map(|s| &s.shape);
                     let partitioned_by = query
+                        .plan
                         .keyed_by
                         .as_ref()
                         .and_then(|keyed| partition_columns_after(keyed, before));
@@ -320,7 +182,7 @@ impl QueryBuilder {
     /// The query as one stage, whatever its groupings.
     pub fn single_stage(self) -> Stage {
         Stage {
-            name: self.name.clone(),
+            name: self.plan.name.clone(),
             input: StageInput::Source,
             query: self,
             output: StageOutput::Sink,
@@ -329,13 +191,14 @@ impl QueryBuilder {
 
     /// The first grouping and its keys, when its rows are not already
     /// partitioned by them; `None` with joins (co-partitioned topics are
-    /// read where they are; [`QueryBuilder::check_join_partitioning`]
+    /// read where they are; [`QueryPlan::check_join_partitioning`](super::QueryPlan::check_join_partitioning)
     /// checks their groupings).
     fn grouping_to_repartition(&self) -> Option<(usize, Vec<String>)> {
-        if self.side_inputs.iter().any(|s| !s.is_union()) {
+        if self.plan.side_inputs.iter().any(|s| !s.is_union()) {
             return None;
         }
         let (at, keys) = self
+            .plan
             .steps
             .iter()
             .enumerate()
@@ -344,13 +207,17 @@ impl QueryBuilder {
                 _ => None,
             })?;
         let on_record_key = self
+            .plan
             .keyed_by
             .as_ref()
-            .and_then(|k| partition_columns_after(k, self.steps[..at].iter().map(|s| &s.shape)))
+            .and_then(|k| {
+                partition_columns_after(k, self.plan.steps[..at].iter().map(|s| &s.shape))
+            })
             .is_some_and(|k| groups_stay_in_partition(&keys, &k));
         // Unions of topics that are not co-partitioned put a key's rows in
         // different tasks whatever the record keys.
-        let scattered = self.repartition_joins && self.side_inputs.iter().any(|s| s.join_at < at);
+        let scattered =
+            self.plan.repartition_joins && self.plan.side_inputs.iter().any(|s| s.join_at < at);
         (!on_record_key || scattered).then_some((at, keys))
     }
 
@@ -359,6 +226,7 @@ impl QueryBuilder {
     /// by other columns, and only stateless steps before it.
     fn join_to_repartition(&self) -> Option<usize> {
         let side = self
+            .plan
             .side_inputs
             .iter()
             .find(|s| !s.stream.table && !s.is_union())?;
@@ -372,10 +240,10 @@ impl QueryBuilder {
                 .clone()
                 .is_some_and(|k| sorted(k) != sorted(keys.to_vec()))
         };
-        let needed = self.repartition_joins
-            || differ(&self.keyed_by, left)
+        let needed = self.plan.repartition_joins
+            || differ(&self.plan.keyed_by, left)
             || differ(&side.stream.keyed_by, right);
-        let stateless_before = self.steps[..side.join_at].iter().all(|s| {
+        let stateless_before = self.plan.steps[..side.join_at].iter().all(|s| {
             matches!(
                 s.shape,
                 StepShape::Keeps | StepShape::Writes(_) | StepShape::Selects(_)
@@ -387,13 +255,13 @@ impl QueryBuilder {
     /// Input → steps before `at` → `<name>-op<at>-repartition` keyed by
     /// `keys` → the rest.
     fn split_grouping(mut self, at: usize, keys: Vec<String>) -> Topology {
-        let topic = format!("{}-op{at}-repartition", self.name);
-        let writer_name = format!("{}-repartition-writer", self.name);
+        let topic = format!("{}-op{at}-repartition", self.plan.name);
+        let writer_name = format!("{}-repartition-writer", self.plan.name);
         let mut writer = self.writer_settings(&writer_name);
-        writer.steps = self.steps.drain(..at).collect();
-        writer.global_tables = self.take_global_tables_before(at);
-        writer.decoder = self.decoder.take();
-        writer.dead_letter = self.dead_letter.take();
+        writer.plan.steps = self.plan.steps.drain(..at).collect();
+        self.hand_global_tables_before(at, &mut writer);
+        writer.resources.decoder = self.resources.decoder.take();
+        writer.resources.dead_letter = self.resources.dead_letter.take();
         self.move_unions_before(at, &mut writer);
         let reader = self.reader_of(&topic, &keys);
         Topology {
@@ -416,7 +284,7 @@ impl QueryBuilder {
     /// join columns (`<name>-left-repartition`, `<name>-right-repartition`)
     /// → the join and the rest.
     fn split_join(mut self, at: usize) -> Topology {
-        let (left_keys, right_keys) = match self.side_inputs.iter().find(|s| s.join_at == at) {
+        let (left_keys, right_keys) = match self.plan.side_inputs.iter().find(|s| s.join_at == at) {
             Some(side) => (side.left_keys.clone(), side.right_keys.clone()),
             None => {
                 return Topology {
@@ -424,24 +292,24 @@ impl QueryBuilder {
                 }
             }
         };
-        let left_topic = format!("{}-left-repartition", self.name);
-        let right_topic = format!("{}-right-repartition", self.name);
-        let left_name = format!("{}-left-repartition-writer", self.name);
-        let right_name = format!("{}-right-repartition-writer", self.name);
+        let left_topic = format!("{}-left-repartition", self.plan.name);
+        let right_topic = format!("{}-right-repartition", self.plan.name);
+        let left_name = format!("{}-left-repartition-writer", self.plan.name);
+        let right_name = format!("{}-right-repartition-writer", self.plan.name);
         let mut left = self.writer_settings(&left_name);
-        left.steps = self.steps.drain(..at).collect();
-        left.global_tables = self.take_global_tables_before(at);
-        left.decoder = self.decoder.take();
-        left.dead_letter = self.dead_letter.take();
-        let Some(index) = self.side_inputs.iter().position(|s| s.join_at == at) else {
+        left.plan.steps = self.plan.steps.drain(..at).collect();
+        self.hand_global_tables_before(at, &mut left);
+        left.resources.decoder = self.resources.decoder.take();
+        left.resources.dead_letter = self.resources.dead_letter.take();
+        let Some(index) = self.plan.side_inputs.iter().position(|s| s.join_at == at) else {
             unreachable!("the join's side input was found above");
         };
-        let mut side: SideInput = self.side_inputs.remove(index);
+        let mut side: SideInput = self.plan.side_inputs.remove(index);
         let mut right = self.writer_settings(&right_name);
-        right.event_time = side.stream.event_time.clone();
+        right.plan.event_time = side.stream.event_time.clone();
         // The main stream's extractor reads the main stream's rows.
-        right.event_time_extractor = None;
-        right.steps = std::mem::take(&mut side.stream.steps)
+        right.plan.event_time_extractor = None;
+        right.plan.steps = std::mem::take(&mut side.stream.steps)
             .into_iter()
             .map(|build| Step {
                 build,
@@ -454,9 +322,9 @@ impl QueryBuilder {
             schema: side.stream.schema.clone(),
         };
         side.stream.keyed_by = Some(right_keys.clone());
-        self.side_inputs.insert(index, side);
+        self.plan.side_inputs.insert(index, side);
         // Every join's position counts from the reader's first step.
-        for side in &mut self.side_inputs {
+        for side in &mut self.plan.side_inputs {
             side.join_at -= at;
         }
         let reader = self.reader_of(&left_topic, &left_keys);
@@ -488,13 +356,13 @@ impl QueryBuilder {
     /// The query's remaining steps as the stage reading `topic`: its
     /// watermark from the writers' markers, its input keyed by `keys`.
     fn reader_of(mut self, topic: &str, keys: &[String]) -> Stage {
-        self.keyed_by = Some(keys.to_vec());
+        self.plan.keyed_by = Some(keys.to_vec());
         // The writer stored the extracted event time in its column.
-        self.event_time_extractor = None;
-        self.watermark_from_markers = true;
-        self.repartition_joins = false;
+        self.plan.event_time_extractor = None;
+        self.plan.watermark_from_markers = true;
+        self.plan.repartition_joins = false;
         Stage {
-            name: self.name.clone(),
+            name: self.plan.name.clone(),
             input: StageInput::Repartition {
                 topic: topic.to_string(),
                 keys: keys.to_vec(),
@@ -509,19 +377,19 @@ impl QueryBuilder {
     /// by its topics, with its own delay. Those left count from `at`.
     fn move_unions_before(&mut self, at: usize, writer: &mut QueryBuilder) {
         let (before, after): (Vec<SideInput>, Vec<SideInput>) =
-            std::mem::take(&mut self.side_inputs)
+            std::mem::take(&mut self.plan.side_inputs)
                 .into_iter()
                 .partition(|s| s.join_at < at);
         for side in &before {
-            self.marker_streams.push(super::builder::MarkerStream {
+            self.plan.marker_streams.push(MarkerStream {
                 topics: side.stream.topics.clone(),
                 stream: side.stream.name.clone(),
                 delay: side.stream.watermark.map(tidemark_types::duration::micros),
             });
         }
-        writer.main_stream = self.main_stream.clone();
-        writer.side_inputs = before;
-        self.side_inputs = after
+        writer.plan.main_stream = self.plan.main_stream.clone();
+        writer.plan.side_inputs = before;
+        self.plan.side_inputs = after
             .into_iter()
             .map(|s| SideInput {
                 join_at: s.join_at - at,
@@ -530,21 +398,27 @@ impl QueryBuilder {
             .collect();
     }
 
-    /// Hands over the global tables whose joins come before step `at` (to
-    /// a writer running those steps); those left count from `at`.
-    fn take_global_tables_before(&mut self, at: usize) -> Vec<GlobalTable> {
+    /// Hands the global tables whose joins come before step `at`, with
+    /// their feeds, to `writer`, which runs those steps; those left count
+    /// from `at`.
+    fn hand_global_tables_before(&mut self, at: usize, writer: &mut QueryBuilder) {
         let (before, after): (Vec<GlobalTable>, Vec<GlobalTable>) =
-            std::mem::take(&mut self.global_tables)
+            std::mem::take(&mut self.plan.global_tables)
                 .into_iter()
                 .partition(|t| t.step < at);
-        self.global_tables = after
+        self.plan.global_tables = after
             .into_iter()
             .map(|t| GlobalTable {
                 step: t.step - at,
                 ..t
             })
             .collect();
-        before
+        let (handed, kept) = std::mem::take(&mut self.resources.table_feeds)
+            .into_iter()
+            .partition(|(name, _)| before.iter().any(|t| &*t.name == name));
+        self.resources.table_feeds = kept;
+        writer.resources.table_feeds = handed;
+        writer.plan.global_tables = before;
     }
 
     /// A writer stage's settings: the query's event time, trigger and
@@ -554,20 +428,22 @@ impl QueryBuilder {
     /// forwards it in its markers (see `markers`).
     fn writer_settings(&self, name: &str) -> QueryBuilder {
         let mut writer = super::Query::builder(name)
-            .watermark_policy(self.policy)
-            .watermark_scope(self.scope)
+            .watermark_policy(self.plan.policy)
+            .watermark_scope(self.plan.scope)
             .output_mode(OutputMode::Append)
-            .trigger(self.trigger)
-            .clock(self.clock.clone())
-            .max_records_per_batch(self.max_records_per_batch);
-        writer.id = self.id.as_ref().map(|id| format!("{id}-{name}"));
-        writer.event_time = self.event_time.clone();
-        writer.idle_timeout = self.idle_timeout;
-        writer.event_time_extractor = self.event_time_extractor.clone();
-        writer.keyed_by = self.keyed_by.clone();
-        if self.scope == crate::watermark::WatermarkScope::Query && self.watermark.is_some() {
-            writer.watermark = self.watermark;
-            writer.forwards_stream_maxima = true;
+            .trigger(self.plan.trigger)
+            .clock(self.plan.clock.clone())
+            .max_records_per_batch(self.plan.max_records_per_batch);
+        writer.plan.id = self.plan.id.as_ref().map(|id| format!("{id}-{name}"));
+        writer.plan.event_time = self.plan.event_time.clone();
+        writer.plan.idle_timeout = self.plan.idle_timeout;
+        writer.plan.event_time_extractor = self.plan.event_time_extractor.clone();
+        writer.plan.keyed_by = self.plan.keyed_by.clone();
+        if self.plan.scope == crate::watermark::WatermarkScope::Query
+            && self.plan.watermark.is_some()
+        {
+            writer.plan.watermark = self.plan.watermark;
+            writer.plan.forwards_stream_maxima = true;
         }
         writer
     }
@@ -614,8 +490,8 @@ mod tests {
         assert_eq!(names, ["q-repartition-writer", "q"]);
         let mut stages = topology.stages;
         let reader = stages.pop().unwrap();
-        assert!(reader.query.watermark_from_markers);
-        assert_eq!(reader.query.keyed_by, Some(vec!["region".to_string()]));
+        assert!(reader.query.plan.watermark_from_markers);
+        assert_eq!(reader.query.plan.keyed_by, Some(vec!["region".to_string()]));
         let writer = stages.pop().unwrap().query.build().unwrap();
         assert_eq!(writer.describe(), ["Filter [n > 0]"]);
         // A typed step may rewrite anything: the grouping is repartitioned.
@@ -656,15 +532,16 @@ mod tests {
         };
         // Both streams keyed by the grouping: one stage.
         let one = union(&["id"]);
-        assert!(one.needs_co_partitioned_inputs());
+        assert!(one.plan().needs_co_partitioned_inputs());
         assert!(!one.into_topology().is_repartitioned());
         let mut stages = union(&["txId"]).into_topology().stages;
         assert_eq!(stages.len(), 2);
         let reader = stages.pop().unwrap();
         let writer = stages.pop().unwrap();
-        assert!(reader.query.side_inputs.is_empty());
+        assert!(reader.query.plan.side_inputs.is_empty());
         let marked: Vec<_> = reader
             .query
+            .plan
             .marker_streams
             .iter()
             .map(|m| (m.topics.clone(), m.stream.to_string(), m.delay))
@@ -677,9 +554,9 @@ mod tests {
                 Some(1_800_000_000)
             )]
         );
-        assert_eq!(writer.query.joined_topics()[0].1, ["sales-eu"]);
+        assert_eq!(writer.query.plan().joined_topics()[0].1, ["sales-eu"]);
         // The writer's union reads its topics however they are partitioned.
-        assert!(!writer.query.needs_co_partitioned_inputs());
+        assert!(!writer.query.plan().needs_co_partitioned_inputs());
         assert_eq!(
             writer.query.build().unwrap().describe(),
             ["Union [eu] by name"]
@@ -707,10 +584,16 @@ mod tests {
         let mut stages = query.into_topology().stages;
         assert_eq!(stages.len(), 3);
         let reader = stages.pop().unwrap();
-        let joins: Vec<usize> = reader.query.side_inputs.iter().map(|s| s.join_at).collect();
+        let joins: Vec<usize> = reader
+            .query
+            .plan
+            .side_inputs
+            .iter()
+            .map(|s| s.join_at)
+            .collect();
         assert_eq!(joins, [0, 1]);
         assert_eq!(
-            reader.query.joined_topics(),
+            reader.query.plan().joined_topics(),
             vec![
                 (
                     "clicks".to_string(),

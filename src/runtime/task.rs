@@ -1,7 +1,7 @@
 //! Tasks: the operator chain of one partition, its side chains and
 //! watermark, and the restore of its state.
 
-use super::builder::QueryBuilder;
+use super::plan::QueryPlan;
 use super::{SinkCommit, StateBackend};
 use crate::error::{Error, Result};
 use crate::operators::{BatchContext, Operator};
@@ -9,20 +9,21 @@ use crate::row::Row;
 use crate::time::TimestampMicros;
 use crate::watermark::{WatermarkScope, WatermarkTracker};
 use arrow_array::RecordBatch;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The operators of a task for `partition`; with a state backend, each
 /// stateful operator gets its store (`op<index>`), restored when the
 /// pending task runs.
 pub(super) fn pending_task(
-    builder: &QueryBuilder,
+    plan: &QueryPlan,
     partition: i32,
     backend: Option<&mut (dyn StateBackend + 'static)>,
 ) -> Result<PendingTask> {
-    let operators: Vec<Box<dyn Operator>> = builder
+    let operators: Vec<Box<dyn Operator>> = plan
         .steps
         .iter()
-        .map(|step| (step.build)(builder.output_mode))
+        .map(|step| (step.build)(plan.output_mode))
         .collect();
     let mut stores = Vec::new();
     let mut cache_bytes = None;
@@ -45,8 +46,8 @@ pub(super) fn pending_task(
 }
 
 /// A task around restored operators: their side chains and watermark.
-pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>) -> Task {
-    let side_chains = builder
+pub(super) fn new_task(plan: &QueryPlan, operators: Vec<Box<dyn Operator>>) -> Task {
+    let side_chains = plan
         .side_inputs
         .iter()
         .map(|side| SideChain {
@@ -56,7 +57,7 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
                 .stream
                 .steps
                 .iter()
-                .map(|f| f(builder.output_mode))
+                .map(|f| f(plan.output_mode))
                 .collect(),
         })
         .collect();
@@ -65,32 +66,32 @@ pub(super) fn new_task(builder: &QueryBuilder, operators: Vec<Box<dyn Operator>>
         side_chains,
         scratch: Default::default(),
         sink_commit: None,
-        watermark: builder.watermark.map(|d| {
+        watermark: plan.watermark.map(|d| {
             let mut tracker = WatermarkTracker::new(
                 tidemark_types::duration::micros(d),
-                builder.policy,
-                builder.idle_timeout.map(tidemark_types::duration::micros),
+                plan.policy,
+                plan.idle_timeout.map(tidemark_types::duration::micros),
             )
-            .with_scope(builder.scope);
-            if builder.watermark_from_markers && builder.scope == WatermarkScope::Query {
+            .with_scope(plan.scope);
+            if plan.watermark_from_markers && plan.scope == WatermarkScope::Query {
                 // The writers' markers carry their streams' maxima as far
                 // as each writer may count them (`forwards_stream_maxima`).
                 tracker = tracker.with_aligned_inputs();
             }
-            let streams = builder
+            let streams = plan
                 .side_inputs
                 .iter()
                 .filter(|s| !s.stream.table && (!s.is_union() || s.stream.watermark.is_some()));
             // Tables take no part in the watermark: with tables alone the
             // main stream's events count as no named stream's (see
             // `Inputs::of`), so no stream is waited for.
-            let joins_streams = builder.side_inputs.iter().any(|s| !s.stream.table);
-            if joins_streams || !builder.marker_streams.is_empty() {
-                tracker.expect_stream(&builder.main_stream);
+            let joins_streams = plan.side_inputs.iter().any(|s| !s.stream.table);
+            if joins_streams || !plan.marker_streams.is_empty() {
+                tracker.expect_stream(&plan.main_stream);
                 for side in streams {
                     tracker.expect_stream(&side.stream.name);
                 }
-                for marked in builder.marker_streams.iter().filter(|m| m.delay.is_some()) {
+                for marked in plan.marker_streams.iter().filter(|m| m.delay.is_some()) {
                     tracker.expect_stream(&marked.stream);
                 }
             }
@@ -389,16 +390,69 @@ pub(super) fn restore_thread_died() -> Error {
 /// re-fetch.
 pub(super) const RESTORE_GRACE: Duration = Duration::from_millis(100);
 
+/// The encoding of the task checkpoints this release writes. One without
+/// a version was written before versions were recorded (read as 0); a
+/// higher one, by a newer release, is refused rather than misread.
+pub(super) const CHECKPOINT_VERSION: u32 = 1;
+
 /// What a task checkpoints with its source offsets: the batch that
 /// committed them, the watermark and the last sink commit of its output.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct TaskCheckpoint {
+    /// Its encoding (see [`CHECKPOINT_VERSION`]).
+    #[serde(rename = "v", default)]
+    pub(super) version: u32,
     #[serde(rename = "batchId")]
     pub(super) batch_id: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) watermark: Option<WatermarkTracker>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) sink: Option<SinkCommit>,
+    /// Each store of the task (`op<index>`) with what kept it (see
+    /// `QueryPlan::store_identities`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) stores: BTreeMap<String, String>,
+}
+
+/// Refuses to restore a task from a checkpoint of a newer encoding than
+/// this release writes, or whose stores were kept by other steps than the
+/// plan's (`stores`): a step added, removed or moved before a stateful
+/// one renames the stores after it, and the state would be read by the
+/// wrong step. A checkpoint without stores (written before they were
+/// recorded) is not checked; a store the checkpoint does not know (a
+/// stateful step added after the others) starts empty.
+pub(super) fn check_checkpoint(
+    partition: i32,
+    checkpoint: &str,
+    stores: &BTreeMap<String, String>,
+) -> Result<()> {
+    // An unreadable checkpoint is reported where it is restored.
+    let Ok(saved) = serde_json::from_str::<TaskCheckpoint>(checkpoint) else {
+        return Ok(());
+    };
+    if saved.version > CHECKPOINT_VERSION {
+        return Err(Error::config(
+            "checkpoint",
+            format!(
+                "the checkpoint of partition {partition} has encoding version {}, written by a newer release (this one reads up to {CHECKPOINT_VERSION}): run that release, or start the query over without its state (`tidemark reset`)",
+                saved.version
+            ),
+        ));
+    }
+    for (name, kept_by) in &saved.stores {
+        let now = match stores.get(name) {
+            Some(now) if now == kept_by => continue,
+            Some(now) => format!("would now be restored into the {now}"),
+            None => "has no step any more".to_string(),
+        };
+        return Err(Error::config(
+            "steps",
+            format!(
+                "the state store `{name}` of partition {partition} was kept by the {kept_by} and {now}: a step was added, removed or moved before it. Put the steps back as they were, or start the query over without its state (`tidemark reset`)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The batch id a task checkpoint was committed by (`None` for a
@@ -415,9 +469,11 @@ pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
 pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &str) {
     let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint).or_else(|_| {
         serde_json::from_str::<WatermarkTracker>(checkpoint).map(|w| TaskCheckpoint {
+            version: 0,
             batch_id: 0,
             watermark: Some(w),
             sink: None,
+            stores: BTreeMap::new(),
         })
     });
     let saved = match saved {

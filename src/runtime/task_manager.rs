@@ -5,11 +5,11 @@
 //! restore outlasts a short grace period, and closed when the partition is
 //! revoked.
 
-use super::builder::QueryBuilder;
-use super::router::BatchScope;
+use super::plan::QueryPlan;
+use super::routed::BatchScope;
 use super::task::{
-    new_task, pending_task, restore_checkpoint, restore_thread_died, RestoringTask, Task,
-    TaskCheckpoint, RESTORE_GRACE,
+    check_checkpoint, new_task, pending_task, restore_checkpoint, restore_thread_died,
+    RestoringTask, Task, TaskCheckpoint, CHECKPOINT_VERSION, RESTORE_GRACE,
 };
 use super::watermark::ExchangeAlignment;
 use super::{PartitionProgress, SinkCommit, Source, SourceBatch, StateBackend};
@@ -38,6 +38,9 @@ pub(super) struct TaskManager {
     /// Stores restore on threads of their own while the others go on.
     restores_in_background: bool,
     stateful: bool,
+    /// With a state backend, each store of a task and what keeps it,
+    /// recorded with the checkpoints and checked against those restored.
+    stores: BTreeMap<String, String>,
     /// A repartition writer under the query scope: every assigned
     /// partition has a task (see `new_partitions`).
     starts_every_assigned: bool,
@@ -67,9 +70,9 @@ pub(super) struct BatchEnd {
 }
 
 impl TaskManager {
-    /// No tasks yet, for a query built by `builder`.
-    pub(super) fn new(builder: &QueryBuilder, backend: &Backend) -> Self {
-        let stateful = builder.has_stateful_steps();
+    /// No tasks yet, for a query planned by `plan`.
+    pub(super) fn new(plan: &QueryPlan, backend: &Backend) -> Self {
+        let stateful = plan.has_stateful_steps();
         TaskManager {
             tasks: BTreeMap::new(),
             restoring: BTreeMap::new(),
@@ -77,7 +80,13 @@ impl TaskManager {
             sink_recoveries: Vec::new(),
             restores_in_background: backend.is_some() && stateful,
             stateful,
-            starts_every_assigned: builder.forwards_stream_maxima,
+            // In memory, nothing is restored that a changed chain could
+            // misread.
+            stores: match backend {
+                Some(_) => plan.store_identities(),
+                None => BTreeMap::new(),
+            },
+            starts_every_assigned: plan.forwards_stream_maxima,
             counted_progress: BTreeMap::new(),
             alignment: None,
             joining_running: false,
@@ -167,7 +176,7 @@ impl TaskManager {
     /// must hold exactly its recorded input, so it waits for every restore.
     pub(super) fn follow_assignment(
         &mut self,
-        builder: &QueryBuilder,
+        plan: &QueryPlan,
         batch: &SourceBatch,
         backend: &mut Backend,
         source: &mut dyn Source,
@@ -185,6 +194,9 @@ impl TaskManager {
             .filter(|p| !self.tasks.contains_key(p))
             .collect();
         self.revoke(&batch.revoked_partitions, backend)?;
+        for (partition, checkpoint) in &batch.restored_checkpoints {
+            check_checkpoint(*partition, checkpoint, &self.stores)?;
+        }
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
                 Some(task) => {
@@ -207,8 +219,8 @@ impl TaskManager {
             false => Vec::new(),
         };
         let new_partitions = self.new_partitions(batch, &assigned);
-        self.start(builder, new_partitions, backend)?;
-        self.await_restores(builder, source, hold_allowed)?;
+        self.start(plan, new_partitions, backend)?;
+        self.await_restores(plan, source, hold_allowed)?;
         metrics::gauge!("tidemark_tasks_restoring").set(self.restoring.len() as f64);
         Ok(())
     }
@@ -263,18 +275,18 @@ impl TaskManager {
 
     fn start(
         &mut self,
-        builder: &QueryBuilder,
+        plan: &QueryPlan,
         partitions: BTreeSet<i32>,
         backend: &mut Backend,
     ) -> Result<()> {
         for partition in partitions {
             if self.restores_in_background {
-                let pending = pending_task(builder, partition, backend.as_deref_mut())?;
+                let pending = pending_task(plan, partition, backend.as_deref_mut())?;
                 self.restoring
                     .insert(partition, RestoringTask::start(partition, pending)?);
             } else {
-                let operators = pending_task(builder, partition, None)?.restore()?;
-                self.add_task(builder, partition, operators);
+                let operators = pending_task(plan, partition, None)?.restore()?;
+                self.add_task(plan, partition, operators);
             }
         }
         Ok(())
@@ -282,11 +294,11 @@ impl TaskManager {
 
     fn add_task(
         &mut self,
-        builder: &QueryBuilder,
+        plan: &QueryPlan,
         partition: i32,
         operators: Vec<Box<dyn crate::operators::Operator>>,
     ) {
-        let mut task = new_task(builder, operators);
+        let mut task = new_task(plan, operators);
         let handed_over = self.handed_over.contains(&partition);
         let catching_up = self
             .alignment
@@ -298,7 +310,7 @@ impl TaskManager {
         // its partition's markers follow its rows, and a backlog handed
         // over must meet them in that order, not the running tasks' newer
         // ones.
-        let from_others = !catching_up && !builder.watermark_from_markers;
+        let from_others = !catching_up && !plan.watermark_from_markers;
         if let Some(w) = task
             .watermark
             .as_mut()
@@ -314,7 +326,7 @@ impl TaskManager {
             match known {
                 Some(known) => w.restore(known),
                 None => {
-                    let inputs = super::inputs::Inputs::of(builder);
+                    let inputs = super::inputs::Inputs::of(plan);
                     observe_progress(
                         w,
                         &self.counted_progress,
@@ -340,7 +352,7 @@ impl TaskManager {
     /// while the other tasks process the batch.
     fn await_restores(
         &mut self,
-        builder: &QueryBuilder,
+        plan: &QueryPlan,
         source: &mut dyn Source,
         hold_allowed: bool,
     ) -> Result<()> {
@@ -377,7 +389,7 @@ impl TaskManager {
                 continue;
             };
             let held = self.restoring.remove(&partition).is_some_and(|r| r.held);
-            self.add_task(builder, partition, result?);
+            self.add_task(plan, partition, result?);
             if held {
                 tracing::info!(partition, "task restored; its partition resumes");
                 source.release(partition)?;
@@ -570,7 +582,7 @@ impl TaskManager {
                 .remove(partition)
                 .unwrap_or_else(|| scope.contexts(task));
             task.finish_batch(&task_contexts, out)?;
-            super::router::mark_task(out, out_tasks, *partition);
+            super::output::mark_task(out, out_tasks, *partition);
             let used = task_contexts[0].watermark;
             if let Some(w) = task.watermark.as_ref().filter(|_| joins) {
                 for (stream, watermark) in w.stream_watermarks() {
@@ -596,8 +608,10 @@ impl TaskManager {
     pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, String> {
         self.tasks
             .iter()
-            .filter(|(_, t)| t.watermark.is_some() || t.sink_commit.is_some())
-            .filter_map(|(p, t)| Some((*p, task_checkpoint(batch_id, t)?)))
+            .filter(|(_, t)| {
+                t.watermark.is_some() || t.sink_commit.is_some() || !self.stores.is_empty()
+            })
+            .filter_map(|(p, t)| Some((*p, task_checkpoint(batch_id, t, &self.stores)?)))
             .collect()
     }
 
@@ -677,11 +691,17 @@ fn observe_progress(
 /// not fit keeps only its watermarks, not each input's progress: after a
 /// restore the watermark holds where it was until every input has reported
 /// again, which their next batches' markers do.
-fn task_checkpoint(batch_id: u64, task: &Task) -> Option<String> {
+fn task_checkpoint(
+    batch_id: u64,
+    task: &Task,
+    stores: &BTreeMap<String, String>,
+) -> Option<String> {
     let mut checkpoint = TaskCheckpoint {
+        version: CHECKPOINT_VERSION,
         batch_id,
         watermark: task.watermark.clone(),
         sink: task.sink_commit.clone(),
+        stores: stores.clone(),
     };
     let whole = serde_json::to_string(&checkpoint).ok()?;
     if whole.len() <= CHECKPOINT_BUDGET {
@@ -708,7 +728,7 @@ mod tests {
             .watermark("1 minute")
             .unwrap()
             .watermark_scope(WatermarkScope::Partition);
-        let mut task = new_task(&builder, Vec::new());
+        let mut task = new_task(builder.plan(), Vec::new());
         task.sink_commit = Some(SinkCommit {
             seq: 7,
             staged: "p3-s7".into(),
@@ -720,20 +740,20 @@ mod tests {
         w.finish_batch(0);
         let (in_effect, previous) = (w.in_effect(), w.late_threshold());
         assert_eq!(in_effect, 3_540_000_000, "the slowest input, less a minute");
-        let checkpoint = task_checkpoint(12, &task).unwrap();
+        let checkpoint = task_checkpoint(12, &task, &BTreeMap::new()).unwrap();
         assert!(checkpoint.len() <= 4096, "{} bytes", checkpoint.len());
 
-        let mut restored = new_task(&builder, Vec::new());
+        let mut restored = new_task(builder.plan(), Vec::new());
         restore_checkpoint(&mut restored, 0, &checkpoint);
         let w = restored.watermark.as_ref().unwrap();
         assert_eq!((w.in_effect(), w.late_threshold()), (in_effect, previous));
         assert_eq!(restored.sink_commit, task.sink_commit);
 
         // A narrow one keeps its inputs.
-        let mut narrow = new_task(&builder, Vec::new());
+        let mut narrow = new_task(builder.plan(), Vec::new());
         let w = narrow.watermark.as_mut().unwrap();
         w.observe("in/0", 3_600_000_000, 0);
-        let checkpoint = task_checkpoint(1, &narrow).unwrap();
+        let checkpoint = task_checkpoint(1, &narrow, &BTreeMap::new()).unwrap();
         assert!(checkpoint.contains("3600000000"), "{checkpoint}");
     }
 }
