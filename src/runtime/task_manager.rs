@@ -11,7 +11,7 @@ use super::task::{
     check_checkpoint, new_task, pending_task, restore_checkpoint, restore_thread_died,
     RestoringTask, Task, TaskCheckpoint, CHECKPOINT_VERSION, RESTORE_GRACE,
 };
-use super::watermark::ExchangeAlignment;
+use super::watermark::{ExchangeAlignment, SharedProgress};
 use super::{PartitionProgress, SinkCommit, Source, SourceBatch, StateBackend};
 use crate::error::Result;
 use crate::operators::BatchContext;
@@ -44,14 +44,9 @@ pub(super) struct TaskManager {
     /// A repartition writer under the query scope: every assigned
     /// partition has a task (see `new_partitions`).
     starts_every_assigned: bool,
-    /// The largest event time counted per input partition: this instance's
-    /// committed progress and what the watermark exchange let it count of
-    /// the others'. A task started later (or after every task was dropped)
-    /// starts from it.
-    counted_progress: BTreeMap<String, TimestampMicros>,
-    /// With a watermark exchange: what of the others' progress each task
-    /// may count, by how far it has read.
-    alignment: Option<ExchangeAlignment>,
+    /// The query-wide progress this instance counted, and the exchange's
+    /// alignment (see `watermark::shared`).
+    shared: SharedProgress,
     /// Tasks were running when the current assignment's tasks started.
     joining_running: bool,
     /// Partitions the current poll handed back with a checkpoint.
@@ -87,8 +82,7 @@ impl TaskManager {
                 None => BTreeMap::new(),
             },
             starts_every_assigned: plan.forwards_stream_maxima,
-            counted_progress: BTreeMap::new(),
-            alignment: None,
+            shared: SharedProgress::default(),
             joining_running: false,
             handed_over: BTreeSet::new(),
         }
@@ -98,16 +92,12 @@ impl TaskManager {
     /// (a query sharing its progress through a watermark exchange); at
     /// once when the polls are not `planned` (the real-time trigger).
     pub(super) fn align_to_exchange(&mut self, planned: bool) {
-        self.alignment = Some(if planned {
-            ExchangeAlignment::default()
-        } else {
-            ExchangeAlignment::ungated()
-        });
+        self.shared.align_to_exchange(planned);
     }
 
     /// The exchange's alignment, when the query has an exchange.
     pub(super) fn alignment_mut(&mut self) -> Option<&mut ExchangeAlignment> {
-        self.alignment.as_mut()
+        self.shared.alignment_mut()
     }
 
     /// After a poll that read nothing: the partitions the source's plan
@@ -115,9 +105,7 @@ impl TaskManager {
     /// of what arrived before it.
     pub(super) fn nothing_read(&mut self, caught_up: &BTreeSet<i32>, as_of_ms: Option<i64>) {
         let running: Vec<i32> = self.tasks.keys().copied().collect();
-        if let Some(alignment) = self.alignment.as_mut() {
-            alignment.nothing_read(&running, caught_up, as_of_ms);
-        }
+        self.shared.nothing_read(&running, caught_up, as_of_ms);
     }
 
     /// The running tasks by partition.
@@ -301,9 +289,8 @@ impl TaskManager {
         let mut task = new_task(plan, operators);
         let handed_over = self.handed_over.contains(&partition);
         let catching_up = self
-            .alignment
-            .as_mut()
-            .is_some_and(|a| a.task_started(partition, self.joining_running, handed_over));
+            .shared
+            .task_started(partition, self.joining_running, handed_over);
         // Under the query-wide scope a new task starts from what the
         // instance's other tasks know of every partition; one catching up
         // from its checkpoint alone, and so does a repartition reader's:
@@ -316,25 +303,13 @@ impl TaskManager {
             .as_mut()
             .filter(|w| w.scope() == WatermarkScope::Query && from_others)
         {
-            let alignment = self.alignment.as_ref();
-            let in_step = |p: &i32| !alignment.is_some_and(|a| a.is_catching_up(*p));
             let known = self
                 .tasks
                 .iter()
-                .filter(|(p, _)| in_step(p))
+                .filter(|(p, _)| !self.shared.is_catching_up(**p))
                 .find_map(|(_, t)| t.watermark.as_ref());
-            match known {
-                Some(known) => w.restore(known),
-                None => {
-                    let inputs = super::inputs::Inputs::of(plan);
-                    observe_progress(
-                        w,
-                        &self.counted_progress,
-                        &inputs,
-                        crate::time::now_micros(),
-                    );
-                }
-            }
+            self.shared
+                .start(w, known, &super::inputs::Inputs::of(plan));
         }
         for checkpoint in self
             .saved_checkpoints
@@ -471,12 +446,12 @@ impl TaskManager {
             let input = inputs.get(inputs.input_of(topic));
             // Spark's query-wide watermark: every task sees every
             // partition's progress; per partition, only its own task.
-            let alignment = self.alignment.as_ref();
+            let shared = &self.shared;
             let query_wide = |p: i32, task: &Task| {
                 task.watermark
                     .as_ref()
                     .is_some_and(|w| w.scope() == WatermarkScope::Query)
-                    && !alignment.is_some_and(|a| a.is_catching_up(p))
+                    && !shared.is_catching_up(p)
             };
             let trackers = self
                 .tasks
@@ -509,38 +484,13 @@ impl TaskManager {
         inputs: &super::inputs::Inputs,
         processing_time: TimestampMicros,
     ) -> bool {
-        let Some(alignment) = self.alignment.as_mut() else {
-            return false;
-        };
         let running: Vec<i32> = self.tasks.keys().copied().collect();
-        let in_step: Vec<i32> = running
-            .iter()
-            .copied()
-            .filter(|p| !alignment.is_catching_up(*p))
-            .collect();
-        let counted = alignment.countable(&in_step);
-        merge_max(&mut self.counted_progress, &counted);
-        let mut moves = false;
-        for (partition, task) in self.tasks.iter_mut() {
-            let Some(w) = task
-                .watermark
-                .as_mut()
-                .filter(|w| w.scope() == WatermarkScope::Query)
-            else {
-                continue;
-            };
-            if alignment.is_catching_up(*partition) {
-                let own = alignment.countable(&[*partition]);
-                observe_progress(w, &own, inputs, processing_time);
-            } else {
-                observe_progress(w, &counted, inputs, processing_time);
-            }
-            moves |= w
-                .candidate(processing_time)
-                .is_some_and(|c| c > w.in_effect());
-        }
-        alignment.prune(&running);
-        moves
+        let watermarks = self
+            .tasks
+            .iter_mut()
+            .filter_map(|(p, task)| Some((*p, task.watermark.as_mut()?)));
+        self.shared
+            .observe_other_instances(&running, watermarks, inputs, processing_time)
     }
 
     /// After a batch committed: notes this instance's committed `progress`
@@ -554,15 +504,9 @@ impl TaskManager {
         caught_up: &BTreeSet<i32>,
         as_of_ms: Option<i64>,
     ) -> BTreeMap<String, PartitionProgress> {
-        merge_max(&mut self.counted_progress, progress);
         let running: Vec<i32> = self.tasks.keys().copied().collect();
-        match self.alignment.as_mut() {
-            Some(alignment) => {
-                alignment.batch_committed(&running, caught_up, as_of_ms);
-                alignment.progress_to_publish(progress)
-            }
-            None => BTreeMap::new(),
-        }
+        self.shared
+            .share_committed(&running, progress, caught_up, as_of_ms)
     }
 
     /// Ends the batch in every task: operators emit what the batch closed
@@ -649,42 +593,6 @@ impl TaskManager {
 /// The largest checkpoint kept whole. Kafka keeps at most
 /// `offset.metadata.max.bytes` (4 KiB by default) with a committed offset.
 const CHECKPOINT_BUDGET: usize = 3 * 1024;
-
-/// Counts `progress` (`topic/partition` → largest event time) in `w`,
-/// each partition under its input's stream and delay.
-/// Keeps in `into` the larger time of each input partition of `from`.
-fn merge_max(
-    into: &mut BTreeMap<String, TimestampMicros>,
-    from: &BTreeMap<String, TimestampMicros>,
-) {
-    for (input, t) in from {
-        let slot = into.entry(input.clone()).or_insert(*t);
-        *slot = (*slot).max(*t);
-    }
-}
-
-fn observe_progress(
-    w: &mut crate::watermark::WatermarkTracker,
-    progress: &BTreeMap<String, TimestampMicros>,
-    inputs: &super::inputs::Inputs,
-    processing_time: TimestampMicros,
-) {
-    for (name, t) in progress {
-        let topic = name
-            .rsplit_once('/')
-            .map_or(name.as_str(), |(topic, _)| topic);
-        let input = inputs.get(inputs.input_of(topic));
-        if input.watermarked {
-            w.observe_stream(
-                name,
-                input.stream.as_deref(),
-                input.delay,
-                *t,
-                processing_time,
-            );
-        }
-    }
-}
 
 /// `task`'s checkpoint. A watermark fed by many inputs (a repartition
 /// reader holds every upstream partition, about 40 bytes each) that would
