@@ -988,6 +988,17 @@ impl QueryBuilder {
         keep_unmatched: bool,
         on: &[(&str, &str)],
     ) -> Result<Self> {
+        // Its feed is found by name: a second table of the same name would
+        // read nothing of it.
+        if self.plan.global_tables.iter().any(|t| t.name == table.name) {
+            return Err(Error::config(
+                "table_join.global",
+                format!(
+                    "the global table `{}` is joined twice: give each join of a global table a name of its own",
+                    table.name
+                ),
+            ));
+        }
         let spec = table_join_spec(&table, keep_unmatched, on);
         let rows: crate::operators::SharedTable = Default::default();
         crate::operators::TableJoin::global(spec.clone(), rows.clone())?;
@@ -1230,6 +1241,14 @@ mod tests {
         assert!(e.contains("join.event_time"), "{e}");
         let e = refusal(impressions().join_table(clicks(), false, &[("c", "id")]));
         assert!(e.contains("JoinInput::table"), "{e}");
+        let e = refusal(
+            impressions()
+                .join_global_table(JoinInput::table("customers"), true, &[("c", "id")])
+                .and_then(|q| {
+                    q.join_global_table(JoinInput::table("customers"), true, &[("s", "id")])
+                }),
+        );
+        assert!(e.contains("`customers` is joined twice"), "{e}");
         // A global table builds (describe needs no broker) but does not run
         // without its feed.
         let query = impressions()

@@ -1471,10 +1471,12 @@ mod tests {
         assert_eq!(counts(&sink), vec![("a".to_string(), Value::Long(1))]);
     }
 
-    /// A stateful step put before another renames the other's store:
-    /// restoring `op0`'s window counts into a deduplication would misread
-    /// them, so the restart is refused, naming the store; the same chain
-    /// restarts, and a stateful step added after the others starts empty.
+    /// A step put before a stateful one renames its store: restoring
+    /// `op0`'s window counts into a deduplication would misread them, and
+    /// a filter before the window would leave them behind, so the restart
+    /// is refused, naming the store; the same chain restarts, a stateful
+    /// step added or removed after the others is accepted, and without a
+    /// state backend nothing is checked.
     #[test]
     fn a_store_restored_into_another_step_is_refused_naming_it() {
         let rows = || {
@@ -1533,13 +1535,24 @@ mod tests {
             "{e}"
         );
 
-        let removed = Query::builder("chain")
+        // A filter put before the window renames its store `op1`: `op0`
+        // would be left behind and `op1` start empty.
+        let shifted = Query::builder("chain")
             .event_time("t")
+            .watermark("1 minute")
+            .unwrap()
+            .filter("k != 'z'")
+            .unwrap()
+            .window_aggregate(
+                ["k"],
+                WindowSpec::tumbling("1 minute").unwrap(),
+                vec![AggregateSpec::count()],
+            )
             .trigger(Trigger::AvailableNow)
             .state_backend(backend.clone())
             .build()
             .unwrap();
-        let e = removed
+        let e = shifted
             .run(
                 &mut rows().restoring(checkpoints.clone()),
                 &mut CollectSink::default(),
@@ -1547,9 +1560,36 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("`op0`") && e.contains("has no step any more"),
+            e.contains("`op0`") && e.contains("has no step any more, while `op1`"),
             "{e}"
         );
+        // Without a state backend nothing is restored: nothing to refuse.
+        counting(
+            "chain",
+            "1 minute",
+            WindowSpec::tumbling("1 minute").unwrap(),
+        )
+        .filter("k != 'z'")
+        .unwrap()
+        .build()
+        .unwrap()
+        .run(
+            &mut rows().restoring(checkpoints.clone()),
+            &mut CollectSink::default(),
+        )
+        .unwrap();
+        // The last (here the only) stateful step removed leaves its state.
+        Query::builder("chain")
+            .event_time("t")
+            .trigger(Trigger::AvailableNow)
+            .state_backend(backend.clone())
+            .build()
+            .unwrap()
+            .run(
+                &mut rows().restoring(checkpoints.clone()),
+                &mut CollectSink::default(),
+            )
+            .unwrap();
 
         let mut again = rows().restoring(checkpoints.clone());
         counted()
@@ -1576,7 +1616,8 @@ mod tests {
     /// release's) stops the restart instead of being misread or ignored.
     #[test]
     fn a_checkpoint_of_a_newer_encoding_is_refused() {
-        let newer = r#"{"v": 99, "batchId": 3, "future": [1, 2]}"#.to_string();
+        // Not even today's fields: read as today's, it would be dropped.
+        let newer = r#"{"v": 99, "batch": {"id": 3}}"#.to_string();
         let e = counting(
             "newer",
             "1 minute",

@@ -7,7 +7,8 @@
 use super::{DeadLetter, Decoder, Sink, StateBackend, StateService, TableFeed, WatermarkExchange};
 use crate::progress::ProgressListener;
 
-/// A query's resources; each is optional and has a default in the loop.
+/// A query's resources. Each is optional: the loop has a default for
+/// each, except a global table's feed, whose absence `Query::run` refuses.
 #[derive(Default)]
 pub(crate) struct QueryResources {
     /// How records become rows (default: JSON objects, types inferred).

@@ -414,36 +414,61 @@ pub(super) struct TaskCheckpoint {
     pub(super) stores: BTreeMap<String, String>,
 }
 
+/// Only the encoding version of a checkpoint, read before the rest: a
+/// newer release may have changed everything else.
+#[derive(serde::Deserialize)]
+struct EncodingVersion {
+    #[serde(rename = "v", default)]
+    version: u32,
+}
+
 /// Refuses to restore a task from a checkpoint of a newer encoding than
-/// this release writes, or whose stores were kept by other steps than the
-/// plan's (`stores`): a step added, removed or moved before a stateful
-/// one renames the stores after it, and the state would be read by the
-/// wrong step. A checkpoint without stores (written before they were
-/// recorded) is not checked; a store the checkpoint does not know (a
-/// stateful step added after the others) starts empty.
+/// this release writes, or — with a state backend, whose stores `stores`
+/// lists with the step keeping each — one whose stores the plan would
+/// misread or leave behind: a step added, removed or moved before a
+/// stateful one renames the stores after it. A store now kept by another
+/// kind of step is refused; so is a store no step keeps any more while
+/// another starts without state (the renamed one). A checkpoint without
+/// stores (written before they were recorded) is not checked; a stateful
+/// step added after the others starts empty, and one removed after the
+/// others leaves its state behind.
 pub(super) fn check_checkpoint(
     partition: i32,
     checkpoint: &str,
-    stores: &BTreeMap<String, String>,
+    stores: Option<&BTreeMap<String, String>>,
 ) -> Result<()> {
     // An unreadable checkpoint is reported where it is restored.
-    let Ok(saved) = serde_json::from_str::<TaskCheckpoint>(checkpoint) else {
+    let Ok(EncodingVersion { version }) = serde_json::from_str(checkpoint) else {
         return Ok(());
     };
-    if saved.version > CHECKPOINT_VERSION {
+    if version > CHECKPOINT_VERSION {
         return Err(Error::config(
             "checkpoint",
             format!(
-                "the checkpoint of partition {partition} has encoding version {}, written by a newer release (this one reads up to {CHECKPOINT_VERSION}): run that release, or start the query over without its state (`tidemark reset`)",
-                saved.version
+                "the checkpoint of partition {partition} has encoding version {version}, written by a newer release (this one reads up to {CHECKPOINT_VERSION}): run that release, or start the query over without its state (`tidemark reset`)"
             ),
         ));
     }
+    let (Some(stores), Ok(saved)) = (stores, serde_json::from_str::<TaskCheckpoint>(checkpoint))
+    else {
+        return Ok(());
+    };
+    let starting_empty: Vec<&String> = stores
+        .keys()
+        .filter(|name| !saved.stores.is_empty() && !saved.stores.contains_key(*name))
+        .collect();
     for (name, kept_by) in &saved.stores {
         let now = match stores.get(name) {
             Some(now) if now == kept_by => continue,
             Some(now) => format!("would now be restored into the {now}"),
-            None => "has no step any more".to_string(),
+            None => match starting_empty.first() {
+                Some(renamed) => format!(
+                    "has no step any more, while `{renamed}` (the {}) starts without state",
+                    stores[*renamed]
+                ),
+                // The last stateful steps were removed: nothing is misread.
+                None => continue,
+            },
         };
         return Err(Error::config(
             "steps",

@@ -39,8 +39,9 @@ pub(super) struct TaskManager {
     restores_in_background: bool,
     stateful: bool,
     /// With a state backend, each store of a task and what keeps it,
-    /// recorded with the checkpoints and checked against those restored.
-    stores: BTreeMap<String, String>,
+    /// recorded with the checkpoints and checked against those restored;
+    /// `None` without one (nothing is restored, nothing is checked).
+    stores: Option<BTreeMap<String, String>>,
     /// A repartition writer under the query scope: every assigned
     /// partition has a task (see `new_partitions`).
     starts_every_assigned: bool,
@@ -77,10 +78,7 @@ impl TaskManager {
             stateful,
             // In memory, nothing is restored that a changed chain could
             // misread.
-            stores: match backend {
-                Some(_) => plan.store_identities(),
-                None => BTreeMap::new(),
-            },
+            stores: backend.as_ref().map(|_| plan.store_identities()),
             starts_every_assigned: plan.forwards_stream_maxima,
             shared: SharedProgress::default(),
             joining_running: false,
@@ -183,7 +181,7 @@ impl TaskManager {
             .collect();
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
-            check_checkpoint(*partition, checkpoint, &self.stores)?;
+            check_checkpoint(*partition, checkpoint, self.stores.as_ref())?;
         }
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
@@ -553,9 +551,13 @@ impl TaskManager {
         self.tasks
             .iter()
             .filter(|(_, t)| {
-                t.watermark.is_some() || t.sink_commit.is_some() || !self.stores.is_empty()
+                let keeps_stores = self.stores.as_ref().is_some_and(|s| !s.is_empty());
+                t.watermark.is_some() || t.sink_commit.is_some() || keeps_stores
             })
-            .filter_map(|(p, t)| Some((*p, task_checkpoint(batch_id, t, &self.stores)?)))
+            .filter_map(|(p, t)| {
+                let stores = self.stores.clone().unwrap_or_default();
+                Some((*p, task_checkpoint(batch_id, t, stores)?))
+            })
             .collect()
     }
 
@@ -599,17 +601,13 @@ const CHECKPOINT_BUDGET: usize = 3 * 1024;
 /// not fit keeps only its watermarks, not each input's progress: after a
 /// restore the watermark holds where it was until every input has reported
 /// again, which their next batches' markers do.
-fn task_checkpoint(
-    batch_id: u64,
-    task: &Task,
-    stores: &BTreeMap<String, String>,
-) -> Option<String> {
+fn task_checkpoint(batch_id: u64, task: &Task, stores: BTreeMap<String, String>) -> Option<String> {
     let mut checkpoint = TaskCheckpoint {
         version: CHECKPOINT_VERSION,
         batch_id,
         watermark: task.watermark.clone(),
         sink: task.sink_commit.clone(),
-        stores: stores.clone(),
+        stores,
     };
     let whole = serde_json::to_string(&checkpoint).ok()?;
     if whole.len() <= CHECKPOINT_BUDGET {
@@ -618,6 +616,17 @@ fn task_checkpoint(
     if let Some(w) = checkpoint.watermark.as_mut() {
         w.forget_inputs();
     }
+    let smaller = serde_json::to_string(&checkpoint).ok()?;
+    if smaller.len() <= CHECKPOINT_BUDGET {
+        return Some(smaller);
+    }
+    // Dozens of stateful steps: the stores go unchecked at the next start
+    // rather than the offsets failing to commit.
+    tracing::warn!(
+        stores = checkpoint.stores.len(),
+        "the task checkpoint leaves out its stores to fit the offset metadata"
+    );
+    checkpoint.stores.clear();
     serde_json::to_string(&checkpoint).ok()
 }
 
@@ -648,7 +657,7 @@ mod tests {
         w.finish_batch(0);
         let (in_effect, previous) = (w.in_effect(), w.late_threshold());
         assert_eq!(in_effect, 3_540_000_000, "the slowest input, less a minute");
-        let checkpoint = task_checkpoint(12, &task, &BTreeMap::new()).unwrap();
+        let checkpoint = task_checkpoint(12, &task, BTreeMap::new()).unwrap();
         assert!(checkpoint.len() <= 4096, "{} bytes", checkpoint.len());
 
         let mut restored = new_task(builder.plan(), Vec::new());
@@ -661,7 +670,7 @@ mod tests {
         let mut narrow = new_task(builder.plan(), Vec::new());
         let w = narrow.watermark.as_mut().unwrap();
         w.observe("in/0", 3_600_000_000, 0);
-        let checkpoint = task_checkpoint(1, &narrow, &BTreeMap::new()).unwrap();
+        let checkpoint = task_checkpoint(1, &narrow, BTreeMap::new()).unwrap();
         assert!(checkpoint.contains("3600000000"), "{checkpoint}");
     }
 }

@@ -1,8 +1,8 @@
 //! A query's plan: what it is — its steps, inputs, side inputs, tables,
 //! watermark and settings — apart from the live resources (decoder, dead
 //! letters, state backend, exchange, listeners) it runs with. The builder
-//! makes it, the planner splits it into stages, `describe` and the
-//! topology read it, and the runtime runs it; none of them changes it.
+//! makes it, the planner splits it into the plans of its stages, and
+//! `describe`, the checks and the runtime read it without changing it.
 
 mod second_inputs;
 mod steps;
@@ -29,8 +29,9 @@ pub(crate) const UNION_BESIDE_JOIN: &str = "a union and a join in one pipeline a
 /// Computes a row's event time (microseconds) when no column holds it.
 pub type EventTimeExtractor = Arc<dyn Fn(&Row) -> Option<TimestampMicros> + Send + Sync>;
 
-/// What a query is, as [`QueryBuilder`](super::QueryBuilder) made it:
-/// read by the planner, `describe` and the runtime, never changed by them.
+/// What a query is, as [`QueryBuilder`](super::QueryBuilder) made it (or
+/// the planner, for one stage of it): read by `describe`, the checks and
+/// the runtime, which never change it.
 pub struct QueryPlan {
     pub(super) name: String,
     pub(super) id: Option<String>,
@@ -285,7 +286,16 @@ impl QueryPlan {
         self.steps
             .iter()
             .enumerate()
-            .filter_map(|(index, step)| Some((format!("op{index}"), step.shape.store_identity()?)))
+            .filter_map(|(index, step)| {
+                let identity = step.shape.store_identity().or_else(|| {
+                    // A step of unknown shape (`QueryBuilder::step`) may
+                    // keep state too: a task opens a store for it.
+                    (step.build)(self.output_mode)
+                        .is_stateful()
+                        .then(|| "custom stateful step".to_string())
+                })?;
+                Some((format!("op{index}"), identity))
+            })
             .collect()
     }
 
