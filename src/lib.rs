@@ -39,8 +39,8 @@ mod yaml_paths;
 
 pub use tidemark_operators as operators;
 pub use tidemark_types::{
-    aggregate, columns, columns_json, duration, error, expr, progress, record, row, schema,
-    secrets, sketch_aggregates, time, typed, typed_columns, watermark, window,
+    aggregate, columns, columns_json, duration, encoding, error, expr, progress, record, row,
+    schema, secrets, sketch_aggregates, time, typed, typed_columns, watermark, window,
 };
 
 pub use error::{Error, Result};

@@ -57,6 +57,22 @@ pub struct PipelineTestDriver {
     query: QueryBuilder,
     polls: Vec<DriverPoll>,
     next_offset: BTreeMap<(String, i32), i64>,
+    /// Handed back with the first batch, as Kafka hands a restarted query
+    /// its committed offsets' metadata.
+    restored_checkpoints: BTreeMap<i32, String>,
+}
+
+/// Where a run stopped: the task checkpoints its last commit stored and
+/// the next offset of each partition piped. A later driver
+/// [resumes](PipelineTestDriver::resume_from) there as a restarted query
+/// does (with the same state backend, or one holding a saved copy of its
+/// stores).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DriverPosition {
+    /// Each partition's task checkpoint, as stored with its offsets.
+    pub checkpoints: BTreeMap<i32, String>,
+    /// `(topic, partition, next offset)` of each partition piped.
+    pub next_offsets: Vec<(String, i32, i64)>,
 }
 
 /// What one poll of the query's source hands it: a batch's records at its
@@ -93,6 +109,8 @@ pub struct TestRun {
     pub progress: Vec<QueryProgress>,
     /// Batches, records and rows counted by the run.
     pub summary: RunSummary,
+    /// Where the run stopped, for a driver that resumes after it.
+    pub stopped_at: DriverPosition,
 }
 
 impl TestRun {
@@ -140,7 +158,29 @@ impl PipelineTestDriver {
             query,
             polls: Vec::new(),
             next_offset: BTreeMap::new(),
+            restored_checkpoints: BTreeMap::new(),
         }
+    }
+
+    /// Keeps the query's state in `backend` (a clone of an
+    /// [`InMemoryStateBackend`](crate::runtime::InMemoryStateBackend)
+    /// shares its stores): a later driver over the same backend restarts
+    /// from it.
+    pub fn state_backend(mut self, backend: impl crate::runtime::StateBackend + 'static) -> Self {
+        self.query = self.query.state_backend(backend);
+        self
+    }
+
+    /// Continues where an earlier run stopped (its
+    /// [`TestRun::stopped_at`]): records piped next take the offsets after
+    /// its, and the first batch hands the query its checkpoints back, as a
+    /// restarted query gets them from Kafka.
+    pub fn resume_from(mut self, position: &DriverPosition) -> Self {
+        self.restored_checkpoints = position.checkpoints.clone();
+        for (topic, partition, next) in &position.next_offsets {
+            self.next_offset.insert((topic.clone(), *partition), *next);
+        }
+        self
     }
 
     /// A driver for the pipeline file `text`: its steps, watermarks and
@@ -270,11 +310,17 @@ impl PipelineTestDriver {
             uncommitted: Vec::new(),
             clock,
             next_offsets: BTreeMap::new(),
-            checkpoints: BTreeMap::new(),
-            restore: Vec::new(),
+            checkpoints: self.restored_checkpoints.clone(),
+            restore: self.restored_checkpoints.into_iter().collect(),
         };
         let mut sink = CollectSink::default();
         let summary = query.run(&mut source, &mut sink)?;
+        let stopped_at = DriverPosition {
+            checkpoints: source.checkpoints,
+            next_offsets: (self.next_offset.into_iter())
+                .map(|((topic, partition), next)| (topic, partition, next))
+                .collect(),
+        };
         let late = std::mem::take(&mut *late.lock().unwrap_or_else(|e| e.into_inner()));
         let dead_letters =
             std::mem::take(&mut *dead_letters.lock().unwrap_or_else(|e| e.into_inner()));
@@ -285,6 +331,7 @@ impl PipelineTestDriver {
             dead_letters,
             progress,
             summary,
+            stopped_at,
         })
     }
 }

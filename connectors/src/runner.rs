@@ -378,8 +378,8 @@ impl Progress {
 }
 
 /// Whether rebuilding the query may succeed: configuration and expression
-/// errors, output the broker refuses for good and a failed internal
-/// invariant will fail the same way again.
+/// errors, output the broker refuses for good, a failed internal invariant
+/// and stored bytes of a newer encoding will fail the same way again.
 pub fn is_transient(error: &Error) -> bool {
     !matches!(
         error,
@@ -388,6 +388,7 @@ pub fn is_transient(error: &Error) -> bool {
             | Error::Undeliverable { .. }
             | Error::Internal(_)
             | Error::Processor { .. }
+            | Error::UnknownEncoding { .. }
     )
 }
 

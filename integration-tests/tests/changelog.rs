@@ -330,3 +330,76 @@ fn a_batch_aborted_without_writing_a_task_leaves_no_checkpoint_for_its_fresh_res
         "a key written before the abort is restored"
     );
 }
+
+/// Changelog records carry their encoding version in a `v` header; one
+/// without it (written before versions) restores as version 1, and a
+/// record of a newer version stops the restore with an error naming its
+/// topic, partition and offset instead of being read as this layout.
+#[test]
+fn changelog_records_carry_their_version_and_a_newer_one_is_refused_naming_it() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use tidemark_connectors::kafka::KafkaConnection;
+
+    let app = unique("versions-app");
+    let store_name = "op0";
+    let topic = changelog_topic(&app, store_name);
+    let cluster = KafkaConnection::new(bootstrap());
+    ensure_topic_with_config(&cluster, &topic, 1, 1, &[("cleanup.policy", "compact")]).unwrap();
+    // As the release before versions wrote it: no header.
+    produce_to(&topic, Some(0), &[("before".into(), b"1".to_vec())]);
+    let writer = KafkaChangelogWriter::new(&cluster, &app).unwrap();
+    let mut writer_handle = writer.clone();
+    ChangelogWriter::append(
+        &mut writer_handle,
+        ChangelogRecord {
+            store: store_name.into(),
+            partition: 0,
+            key: b"now".to_vec(),
+            value: Some(b"2".to_vec()),
+        },
+    )
+    .unwrap();
+    writer.flush().unwrap();
+    let written = consume_all(&topic, 2, std::time::Duration::from_secs(30));
+    assert_eq!(written.len(), 2);
+    assert!(written[0].headers.is_empty(), "{:?}", written[0].headers);
+    assert_eq!(
+        written[1].headers.get("v").map(String::as_bytes),
+        Some(&[1u8][..])
+    );
+    let (records, end) = read_changelog(&cluster, &app, store_name, 0, None).unwrap();
+    let keys: Vec<&[u8]> = records.iter().map(|r| r.key.as_slice()).collect();
+    assert_eq!((keys, end), (vec![&b"before"[..], b"now"], 2));
+
+    // A newer release's record.
+    let producer: ThreadedProducer<DefaultProducerContext> = plain().create().unwrap();
+    producer
+        .send(
+            BaseRecord::to(&topic)
+                .partition(0)
+                .key(b"later".as_slice())
+                .payload(b"3".as_slice())
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "v",
+                    value: Some(&[2u8]),
+                })),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(std::time::Duration::from_secs(30)).unwrap();
+    let e = read_changelog(&cluster, &app, store_name, 0, None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            tidemark::error::Error::UnknownEncoding {
+                found: 2,
+                supported: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(text.contains(&format!("`{topic}`/0 at offset 2")), "{text}");
+}

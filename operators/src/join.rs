@@ -930,9 +930,7 @@ impl StreamJoin {
 
     fn decode_buffered(id: u64, bytes: &[u8]) -> Result<KeyedRow> {
         let mut r = Reader(bytes);
-        if r.u8()? != STATE_VERSION {
-            return Err(corrupt("unknown join state layout"));
-        }
+        r.version("stream-stream join", STATE_VERSION)?;
         let time = r.i64()?;
         // The stored eviction key is recomputed from the time by the
         // caller: older layouts stored the bound, not the key.

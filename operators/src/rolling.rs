@@ -14,8 +14,7 @@
 //! every range; memory is proportional to the events inside the ranges.
 
 use super::state_codec::{
-    corrupt, expired_by, expiry_key, parse_expiry_key, put_value, state_key, Reader,
-    STATE_KEY_PREFIX,
+    expired_by, expiry_key, parse_expiry_key, put_value, state_key, Reader, STATE_KEY_PREFIX,
 };
 use super::{
     encode_key_into, AggregateInput, AggregateSpec, BatchContext, KeyRange, Operator,
@@ -31,6 +30,10 @@ use std::sync::Arc;
 use tidemark_state::StateStore;
 
 type HashMap<K, V> = crate::CacheMap<K, V>;
+
+/// The layout of a key's rolling state this release writes (after the
+/// stored value's timer).
+const STATE_VERSION: u8 = 1;
 
 /// The store entry with the number of keys and of events stored.
 const COUNTS: &[u8] = b"N";
@@ -1026,7 +1029,7 @@ impl RollingSpec {
     }
 
     fn encode_state(&self, state: &KeyState) -> Result<Vec<u8>> {
-        let mut out = vec![1u8];
+        let mut out = vec![STATE_VERSION];
         out.extend((state.key_values.len() as u16).to_le_bytes());
         for v in &state.key_values {
             put_value(v, &mut out);
@@ -1109,9 +1112,7 @@ impl RollingSpec {
 
     fn decode_state(&self, bytes: &[u8]) -> Result<KeyState> {
         let mut r = Reader(bytes);
-        if r.u8()? != 1 {
-            return Err(corrupt("unknown rolling state version"));
-        }
+        r.version("rolling window", STATE_VERSION)?;
         let n = r.u16()? as usize;
         let key_values = (0..n).map(|_| r.value()).collect::<Result<Vec<_>>>()?;
         let mut state = self.new_key(key_values);

@@ -55,6 +55,21 @@ impl<'a> Reader<'a> {
     pub(crate) fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
+    /// The leading layout version of `what`'s state: one newer than
+    /// `supported` was written by a newer release and is refused as such,
+    /// never read as this layout; 0 is no layout at all.
+    pub(crate) fn version(&mut self, what: &str, supported: u8) -> Result<u8> {
+        let found = self.u8()?;
+        if found == 0 {
+            return Err(corrupt(&format!("{what}: no layout version")));
+        }
+        tidemark_types::encoding::check_version(
+            || format!("the {what} state"),
+            found.into(),
+            supported.into(),
+        )?;
+        Ok(found)
+    }
     pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(
             self.take(2)?.try_into().expect("2 bytes"),
@@ -217,9 +232,7 @@ pub(crate) type KeyState = (Vec<Value>, Vec<(TimeWindow, Vec<Accumulator>)>);
 /// Decodes what [`encode_key_state`] wrote.
 pub(crate) fn decode_key_state(bytes: &[u8], aggregates: &[AggregateSpec]) -> Result<KeyState> {
     let mut r = Reader(bytes);
-    if r.u8()? != VERSION {
-        return Err(corrupt("unknown layout version"));
-    }
+    r.version("window aggregation", VERSION)?;
     let key_values = (0..r.u16()?)
         .map(|_| r.value())
         .collect::<Result<Vec<_>>>()?;
@@ -274,6 +287,36 @@ mod tests {
             )
         })
         .collect()
+    }
+
+    /// A stored value of a newer layout is refused as such (not read as
+    /// this one, not reported as corrupt); version 0 is corrupt.
+    #[test]
+    fn state_of_a_newer_layout_is_refused_as_written_by_a_newer_release() {
+        let aggs = every_aggregate();
+        let mut bytes = encode_key_state(&[Value::Long(1)], std::iter::empty(), &aggs).unwrap();
+        assert!(decode_key_state(&bytes, &aggs).is_ok());
+        bytes[0] = VERSION + 1;
+        let e = decode_key_state(&bytes, &aggs).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::UnknownEncoding {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("window aggregation"), "{e}");
+        let e = crate::table_join::decode_row(&[VERSION + 1, 0, 0]).unwrap_err();
+        assert!(e.to_string().contains("table join"), "{e}");
+        bytes[0] = 0;
+        assert!(!matches!(
+            decode_key_state(&bytes, &aggs).unwrap_err(),
+            Error::UnknownEncoding { .. }
+        ));
     }
 
     proptest::proptest! {

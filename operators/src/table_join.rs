@@ -327,9 +327,7 @@ fn encode_row(row: &Row) -> Vec<u8> {
 
 pub(crate) fn decode_row(bytes: &[u8]) -> Result<Row> {
     let mut r = Reader(bytes);
-    if r.u8()? != STATE_VERSION {
-        return Err(corrupt("unknown table layout"));
-    }
+    r.version("table join", STATE_VERSION)?;
     r.row()
 }
 

@@ -586,6 +586,38 @@ pub struct InMemoryStateBackend {
     restored: RestoreStats,
 }
 
+/// Every entry of every store of an [`InMemoryStateBackend`], by partition
+/// and store name: what a test saves to restore later, or elsewhere.
+pub type StoresSnapshot = BTreeMap<(i32, String), Vec<tidemark_state::Entry>>;
+
+impl InMemoryStateBackend {
+    /// A copy of every store's entries as the last flush left them.
+    pub fn snapshot(&self) -> Result<StoresSnapshot> {
+        let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        let mut snapshot = StoresSnapshot::new();
+        for (key, store) in stores.iter() {
+            snapshot.insert(key.clone(), tidemark_state::StateStore::prefix(store, &[])?);
+        }
+        Ok(snapshot)
+    }
+
+    /// A backend holding the stores of `snapshot`, as a restarted query
+    /// finds them.
+    pub fn from_snapshot(snapshot: &StoresSnapshot) -> Result<Self> {
+        let backend = InMemoryStateBackend::default();
+        let mut stores = backend.stores.lock().unwrap_or_else(|p| p.into_inner());
+        for ((partition, name), entries) in snapshot {
+            let mut store = tidemark_state::InMemoryStore::new(name);
+            for (key, value) in entries {
+                tidemark_state::StateStore::put(&mut store, key, value)?;
+            }
+            stores.insert((*partition, name.clone()), store);
+        }
+        drop(stores);
+        Ok(backend)
+    }
+}
+
 /// A store of an [`InMemoryStateBackend`]: writes go to the shared map.
 struct SharedInMemoryStore {
     key: (i32, String),

@@ -122,11 +122,16 @@ impl RecordRouter {
         scope: &BatchScope,
     ) -> Result<()> {
         // A record that carries the marker header but not a marker is bad
-        // data: dead-lettered, not a batch failed for ever.
-        let marker = marker.map_err(|e| Error::BadRecord {
-            position: record.position.clone(),
-            field: "<marker>".into(),
-            reason: e.to_string(),
+        // data: dead-lettered, not a batch failed for ever. A marker of a
+        // newer release's encoding is no bad record: the writer stage runs
+        // a newer release, and guessing its progress would be wrong.
+        let marker = marker.map_err(|e| match e {
+            newer @ Error::UnknownEncoding { .. } => newer,
+            e => Error::BadRecord {
+                position: record.position.clone(),
+                field: "<marker>".into(),
+                reason: e.to_string(),
+            },
         })?;
         // A repartitioned join's streams arrive on their own topics: each
         // origin counts for its stream, with its delay.

@@ -391,7 +391,7 @@ pub(super) fn restore_thread_died() -> Error {
 pub(super) const RESTORE_GRACE: Duration = Duration::from_millis(100);
 
 /// The encoding of the task checkpoints this release writes. One without
-/// a version was written before versions were recorded (read as 0); a
+/// a version was written before versions were recorded (version 1); a
 /// higher one, by a newer release, is refused rather than misread.
 pub(super) const CHECKPOINT_VERSION: u32 = 1;
 
@@ -400,7 +400,7 @@ pub(super) const CHECKPOINT_VERSION: u32 = 1;
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct TaskCheckpoint {
     /// Its encoding (see [`CHECKPOINT_VERSION`]).
-    #[serde(rename = "v", default)]
+    #[serde(rename = "v", default = "crate::encoding::first_version")]
     pub(super) version: u32,
     #[serde(rename = "batchId")]
     pub(super) batch_id: u64,
@@ -412,14 +412,6 @@ pub(super) struct TaskCheckpoint {
     /// `QueryPlan::store_identities`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) stores: BTreeMap<String, String>,
-}
-
-/// Only the encoding version of a checkpoint, read before the rest: a
-/// newer release may have changed everything else.
-#[derive(serde::Deserialize)]
-struct EncodingVersion {
-    #[serde(rename = "v", default)]
-    version: u32,
 }
 
 /// Refuses to restore a task from a checkpoint of a newer encoding than
@@ -437,18 +429,14 @@ pub(super) fn check_checkpoint(
     checkpoint: &str,
     stores: Option<&BTreeMap<String, String>>,
 ) -> Result<()> {
-    // An unreadable checkpoint is reported where it is restored.
-    let Ok(EncodingVersion { version }) = serde_json::from_str(checkpoint) else {
-        return Ok(());
-    };
-    if version > CHECKPOINT_VERSION {
-        return Err(Error::config(
-            "checkpoint",
-            format!(
-                "the checkpoint of partition {partition} has encoding version {version}, written by a newer release (this one reads up to {CHECKPOINT_VERSION}): run that release, or start the query over without its state (`tidemark reset`)"
-            ),
-        ));
-    }
+    // An unreadable checkpoint is reported where it is restored; a newer
+    // one is refused before the rest is read: it may not parse as this
+    // release's type at all.
+    crate::encoding::check_json_version(
+        || format!("the checkpoint of partition {partition}"),
+        checkpoint.as_bytes(),
+        CHECKPOINT_VERSION,
+    )?;
     let (Some(stores), Ok(saved)) = (stores, serde_json::from_str::<TaskCheckpoint>(checkpoint))
     else {
         return Ok(());

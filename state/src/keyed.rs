@@ -19,7 +19,8 @@
 //! | `g` name | a value of the whole store (a count, say) |
 //!
 //! A cell is `0` and the value, or `1`, its expiry (little-endian
-//! microseconds) and the value; values are JSON (serde), so a state type
+//! microseconds) and the value (that first byte is the cell's layout: a
+//! higher one, of a newer release, is refused); values are JSON (serde), so a state type
 //! that gains a field with a default reads what an older version wrote.
 //! Times sort as big-endian integers with the sign bit flipped.
 
@@ -225,6 +226,14 @@ impl KeyedStateStore {
                     return Ok(None);
                 }
                 &cell[9..]
+            }
+            // The header is the cell's layout: 0 and 1 are this release's;
+            // a newer release would mark a new layout with another.
+            Some(header) if *header > 1 => {
+                return Err(self.error(format!(
+                    "the state cell at {} has layout {header}, written by a newer release (this one reads layouts 0 and 1)",
+                    String::from_utf8_lossy(key)
+                )))
             }
             _ => {
                 return Err(self.error(format!(
@@ -791,6 +800,23 @@ mod tests {
 
     fn store() -> KeyedStateStore {
         KeyedStateStore::new(Box::new(InMemoryStore::new("p")))
+    }
+
+    /// A cell whose header is a newer release's layout is refused as such.
+    #[test]
+    fn a_cell_of_a_newer_layout_is_refused() {
+        let mut s = store();
+        let v = cell_prefix(b"a", "count", StateKind::Value);
+        s.put(&v, &3u64, None).unwrap();
+        let mut cell = s.store().get(&v).unwrap().unwrap();
+        cell[0] = 2;
+        let mut newer = InMemoryStore::new("p");
+        newer.put(&v, &cell).unwrap();
+        let e = KeyedStateStore::new(Box::new(newer))
+            .get::<u64>(&v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("layout 2") && e.contains("newer release"), "{e}");
     }
 
     #[test]

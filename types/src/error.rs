@@ -73,6 +73,20 @@ pub enum Error {
     /// would fail the same way, so the run ends with it, never retried.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Stored bytes (operator state, a changelog record, a checkpoint, a
+    /// log entry) in an encoding newer than this release reads: written by
+    /// a later release. Never read as if it were an older encoding, and
+    /// never retried: reading again meets the same bytes.
+    #[error("{what} has encoding version {found}, written by a newer release (this one reads up to {supported}): run that release or a later one, or start over without it")]
+    UnknownEncoding {
+        /// What was read, with where it is (a topic, partition and offset,
+        /// a file).
+        what: String,
+        /// The version it carries.
+        found: u32,
+        /// The newest version this release reads.
+        supported: u32,
+    },
     /// A user's stateful processor returned an error or panicked: the
     /// batch fails with the key it was handling and is not committed;
     /// running again would meet the same rows, so the run ends with it.

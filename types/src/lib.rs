@@ -5,7 +5,8 @@
 //! ([`window`]), watermarks ([`watermark`]), aggregate functions
 //! ([`aggregate`], [`sketch_aggregates`]), typed rows ([`typed`]), records
 //! as they come from a source ([`record`]), progress reports
-//! ([`progress`]) and errors ([`error`]).
+//! ([`progress`]), errors ([`error`]) and the versions of stored
+//! encodings ([`encoding`]).
 //!
 //! Applications use these through the `tidemark` crate, which re-exports
 //! every module under the same name (`tidemark::row::Value`).
@@ -16,6 +17,7 @@ pub mod aggregator;
 pub mod columns;
 pub mod columns_json;
 pub mod duration;
+pub mod encoding;
 pub mod error;
 pub mod expr;
 pub mod progress;

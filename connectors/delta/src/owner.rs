@@ -53,6 +53,10 @@ const OWNER_FILE: &str = "_tidemark/owner.json";
 /// What the lease file holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lease {
+    /// Its encoding ([`LEASE_VERSION`]; 1 when absent: written before
+    /// versions).
+    #[serde(default = "tidemark::encoding::first_version")]
+    v: u32,
     /// The owning instance's id.
     owner: String,
     /// The query writing (the `txn` app id).
@@ -68,20 +72,32 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The encoding of the leases this release writes. A lease of a newer one
+/// is an error, not a file to take over: its writer may well be alive.
+const LEASE_VERSION: u32 = 1;
+
 /// Reads the table's lease; `None` when there is none (or it is not a
 /// lease: a file another tool left is taken over).
-async fn read_lease(store: &dyn ObjectStore) -> object_store::Result<Option<Lease>> {
+async fn read_lease(store: &dyn ObjectStore) -> Result<Option<Lease>> {
     let path = object_store::path::Path::from(OWNER_FILE);
-    match store.get(&path).await {
-        Ok(got) => Ok(serde_json::from_slice(&got.bytes().await?).ok()),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    let reading = |e| delta_error("reading the table's writer lease", e);
+    let bytes = match store.get(&path).await {
+        Ok(got) => got.bytes().await.map_err(reading)?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(reading(e)),
+    };
+    tidemark::encoding::check_json_version(
+        || format!("the writer lease {OWNER_FILE}"),
+        &bytes,
+        LEASE_VERSION,
+    )?;
+    Ok(serde_json::from_slice(&bytes).ok())
 }
 
 /// Writes `owner`'s lease, renewed now.
 async fn write_lease(store: &dyn ObjectStore, owner: &str, app_id: &str) -> Result<()> {
     let renewed = Lease {
+        v: LEASE_VERSION,
         owner: owner.to_string(),
         app_id: app_id.to_string(),
         renewed_ms: now_ms(),
@@ -111,10 +127,7 @@ pub(crate) fn ensure_owner(
         return Ok(None);
     };
     let store = table.object_store();
-    let lease = sink
-        .runtime
-        .block_on(read_lease(store.as_ref()))
-        .map_err(|e| delta_error("reading the table's writer lease", e))?;
+    let lease = sink.runtime.block_on(read_lease(store.as_ref()))?;
     let renew_ms = i64::try_from(RENEW_EVERY.as_millis()).unwrap_or(i64::MAX);
     if let Some(lease) = &lease {
         let age_ms = now_ms().saturating_sub(lease.renewed_ms);
@@ -274,7 +287,7 @@ fn renew_until_stopped(stop: &(Mutex<bool>, Condvar), lease: &LeaseHolder) {
                 Ok(_) => write_lease(lease.store, lease.owner, lease.app_id)
                     .await
                     .map(|()| None),
-                Err(e) => Err(delta_error("reading the table's writer lease", e)),
+                Err(e) => Err(e),
             }
         });
         match renewed {

@@ -26,6 +26,10 @@
 //! batch are never read again. Every file is written to a temporary name,
 //! synced and renamed, so that a crash leaves either the whole entry or
 //! none.
+//!
+//! Every entry carries its encoding version, `"v": 1` ([`LOG_VERSION`]);
+//! an entry without one predates versions and reads as version 1, and an
+//! entry of a newer version is refused, naming it, rather than misread.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,6 +66,24 @@ pub(crate) struct BatchCommit {
     #[serde(rename = "batchId")]
     pub(crate) batch_id: u64,
     pub(crate) checkpoints: BTreeMap<i32, String>,
+}
+
+/// The encoding of the log entries this release writes.
+pub(crate) const LOG_VERSION: u32 = 1;
+
+/// An entry as written: its version beside its fields.
+#[derive(Serialize)]
+struct Versioned<'a, T> {
+    v: u32,
+    #[serde(flatten)]
+    entry: &'a T,
+}
+
+/// The `skipped` file as written; before versions it was the bare list.
+#[derive(Serialize, Deserialize)]
+struct SkippedFiles {
+    v: u32,
+    files: Vec<String>,
 }
 
 /// How many committed batches pass between two compactions of the offsets
@@ -150,7 +172,11 @@ impl ProgressLog {
     /// Records the files a first run with `start: latest` skipped.
     pub(crate) fn log_skipped(&self, files: &[String]) -> Result<()> {
         let path = self.dir.join("skipped");
-        let text = serde_json::to_vec(files).map_err(|e| Error::Source(e.to_string()))?;
+        let text = serde_json::to_vec(&SkippedFiles {
+            v: LOG_VERSION,
+            files: files.to_vec(),
+        })
+        .map_err(|e| Error::Internal(format!("encoding the skipped files: {e}")))?;
         write_durably(&self.dir.join(".skipped.tmp"), &path, &text)
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))
     }
@@ -160,9 +186,14 @@ impl ProgressLog {
     pub(crate) fn read_skipped(&self) -> Result<Option<Vec<String>>> {
         let path = self.dir.join("skipped");
         match fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|e| Error::Source(format!("{} is unreadable: {e}", path.display()))),
+            Ok(text) => {
+                check_version(&path, &text)?;
+                serde_json::from_str::<SkippedFiles>(&text)
+                    .map(|skipped| skipped.files)
+                    .or_else(|_| serde_json::from_str::<Vec<String>>(&text))
+                    .map(Some)
+                    .map_err(|e| Error::Source(format!("{} is unreadable: {e}", path.display())))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
         }
@@ -196,7 +227,7 @@ impl ProgressLog {
             files,
         };
         let path = dir.join(format!("{committed}{COMPACT_SUFFIX}"));
-        let text = serde_json::to_vec(&compacted).map_err(|e| Error::Source(e.to_string()))?;
+        let text = encode_entry(&compacted)?;
         write_durably(&dir.join(format!(".{committed}.compact.tmp")), &path, &text)
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         for (_, old) in covered.into_iter().filter(|(_, old)| *old != path) {
@@ -246,7 +277,7 @@ impl ProgressLog {
     fn write<T: Serialize>(&self, sub: &str, batch_id: u64, value: &T) -> Result<()> {
         let path = self.dir.join(sub).join(batch_id.to_string());
         let temporary = self.dir.join(sub).join(format!(".{batch_id}.tmp"));
-        let text = serde_json::to_vec(value).map_err(|e| Error::Source(e.to_string()))?;
+        let text = encode_entry(value)?;
         write_durably(&temporary, &path, &text)
             .map_err(|e| Error::io(format!("writing {}", path.display()), e))
     }
@@ -306,10 +337,29 @@ fn offsets_entries(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(entries)
 }
 
+/// `entry` with its version, as a log file holds it.
+fn encode_entry<T: Serialize>(entry: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(&Versioned {
+        v: LOG_VERSION,
+        entry,
+    })
+    .map_err(|e| Error::Internal(format!("encoding a files source log entry: {e}")))
+}
+
+/// Refuses the entry `text` of `path` when a newer release wrote it.
+fn check_version(path: &Path, text: &str) -> Result<()> {
+    tidemark::encoding::check_json_version(
+        || format!("the files source's checkpoint entry {}", path.display()),
+        text.as_bytes(),
+        LOG_VERSION,
+    )
+}
+
 /// One log entry; one that cannot be read is an error naming it.
 fn read_entry<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
     let text = fs::read_to_string(path)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    check_version(path, &text)?;
     serde_json::from_str(&text).map_err(|e| {
         Error::Source(format!(
             "the files source's checkpoint entry {} is unreadable: {e}",
@@ -341,6 +391,52 @@ mod tests {
             size: 1,
             modified_ms: 2,
         }
+    }
+
+    /// A log the release before versions wrote (entries without `"v"`, the
+    /// skipped files a bare list) reads; entries this release writes carry
+    /// `"v": 1`; an entry of a newer version is refused, naming it.
+    #[test]
+    fn log_entries_of_each_encoding_read_or_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ProgressLog::open(dir.path()).unwrap();
+        let put = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        put(
+            "offsets/0",
+            r#"{"batchId":0,"files":[{"path":"a","size":1,"modifiedMs":2}]}"#,
+        );
+        put(
+            "offsets/1",
+            r#"{"batchId":1,"files":[{"path":"b","size":1,"modifiedMs":2}]}"#,
+        );
+        put("commits/0", r#"{"batchId":0,"checkpoints":{"0":"cp0"}}"#);
+        put("skipped", r#"["old"]"#);
+        let read = log.read().unwrap();
+        assert_eq!(read.seen, ["a", "b"].map(String::from).into());
+        assert_eq!(read.last_commit.unwrap().checkpoints[&0], "cp0");
+        assert_eq!(read.uncommitted[0].files, vec![file("b")]);
+        assert_eq!(log.read_skipped().unwrap(), Some(vec!["old".to_string()]));
+
+        log.log_commit(&BatchCommit {
+            batch_id: 1,
+            checkpoints: [(0, "cp1".to_string())].into(),
+        })
+        .unwrap();
+        log.log_skipped(&["new".to_string()]).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("commits/1")).unwrap();
+        assert!(text.starts_with(r#"{"v":1,"batchId":1"#), "{text}");
+        assert_eq!(
+            log.read().unwrap().last_commit.unwrap().checkpoints[&0],
+            "cp1"
+        );
+        assert_eq!(log.read_skipped().unwrap(), Some(vec!["new".to_string()]));
+
+        put("commits/2", r#"{"v":2,"batchId":2,"log":"elsewhere"}"#);
+        let e = log.read().unwrap_err();
+        assert!(matches!(e, Error::UnknownEncoding { found: 2, .. }), "{e}");
+        assert!(e.to_string().contains("commits/2"), "{e}");
+        put("skipped", r#"{"v":3,"files":[]}"#);
+        assert!(log.read_skipped().is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use crate::connection::KafkaConnection;
 use crate::producer::{producer, send_with_backpressure, DeliveryTracker};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::Arc;
@@ -13,6 +13,38 @@ use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
 use tidemark_state::{ChangelogChunk, ChangelogRecord, ChangelogWriter, StateError};
+
+/// The header naming the encoding version of a changelog record's key and
+/// value (as Kafka Streams marks its changelog records, `v`).
+const VERSION_HEADER: &str = "v";
+
+/// The encoding of the changelog records this release writes: the store's
+/// key and value bytes as the operator wrote them. A record without the
+/// header was written before versions were recorded (version 1); a higher
+/// one, by a newer release, is refused when restored rather than misread.
+pub const CHANGELOG_VERSION: u8 = 1;
+
+/// Refuses a changelog record `m` of an encoding newer than
+/// [`CHANGELOG_VERSION`], naming its topic, partition and offset.
+pub(crate) fn check_record_version(m: &impl Message) -> Result<()> {
+    let version = m
+        .headers()
+        .and_then(|headers| headers.iter().find(|h| h.key == VERSION_HEADER))
+        .and_then(|h| h.value?.first().copied())
+        .unwrap_or(1);
+    tidemark::encoding::check_version(
+        || {
+            format!(
+                "changelog record `{}`/{} at offset {}",
+                m.topic(),
+                m.partition(),
+                m.offset()
+            )
+        },
+        version.into(),
+        CHANGELOG_VERSION.into(),
+    )
+}
 
 /// The changelog topic of `store` in `application_id`.
 pub fn changelog_topic(application_id: &str, store: &str) -> String {
@@ -96,7 +128,11 @@ impl ChangelogWriter for KafkaChangelogWriter {
         let topic = changelog_topic(&self.application_id, &record.store);
         let mut out = BaseRecord::<[u8], [u8]>::to(&topic)
             .key(&record.key)
-            .partition(record.partition);
+            .partition(record.partition)
+            .headers(OwnedHeaders::new_with_capacity(1).insert(Header {
+                key: VERSION_HEADER,
+                value: Some(&[CHANGELOG_VERSION]),
+            }));
         // No payload: a tombstone, which compaction removes with the key.
         if let Some(v) = record.value.as_deref() {
             out = out.payload(v);
@@ -239,6 +275,7 @@ pub fn restore_changelog(
         (next, idle) = match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 error_backoff.succeeded();
+                check_record_version(&m)?;
                 chunk.push(m.key().unwrap_or_default(), m.payload());
                 restored += 1;
                 (next.max(m.offset() + 1), false)

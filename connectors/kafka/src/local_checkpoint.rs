@@ -32,8 +32,8 @@ pub(crate) fn take_local_checkpoint(file: &std::path::Path) -> Result<LocalCheck
         return Ok(LocalCheckpoint::new());
     };
     remove_durably(file).map_err(|e| Error::io(format!("removing {}", file.display()), e))?;
-    Ok(serde_json::from_str(&text).unwrap_or_else(|e| {
-        tracing::warn!(file = %file.display(), error = %e, "unreadable local checkpoint ignored");
+    Ok(parse_local_checkpoint(&text).unwrap_or_else(|reason| {
+        tracing::warn!(file = %file.display(), %reason, "unreadable local checkpoint ignored; the local files are restored from the changelog");
         LocalCheckpoint::new()
     }))
 }
@@ -43,8 +43,35 @@ pub(crate) fn take_local_checkpoint(file: &std::path::Path) -> Result<LocalCheck
 pub(crate) fn read_local_checkpoint(file: &std::path::Path) -> LocalCheckpoint {
     std::fs::read_to_string(file)
         .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
+        .and_then(|text| parse_local_checkpoint(&text).ok())
         .unwrap_or_default()
+}
+
+/// The encoding of the checkpoint files this release writes. A file of a
+/// newer one is not trusted: the task's local files are rebuilt from the
+/// changelog, whose records carry their own version.
+const LOCAL_CHECKPOINT_VERSION: u32 = 1;
+
+/// A checkpoint file as written: `{"v": 1, "stores": {"op0": 42}}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CheckpointFile {
+    v: u32,
+    stores: LocalCheckpoint,
+}
+
+/// The checkpoint in `text`: the versioned file, or the bare map of store
+/// offsets written before versions were recorded.
+fn parse_local_checkpoint(text: &str) -> std::result::Result<LocalCheckpoint, String> {
+    tidemark::encoding::check_json_version(
+        || "the local checkpoint".into(),
+        text.as_bytes(),
+        LOCAL_CHECKPOINT_VERSION,
+    )
+    .map_err(|e| e.to_string())?;
+    serde_json::from_str::<CheckpointFile>(text)
+        .map(|file| file.stores)
+        .or_else(|_| serde_json::from_str::<LocalCheckpoint>(text))
+        .map_err(|e| e.to_string())
 }
 
 /// Writes the checkpoint file atomically and durably: a temporary file,
@@ -55,7 +82,11 @@ pub(crate) fn write_local_checkpoint(
     file: &std::path::Path,
     checkpoint: &LocalCheckpoint,
 ) -> Result<()> {
-    let text = serde_json::to_string(checkpoint).map_err(|e| Error::Source(e.to_string()))?;
+    let text = serde_json::to_string(&CheckpointFile {
+        v: LOCAL_CHECKPOINT_VERSION,
+        stores: checkpoint.clone(),
+    })
+    .map_err(|e| Error::Internal(format!("encoding a local checkpoint: {e}")))?;
     let temporary = file.with_extension("tmp");
     let write = || -> std::io::Result<()> {
         use std::io::Write;
@@ -354,6 +385,28 @@ mod tests {
 
     fn guard(dir: &tempfile::TempDir) -> TaskCheckpointGuard {
         TaskCheckpointGuard::new(dir.path().join(CHECKPOINT_FILE))
+    }
+
+    /// The file this release writes reads back; the bare map an older
+    /// release wrote still reads; a newer encoding is not trusted (the
+    /// task restores in full from the changelog).
+    #[test]
+    fn a_local_checkpoint_of_each_encoding_reads_or_is_distrusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(CHECKPOINT_FILE);
+        let offsets = LocalCheckpoint::from([("op0".into(), 42), ("op2".into(), 7)]);
+        write_local_checkpoint(&file, &offsets).unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(text.starts_with(r#"{"v":1,"#), "{text}");
+        assert_eq!(take_local_checkpoint(&file).unwrap(), offsets);
+        assert!(!file.exists(), "taken: removed");
+        std::fs::write(&file, r#"{"op0":42,"op2":7}"#).unwrap();
+        assert_eq!(read_local_checkpoint(&file), offsets, "before versions");
+        std::fs::write(&file, r#"{"v":2,"stores":{"op0":42}}"#).unwrap();
+        assert!(take_local_checkpoint(&file).unwrap().is_empty(), "newer");
+        assert!(parse_local_checkpoint(r#"{"v":2}"#)
+            .unwrap_err()
+            .contains("version 2"));
     }
 
     #[test]

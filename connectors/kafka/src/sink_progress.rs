@@ -14,6 +14,30 @@ use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 
+/// The encoding of the record's metadata this release writes:
+/// `{"v": 1, "end": <the source's end position>}`. The release before
+/// versions wrote the bare position.
+const PROGRESS_VERSION: u32 = 1;
+
+/// The source's end position in the record's metadata `text`, of either
+/// encoding; a newer one, or text that is not JSON, is an error: a guess
+/// would replay the wrong batch or none.
+fn end_of(text: &str, group: &str) -> Result<serde_json::Value> {
+    if text.is_empty() {
+        return Ok(serde_json::Value::Null);
+    }
+    let what = || format!("the progress record of sink group `{group}`");
+    tidemark::encoding::check_json_version(what, text.as_bytes(), PROGRESS_VERSION)?;
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::Sink(format!("{} is unreadable: {e}", what())))?;
+    match value {
+        serde_json::Value::Object(mut fields) if fields.contains_key("v") => {
+            Ok(fields.remove("end").unwrap_or_default())
+        }
+        before_versions => Ok(before_versions),
+    }
+}
+
 /// How long reading the record may take before the start fails.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -61,7 +85,8 @@ impl SinkProgress {
         entry
             .set_offset(Offset::Offset(batch_id as i64 + 1))
             .map_err(|e| Error::Sink(format!("progress of `{}`: {e}", self.group)))?;
-        entry.set_metadata(self.end.to_string());
+        entry
+            .set_metadata(serde_json::json!({"v": PROGRESS_VERSION, "end": &self.end}).to_string());
         let group = self
             .consumer
             .group_metadata()
@@ -87,7 +112,29 @@ impl SinkProgress {
         if next < 1 {
             return Ok(None);
         }
-        let end = serde_json::from_str(entry.metadata()).unwrap_or(serde_json::Value::Null);
+        let end = end_of(entry.metadata(), &self.group)?;
         Ok(Some((next as u64 - 1, end)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bare position the release before versions wrote reads as
+    /// itself; this release's reads back; newer or unreadable is an error.
+    #[test]
+    fn the_end_position_of_each_encoding_reads_or_is_refused() {
+        let end = serde_json::json!({"logOffset": 7});
+        assert_eq!(end_of(r#"{"logOffset":7}"#, "g").unwrap(), end);
+        let written = serde_json::json!({"v": PROGRESS_VERSION, "end": &end}).to_string();
+        assert_eq!(end_of(&written, "g").unwrap(), end);
+        assert_eq!(end_of("", "g").unwrap(), serde_json::Value::Null);
+        let e = end_of(r#"{"v":2,"end":{}}"#, "g").unwrap_err();
+        assert!(matches!(e, Error::UnknownEncoding { found: 2, .. }), "{e}");
+        assert!(end_of("not json", "g")
+            .unwrap_err()
+            .to_string()
+            .contains("`g`"));
     }
 }

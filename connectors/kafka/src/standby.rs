@@ -331,6 +331,9 @@ impl Standbys {
                     let Some((_, offsets)) = self.warm.get_mut(&m.partition()) else {
                         continue;
                     };
+                    // A standby holds no batch back: the task that restores
+                    // from this changelog meets the same record and stops.
+                    crate::changelog::check_record_version(&m)?;
                     offsets.insert(store.clone(), m.offset() + 1);
                     batches
                         .entry((m.partition(), store.clone()))

@@ -59,14 +59,32 @@ pub struct WatermarkMarker {
     pub origins: Vec<String>,
 }
 
+/// The encoding of the markers this release writes: the JSON object with
+/// `"v": 1`. A marker without `"v"` predates versions (version 1); one of
+/// a newer version is refused, never read as this one.
+pub const MARKER_VERSION: u32 = 1;
+
+/// A marker as written: its version beside its fields.
+#[derive(serde::Serialize)]
+struct VersionedMarker<'a> {
+    v: u32,
+    #[serde(flatten)]
+    marker: &'a WatermarkMarker,
+}
+
 impl WatermarkMarker {
     /// The marker's record value.
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a marker serializes")
+        serde_json::to_vec(&VersionedMarker {
+            v: MARKER_VERSION,
+            marker: self,
+        })
+        .expect("a marker serializes")
     }
 
     /// Reads a marker's record value.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
+        crate::encoding::check_json_version(|| "a watermark marker".into(), bytes, MARKER_VERSION)?;
         serde_json::from_slice(bytes)
             .map_err(|e| Error::Source(format!("unreadable watermark marker: {e}")))
     }
@@ -107,4 +125,28 @@ pub(in crate::runtime) fn forwarded_stream_maxima(
         }
     }
     forwarded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A marker the release before versions wrote reads; this release's
+    /// carries `"v": 1`; a newer one is refused.
+    #[test]
+    fn markers_of_each_encoding_read_or_are_refused() {
+        let old = br#"{"origin":"orders/0","max_event_time":42,"origins":["orders/0"]}"#;
+        let marker = WatermarkMarker::decode(old).unwrap();
+        assert_eq!(marker.max_event_time, 42);
+        let bytes = marker.encode();
+        assert!(
+            bytes.starts_with(br#"{"v":1,"#),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        assert_eq!(WatermarkMarker::decode(&bytes).unwrap(), marker);
+        let newer = br#"{"v":2,"origin":"orders/0","progress":[42]}"#;
+        let e = WatermarkMarker::decode(newer).unwrap_err();
+        assert!(matches!(e, Error::UnknownEncoding { found: 2, .. }), "{e}");
+    }
 }
