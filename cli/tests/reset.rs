@@ -1,7 +1,9 @@
 //! `tidemark reset` against the real broker (#45 item 6): a pipeline run to
 //! its end, then reset, runs again over all of its input, on fresh state
 //! (the windows count each row once more, not on top of the old counts);
-//! `--dry-run` changes nothing; a running instance makes it refuse.
+//! `--dry-run` changes nothing; a running instance makes it refuse; a reset
+//! by a file whose chain changed since still deletes the changelogs the
+//! committed checkpoints name.
 
 mod common;
 
@@ -107,6 +109,11 @@ fn a_reset_pipeline_runs_again_over_all_its_input_on_fresh_state() {
 
     // A dry run names what it would do and does nothing. A stopped static
     // member stays in the group until its session times out (6 s here).
+    // The file now puts a filter before the window, whose store it names
+    // `op1`: the run's `op0` changelog is found in its checkpoints.
+    let shifted = pipeline(&app, &input, &output, "available_now")
+        .replace("steps:\n", "steps:\n  - filter: \"id IS NOT NULL\"\n");
+    std::fs::write(&file, shifted).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let planned = loop {
         let planned = reset(&file, &["--dry-run"]);
@@ -125,7 +132,10 @@ fn a_reset_pipeline_runs_again_over_all_its_input_on_fresh_state() {
         plan.contains(&format!("offsets of group `{app}` on {input}")),
         "{plan}"
     );
-    assert!(plan.contains("-changelog`"), "{plan}");
+    assert!(
+        plan.contains(&format!("delete topic `{app}-op0-changelog`")),
+        "{plan}"
+    );
     assert!(plan.contains("remove state directory"), "{plan}");
     assert!(
         dir.path().join("state").exists(),

@@ -9,6 +9,9 @@
 //! Only what this pipeline made is touched, named exactly as it names it
 //! (never by a pattern, which could catch another pipeline's or a user's
 //! topic): `<stage>-op<i>-changelog` for each stateful step of each stage,
+//! and for each store its committed task checkpoints record (a chain
+//! changed since names other stores: their changelogs would otherwise
+//! outlive the reset and be restored by a later chain reusing the name),
 //! its stages' repartition topics, `<name>-watermarks`; in the state
 //! directory, which pipelines may share, only `<dir>/<stage>` for each
 //! stage and its instance slot `<dir>/.instances/<name>`.
@@ -67,18 +70,30 @@ impl ResetPlan {
         let state_dir = file
             .state_spec()
             .map(|s| crate::from_pipeline::resolve(base, &s.dir));
+        let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
         for stage in &topology.stages {
             let group = crate::from_pipeline::stage_group(file, &stage.input);
+            let read = match &stage.input {
+                StageInput::Source => source_topics(file, joins_apart)?,
+                StageInput::Joined { topics, .. } => topics.clone(),
+                StageInput::Repartition { topic, .. } => vec![topic.clone()],
+            };
+            let mut stores = stage.query.plan().store_names();
+            for checkpoint in reset::committed_metadata(&cluster, &group, &read)? {
+                stores.extend(tidemark::runtime::checkpoint_stores(&checkpoint));
+            }
+            stores.sort();
+            stores.dedup();
+            for store in stores {
+                candidates.push(format!("{}-{store}-changelog", stage.name));
+            }
             match &stage.input {
-                StageInput::Source => input_groups.push((group, source_topics(file, joins_apart)?)),
-                StageInput::Joined { topics, .. } => {
-                    input_groups.push((group, topics.clone()));
+                StageInput::Source => input_groups.push((group, read)),
+                StageInput::Joined { .. } => {
+                    input_groups.push((group, read));
                     candidates.push(format!("{}-watermarks", stage.name));
                 }
                 StageInput::Repartition { .. } => internal_groups.push(group),
-            }
-            for store in stage.query.plan().store_names() {
-                candidates.push(format!("{}-{store}-changelog", stage.name));
             }
             if let Some(dir) = &state_dir {
                 state_dirs.push(dir.join(&stage.name));
@@ -97,7 +112,6 @@ impl ResetPlan {
         let mut outside = file.input_topics()?;
         outside.extend(file.sink.topic.clone());
         candidates.retain(|topic| !outside.contains(topic));
-        let cluster = crate::KafkaClients::of_pipeline(file)?.cluster;
         for group in input_groups
             .iter()
             .map(|(g, _)| g)

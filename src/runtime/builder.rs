@@ -194,11 +194,15 @@ impl QueryBuilder {
         self
     }
 
-    /// Appends a step built by `factory` once per task.
+    /// Appends a step built by `factory` once per task. An operator that
+    /// keeps state (`Operator::is_stateful`) gets a store of the query's
+    /// state backend, as the built-in stateful steps do.
     pub fn step(self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
         // What the step does to the columns is unknown: a grouping after
-        // it is repartitioned.
-        self.push_step(StepShape::Opaque, Arc::new(move |_| factory()))
+        // it is repartitioned. Whether it keeps state is asked once here:
+        // the planner and the trigger loop ask the plan every poll.
+        let stateful = factory().is_stateful();
+        self.push_step(StepShape::Opaque { stateful }, Arc::new(move |_| factory()))
     }
 
     /// Appends a join with the second input `side` on `on`, its records

@@ -34,7 +34,7 @@ pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
 };
-pub use task::checkpoint_batch_id;
+pub use task::{checkpoint_batch_id, checkpoint_stores};
 pub use watermark::{PartitionProgress, WatermarkExchange};
 pub use watermark::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 

@@ -1614,6 +1614,41 @@ mod tests {
 
     /// A checkpoint of an encoding this release does not know (a newer
     /// release's) stops the restart instead of being misread or ignored.
+    /// A custom step whose operator keeps state gets a store as a built-in
+    /// stateful step does, even as the chain's only one: its state outlives
+    /// the run, and its checkpoint names it.
+    #[test]
+    fn a_custom_stateful_step_keeps_its_state_across_a_restart() {
+        use crate::operators::{DedupSpec, Deduplicate};
+        let backend = crate::runtime::InMemoryStateBackend::default();
+        let query = || {
+            Query::builder("custom")
+                .step(|| {
+                    let spec = DedupSpec::Keys(vec!["k".into()]);
+                    Box::new(Deduplicate::new(spec, None).expect("a valid spec"))
+                })
+                .trigger(Trigger::AvailableNow)
+                .state_backend(backend.clone())
+                .build()
+                .unwrap()
+        };
+        let mut first = VecSource::json_batches(vec![vec![r#"{"k": "a"}"#]]);
+        let mut sink = CollectSink::default();
+        query().run(&mut first, &mut sink).unwrap();
+        assert_eq!(sink.rows.len(), 1);
+        let checkpoints = first.checkpoints().clone();
+        assert!(
+            checkpoints[&0].contains(r#""op0":"custom stateful step""#),
+            "{checkpoints:?}"
+        );
+        let mut second = VecSource::json_batches(vec![vec![r#"{"k": "a"}"#, r#"{"k": "b"}"#]])
+            .restoring(checkpoints);
+        let mut sink = CollectSink::default();
+        query().run(&mut second, &mut sink).unwrap();
+        let keys: Vec<_> = sink.rows.iter().map(|r| r.get("k").cloned()).collect();
+        assert_eq!(keys, [Some(Value::Str("b".into()))], "`a` was seen before");
+    }
+
     #[test]
     fn a_checkpoint_of_a_newer_encoding_is_refused() {
         // Not even today's fields: read as today's, it would be dropped.

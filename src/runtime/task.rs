@@ -476,6 +476,15 @@ pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
         .map(|c| c.batch_id)
 }
 
+/// The stores a task checkpoint records (empty for one written before
+/// stores were recorded, or without a state backend): what `tidemark
+/// reset` deletes the changelogs of, beside those the current plan names.
+pub fn checkpoint_stores(checkpoint: &str) -> Vec<String> {
+    serde_json::from_str::<TaskCheckpoint>(checkpoint)
+        .map(|c| c.stores.into_keys().collect())
+        .unwrap_or_default()
+}
+
 /// Restores a task's watermark and last sink commit from a checkpoint its
 /// source kept. Several checkpoints of one partition merge: both only
 /// move forward, so the merge is the newest.

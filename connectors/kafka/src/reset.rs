@@ -125,6 +125,42 @@ fn offset_at_time(
         }))
 }
 
+/// The metadata `group` committed with its offsets on `topics` (the task
+/// checkpoints), one per partition that has any.
+pub fn committed_metadata(
+    cluster: &KafkaConnection,
+    group: &str,
+    topics: &[String],
+) -> Result<Vec<String>> {
+    let mut config = cluster.client_config(&[]);
+    config.set("group.id", group);
+    config.set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = cluster.create_plain(&config, "reset client")?;
+    let metadata = consumer
+        .fetch_metadata(None, REQUEST_TIMEOUT)
+        .map_err(|e| Error::Source(format!("listing topics: {e}")))?;
+    let mut list = TopicPartitionList::new();
+    for topic in metadata.topics() {
+        if topics.iter().any(|t| t == topic.name()) {
+            for partition in topic.partitions() {
+                list.add_partition(topic.name(), partition.id());
+            }
+        }
+    }
+    if list.count() == 0 {
+        return Ok(Vec::new());
+    }
+    let committed = consumer
+        .committed_offsets(list, REQUEST_TIMEOUT)
+        .map_err(|e| Error::Source(format!("reading group `{group}`'s offsets: {e}")))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| e.metadata().to_string())
+        .filter(|m| !m.is_empty())
+        .collect())
+}
+
 /// Those of `candidates` that exist on the cluster.
 pub fn existing_topics(cluster: &KafkaConnection, candidates: &[String]) -> Result<Vec<String>> {
     let client: BaseConsumer = cluster.create_plain(&cluster.client_config(&[]), "reset client")?;

@@ -287,13 +287,7 @@ impl QueryPlan {
             .iter()
             .enumerate()
             .filter_map(|(index, step)| {
-                let identity = step.shape.store_identity().or_else(|| {
-                    // A step of unknown shape (`QueryBuilder::step`) may
-                    // keep state too: a task opens a store for it.
-                    (step.build)(self.output_mode)
-                        .is_stateful()
-                        .then(|| "custom stateful step".to_string())
-                })?;
+                let identity = step.shape.store_identity()?;
                 Some((format!("op{index}"), identity))
             })
             .collect()

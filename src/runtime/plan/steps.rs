@@ -26,9 +26,12 @@ pub(crate) enum StepShape {
     Writes(String),
     /// Keeps only these `(input, output)` columns.
     Selects(Vec<(String, String)>),
-    /// Unknown (a typed map, a custom step): a partitioning does not
-    /// survive it.
-    Opaque,
+    /// Unknown (a custom step): a partitioning does not survive it.
+    Opaque {
+        /// Whether its operator keeps state (asked once, when the step is
+        /// added): it then gets a store like any stateful step.
+        stateful: bool,
+    },
     /// Keeps state per key of `keys`.
     Groups {
         /// The grouping columns.
@@ -68,7 +71,10 @@ impl StepShape {
     pub(crate) fn is_stateful(&self) -> bool {
         matches!(
             self,
-            StepShape::Groups { .. } | StepShape::Distinct | StepShape::Joins
+            StepShape::Groups { .. }
+                | StepShape::Distinct
+                | StepShape::Joins
+                | StepShape::Opaque { stateful: true }
         )
     }
 
@@ -90,6 +96,7 @@ impl StepShape {
             }
             StepShape::Distinct => Some("distinct".into()),
             StepShape::Joins => Some("join".into()),
+            StepShape::Opaque { stateful: true } => Some("custom stateful step".into()),
             _ => None,
         }
     }
@@ -118,7 +125,7 @@ pub(crate) fn partition_columns_after<'a>(
     for shape in shapes {
         match shape {
             StepShape::Writes(name) if columns.contains(name) => return None,
-            StepShape::Opaque => return None,
+            StepShape::Opaque { .. } => return None,
             StepShape::Unions { keyed_by } => {
                 let sorted = |mut k: Vec<String>| {
                     k.sort();
