@@ -5,8 +5,10 @@
 //! this release wrote. Any change to how an operator encodes its state
 //! that forgets the older layout fails here.
 //!
-//! The fixtures were written by the release named in each file
-//! (`written_by`). To add a scenario (or fixtures of a new encoding, kept
+//! The fixtures hold what the release named in each file (`written_by`)
+//! writes; the first ones were written by this harness run over 842f7f8's
+//! encoders (`operators/` and `state/` unchanged between 842f7f8 and the
+//! commit adding the harness). To add a scenario (or fixtures of a new encoding, kept
 //! beside the old ones): `TIDEMARK_WRITE_STATE_FIXTURES=1 cargo test --test
 //! state_fixtures`, which writes the missing files instead of checking them.
 
@@ -129,11 +131,12 @@ impl Scenario {
             "{}: state written by {} restores differently",
             self.name, fixture.written_by
         );
-        // The state mattered: without it the second run writes otherwise.
-        let empty = rows(&self.second_run(InMemoryStateBackend::default(), &Default::default()));
+        // The stores mattered: with the same checkpoints but empty stores
+        // the second run writes otherwise.
+        let empty = rows(&self.second_run(InMemoryStateBackend::default(), &fixture.position));
         assert_ne!(
             empty, expected,
-            "{}: the second run ignores the state",
+            "{}: the second run ignores the stores",
             self.name
         );
     }

@@ -49,7 +49,9 @@ fn checkpoint_files(dir: &std::path::Path, app: &str) -> Vec<serde_json::Value> 
                 .join(p.to_string())
                 .join(".checkpoint");
             let text = std::fs::read_to_string(file).ok()?;
-            Some(serde_json::from_str(&text).unwrap())
+            let written: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(written["v"], 1, "the encoding version: {written}");
+            Some(written["stores"].clone())
         })
         .collect()
 }

@@ -389,6 +389,7 @@ pub fn is_transient(error: &Error) -> bool {
             | Error::Internal(_)
             | Error::Processor { .. }
             | Error::UnknownEncoding { .. }
+            | Error::State(tidemark::error::StateError::UnknownLayout { .. })
     )
 }
 

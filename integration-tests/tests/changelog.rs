@@ -390,14 +390,7 @@ fn changelog_records_carry_their_version_and_a_newer_one_is_refused_naming_it() 
     producer.flush(std::time::Duration::from_secs(30)).unwrap();
     let e = read_changelog(&cluster, &app, store_name, 0, None).unwrap_err();
     assert!(
-        matches!(
-            e,
-            tidemark::error::Error::UnknownEncoding {
-                found: 2,
-                supported: 1,
-                ..
-            }
-        ),
+        matches!(&e, tidemark::error::Error::UnknownEncoding { found, supported: 1, .. } if found == "2"),
         "{e}"
     );
     let text = e.to_string();

@@ -196,7 +196,8 @@ impl QueryBuilder {
 
     /// Appends a step built by `factory` once per task. An operator that
     /// keeps state (`Operator::is_stateful`) gets a store of the query's
-    /// state backend, as the built-in stateful steps do.
+    /// state backend, as the built-in stateful steps do; to ask, `factory`
+    /// is called once here, when the step is added.
     pub fn step(self, factory: impl Fn() -> Box<dyn Operator> + Send + Sync + 'static) -> Self {
         // What the step does to the columns is unknown: a grouping after
         // it is repartitioned. Whether it keeps state is asked once here:
@@ -879,7 +880,7 @@ impl QueryBuilder {
         if self.plan.steps.iter().any(|s| s.shape.is_stateful()) {
             return Err(Error::config(
                 "union",
-                format!("a union after a stateful step (`{}`) is not supported yet: put the union before the aggregation, deduplication or join", other.name),
+                format!("a union after a stateful step (`{}`) is not supported yet: put the union before the aggregation, deduplication, join or stateful custom step", other.name),
             ));
         }
         match (&other.event_time, &self.plan.event_time) {

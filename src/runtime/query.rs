@@ -1234,7 +1234,7 @@ mod tests {
         assert!(owing.finish_batch(0), "the watermark moved");
         let encode = |batch_id, watermark: &WatermarkTracker| {
             let checkpoint = TaskCheckpoint {
-                version: 0,
+                version: super::super::task::CHECKPOINT_VERSION,
                 batch_id,
                 watermark: Some(watermark.clone()),
                 sink: None,
@@ -1612,8 +1612,19 @@ mod tests {
             .unwrap();
     }
 
-    /// A checkpoint of an encoding this release does not know (a newer
-    /// release's) stops the restart instead of being misread or ignored.
+    /// What `tidemark reset` takes from a committed checkpoint: the store
+    /// names this release gives (`op<index>`), from an encoding it knows.
+    #[test]
+    fn a_reset_names_only_the_stores_of_a_known_checkpoint() {
+        use crate::runtime::checkpoint_stores;
+        let stores = checkpoint_stores(
+            r#"{"v":1,"batchId":3,"stores":{"op0":"join","op12":"distinct","eu-op0":"join","op":"join"}}"#,
+        );
+        assert_eq!(stores, ["op0", "op12"]);
+        assert!(checkpoint_stores(r#"{"v":2,"batchId":3,"stores":{"op0":"join"}}"#).is_empty());
+        assert!(checkpoint_stores("someone else's metadata").is_empty());
+    }
+
     /// A custom step whose operator keeps state gets a store as a built-in
     /// stateful step does, even as the chain's only one: its state outlives
     /// the run, and its checkpoint names it.
@@ -1649,6 +1660,8 @@ mod tests {
         assert_eq!(keys, [Some(Value::Str("b".into()))], "`a` was seen before");
     }
 
+    /// A checkpoint of an encoding this release does not know (a newer
+    /// release's) stops the restart instead of being misread or ignored.
     #[test]
     fn a_checkpoint_of_a_newer_encoding_is_refused() {
         // Not even today's fields: read as today's, it would be dropped.

@@ -479,10 +479,22 @@ pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
 /// The stores a task checkpoint records (empty for one written before
 /// stores were recorded, or without a state backend): what `tidemark
 /// reset` deletes the changelogs of, beside those the current plan names.
+/// Only names this release gives stores (`op<index>`) from a checkpoint of
+/// an encoding it knows: metadata another writer left on the group names
+/// no topic to delete.
 pub fn checkpoint_stores(checkpoint: &str) -> Vec<String> {
-    serde_json::from_str::<TaskCheckpoint>(checkpoint)
-        .map(|c| c.stores.into_keys().collect())
-        .unwrap_or_default()
+    let known =
+        crate::encoding::check_json_version(String::new, checkpoint.as_bytes(), CHECKPOINT_VERSION);
+    let Ok(saved) = known.and_then(|()| {
+        serde_json::from_str::<TaskCheckpoint>(checkpoint).map_err(|e| Error::Source(e.to_string()))
+    }) else {
+        return Vec::new();
+    };
+    let is_store_name = |name: &String| {
+        name.strip_prefix("op")
+            .is_some_and(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+    };
+    saved.stores.into_keys().filter(is_store_name).collect()
 }
 
 /// Restores a task's watermark and last sink commit from a checkpoint its
@@ -491,7 +503,7 @@ pub fn checkpoint_stores(checkpoint: &str) -> Vec<String> {
 pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &str) {
     let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint).or_else(|_| {
         serde_json::from_str::<WatermarkTracker>(checkpoint).map(|w| TaskCheckpoint {
-            version: 0,
+            version: crate::encoding::first_version(),
             batch_id: 0,
             watermark: Some(w),
             sink: None,

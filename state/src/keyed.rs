@@ -230,10 +230,12 @@ impl KeyedStateStore {
             // The header is the cell's layout: 0 and 1 are this release's;
             // a newer release would mark a new layout with another.
             Some(header) if *header > 1 => {
-                return Err(self.error(format!(
-                    "the state cell at {} has layout {header}, written by a newer release (this one reads layouts 0 and 1)",
-                    String::from_utf8_lossy(key)
-                )))
+                return Err(StateError::UnknownLayout {
+                    store: self.store.name().to_string(),
+                    what: format!("the state cell at {}", String::from_utf8_lossy(key)),
+                    found: (*header).into(),
+                    supported: 1,
+                })
             }
             _ => {
                 return Err(self.error(format!(
@@ -817,6 +819,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("layout 2") && e.contains("newer release"), "{e}");
+        assert!(
+            matches!(
+                KeyedStateStore::new(Box::new({
+                    let mut again = InMemoryStore::new("p");
+                    again.put(&v, &cell).unwrap();
+                    again
+                }))
+                .get::<u64>(&v),
+                Err(StateError::UnknownLayout { found: 2, .. })
+            ),
+            "a layout error, not a backend failure"
+        );
     }
 
     #[test]

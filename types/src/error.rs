@@ -82,8 +82,8 @@ pub enum Error {
         /// What was read, with where it is (a topic, partition and offset,
         /// a file).
         what: String,
-        /// The version it carries.
-        found: u32,
+        /// The version it carries, as found.
+        found: String,
         /// The newest version this release reads.
         supported: u32,
     },
@@ -164,5 +164,19 @@ pub enum StateError {
         store: String,
         /// What failed.
         reason: String,
+    },
+    /// A store holds bytes of a layout newer than this release reads:
+    /// written by a later release. Never retried: reading again meets the
+    /// same bytes.
+    #[error("state store `{store}`: {what} has layout {found}, written by a newer release (this one reads up to {supported}): run that release or a later one, or start over without its state")]
+    UnknownLayout {
+        /// The store's name.
+        store: String,
+        /// What was read (a cell, at its key).
+        what: String,
+        /// The layout it carries.
+        found: u32,
+        /// The newest layout this release reads.
+        supported: u32,
     },
 }

@@ -87,7 +87,7 @@ async fn read_lease(store: &dyn ObjectStore) -> Result<Option<Lease>> {
         Err(e) => return Err(reading(e)),
     };
     tidemark::encoding::check_json_version(
-        || format!("the writer lease {OWNER_FILE}"),
+        || format!("the writer lease {OWNER_FILE} (remove it once no writer of that release runs)"),
         &bytes,
         LEASE_VERSION,
     )?;
@@ -297,6 +297,12 @@ fn renew_until_stopped(stop: &(Mutex<bool>, Condvar), lease: &LeaseHolder) {
                 tracing::warn!(table = %lease.location, owner = %other, "another instance took the Delta table's writer lease");
                 return;
             }
+            // Written by a newer release: renewing cannot heal; the next
+            // commit refuses, naming it.
+            Err(e @ Error::UnknownEncoding { .. }) => {
+                tracing::warn!(table = %lease.location, error = %e, "the Delta table's writer lease is not this release's; no longer renewed");
+                return;
+            }
             Err(e) => {
                 tracing::warn!(table = %lease.location, error = %e, "the Delta table's writer lease was not renewed; retrying")
             }
@@ -316,7 +322,9 @@ pub(crate) fn release(sink: &DeltaSink, owner: &str) {
     let released = sink.runtime.block_on(async {
         let bytes = store.get(&path).await?.bytes().await?;
         match serde_json::from_slice::<Lease>(&bytes) {
-            Ok(lease) if lease.owner == owner => store.delete(&path).await.map(|_| true),
+            Ok(lease) if lease.owner == owner && lease.v <= LEASE_VERSION => {
+                store.delete(&path).await.map(|_| true)
+            }
             _ => Ok(false),
         }
     });

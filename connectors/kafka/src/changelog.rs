@@ -27,23 +27,30 @@ pub const CHANGELOG_VERSION: u8 = 1;
 /// Refuses a changelog record `m` of an encoding newer than
 /// [`CHANGELOG_VERSION`], naming its topic, partition and offset.
 pub(crate) fn check_record_version(m: &impl Message) -> Result<()> {
-    let version = m
+    let what = || {
+        format!(
+            "changelog record `{}`/{} at offset {}",
+            m.topic(),
+            m.partition(),
+            m.offset()
+        )
+    };
+    let header = m
         .headers()
-        .and_then(|headers| headers.iter().find(|h| h.key == VERSION_HEADER))
-        .and_then(|h| h.value?.first().copied())
-        .unwrap_or(1);
-    tidemark::encoding::check_version(
-        || {
-            format!(
-                "changelog record `{}`/{} at offset {}",
-                m.topic(),
-                m.partition(),
-                m.offset()
-            )
-        },
-        version.into(),
-        CHANGELOG_VERSION.into(),
-    )
+        .and_then(|headers| headers.iter().find(|h| h.key == VERSION_HEADER));
+    match header.map(|h| h.value.unwrap_or_default()) {
+        // Written before versions.
+        None => Ok(()),
+        Some(&[version]) if version >= 1 => {
+            tidemark::encoding::check_version(what, version.into(), CHANGELOG_VERSION.into())
+        }
+        // Not one byte from 1 up: no version this release wrote.
+        Some(other) => Err(tidemark::encoding::unknown(
+            what,
+            format!("{other:?}"),
+            CHANGELOG_VERSION.into(),
+        )),
+    }
 }
 
 /// The changelog topic of `store` in `application_id`.

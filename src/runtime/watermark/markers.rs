@@ -147,6 +147,9 @@ mod tests {
         assert_eq!(WatermarkMarker::decode(&bytes).unwrap(), marker);
         let newer = br#"{"v":2,"origin":"orders/0","progress":[42]}"#;
         let e = WatermarkMarker::decode(newer).unwrap_err();
-        assert!(matches!(e, Error::UnknownEncoding { found: 2, .. }), "{e}");
+        assert!(
+            matches!(&e, Error::UnknownEncoding { found, .. } if found == "2"),
+            "{e}"
+        );
     }
 }
