@@ -27,15 +27,12 @@
 
 pub mod async_step;
 pub mod decode;
-mod env_vars;
 pub mod functions;
 mod json_columns;
 mod json_row;
-pub mod pipeline;
 pub mod runtime;
 pub mod test_driver;
 pub mod topology;
-mod yaml_paths;
 
 pub use tidemark_operators as operators;
 pub use tidemark_types::{

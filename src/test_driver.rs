@@ -5,41 +5,41 @@
 //! rows dropped as late, the dead letters and every progress report.
 //!
 //! ```
+//! use tidemark::decode::JsonDecoder;
+//! use tidemark::prelude::*;
 //! use tidemark::test_driver::PipelineTestDriver;
 //!
-//! let run = PipelineTestDriver::for_pipeline(r#"
-//! name: counts
-//! source: {kind: kafka, topic: events, schema: {t: timestamp, id: string}}
-//! event_time: t
-//! watermark: 10 minutes
-//! steps:
-//!   - window_aggregate: {keys: [id], window: {tumbling: 5 minutes}, aggregates: [{fn: count, as: n}]}
-//! output_mode: append
-//! sink: {kind: stdout}
-//! late_data: {kind: stdout}
-//! "#)
-//! .unwrap()
-//! .batch_at("2026-01-01T11:00:00Z")
-//! .pipe("events", r#"{"t": "2026-01-01T10:01:00Z", "id": "a"}"#)
-//! .pipe("events", r#"{"t": "2026-01-01T10:20:00Z", "id": "a"}"#)
-//! .batch_at("2026-01-01T11:01:00Z")
-//! .pipe("events", r#"{"t": "2026-01-01T10:02:00Z", "id": "a"}"#) // judged by batch 0's: none
-//! .pipe("events", "not json")                                    // a dead letter
-//! .batch_at("2026-01-01T11:02:00Z")
-//! .pipe("events", r#"{"t": "2026-01-01T10:03:00Z", "id": "a"}"#) // behind 10:10: late
-//! .run()
-//! .unwrap();
+//! let schema = Schema::new([("t", FieldType::Timestamp), ("id", FieldType::String)]);
+//! let query = Query::builder("counts")
+//!     .decoder(JsonDecoder::new(schema))
+//!     .event_time("t")
+//!     .watermark("10 minutes").unwrap()
+//!     .window_aggregate(["id"], tumbling("5 minutes").unwrap(), vec![count()])
+//!     .output_mode(OutputMode::Append);
+//! let run = PipelineTestDriver::new(query)
+//!     .batch_at("2026-01-01T11:00:00Z")
+//!     .pipe("events", r#"{"t": "2026-01-01T10:01:00Z", "id": "a"}"#)
+//!     .pipe("events", r#"{"t": "2026-01-01T10:20:00Z", "id": "a"}"#)
+//!     .batch_at("2026-01-01T11:01:00Z")
+//!     .pipe("events", r#"{"t": "2026-01-01T10:02:00Z", "id": "a"}"#) // judged by batch 0's: none
+//!     .pipe("events", "not json")                                    // a dead letter
+//!     .batch_at("2026-01-01T11:02:00Z")
+//!     .pipe("events", r#"{"t": "2026-01-01T10:03:00Z", "id": "a"}"#) // behind 10:10: late
+//!     .run()
+//!     .unwrap();
 //! // Batch 0 moved the watermark to 10:10; in batch 1 it closed 10:00-10:05.
 //! assert_eq!(run.output_json(), [serde_json::json!(
 //!     {"batch_id": 1, "id": "a", "window_start": "2026-01-01T10:00:00Z",
-//!      "window_end": "2026-01-01T10:05:00Z", "n": 2})]);
+//!      "window_end": "2026-01-01T10:05:00Z", "count": 2})]);
 //! assert_eq!(run.late_rows[0].0, 2);
 //! assert!(run.dead_letters[0].1.contains("events/0@3"), "{}", run.dead_letters[0].1);
 //! assert_eq!(run.progress[2].num_input_rows, 1);
 //! ```
+//!
+//! A pipeline file gets its driver from `tidemark_pipeline`
+//! (`PipelineFile::test_driver`).
 
 use crate::error::{Error, Result};
-use crate::pipeline::PipelineFile;
 use crate::progress::QueryProgress;
 use crate::record::{Record, SourcePosition};
 use crate::row::Row;
@@ -181,33 +181,6 @@ impl PipelineTestDriver {
             self.next_offset.insert((topic.clone(), *partition), *next);
         }
         self
-    }
-
-    /// A driver for the pipeline file `text`: its steps, watermarks and
-    /// output mode; records decoded by its schemas (a joined or unioned
-    /// stream's by its own, by topic). Its source and sink are the
-    /// driver's.
-    pub fn for_pipeline(text: &str) -> Result<Self> {
-        let file =
-            PipelineFile::parse(text).map_err(|e| Error::config("pipeline", e.to_string()))?;
-        Self::for_pipeline_file(file)
-    }
-
-    /// [`for_pipeline`](Self::for_pipeline) for a file already read, with
-    /// the processors and code steps the program registered on it.
-    pub fn for_pipeline_file(file: PipelineFile) -> Result<Self> {
-        let mut decoder = crate::decode::ByTopicDecoder::new(Box::new(
-            crate::decode::JsonDecoder::new(file.schema()),
-        ));
-        let query = file.query_builder()?;
-        let inputs = query.plan().second_inputs().into_iter();
-        for joined in inputs.filter(|i| i.kind != crate::runtime::SecondInputKind::GlobalTable) {
-            for topic in &joined.topics {
-                let schema = joined.schema.clone();
-                decoder = decoder.topic(topic, Box::new(crate::decode::JsonDecoder::new(schema)));
-            }
-        }
-        Ok(Self::new(query.decoder(decoder)))
     }
 
     /// Opens the next batch, run at processing time `time` (RFC 3339): the

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
+use tidemark_pipeline::PipelineFile;
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

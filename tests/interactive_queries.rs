@@ -4,10 +4,10 @@
 //! process reads the files and holds every key).
 
 use std::time::{Duration, Instant};
-use tidemark::pipeline::PipelineFile;
 use tidemark::prelude::Value;
 use tidemark::runtime::{KeyLookup, StopHandle};
 use tidemark_connectors::PipelineRunner;
+use tidemark_pipeline::PipelineFile;
 
 const PIPELINE: &str = r#"name: iq-files
 source: {kind: files, path: in, pattern: "*.jsonl",

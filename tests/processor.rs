@@ -657,7 +657,7 @@ steps:
 output_mode: update
 sink: {kind: stdout}
 "#;
-    let file = tidemark::pipeline::PipelineFile::parse(text).unwrap();
+    let file = tidemark_pipeline::PipelineFile::parse(text).unwrap();
     let e = file.query_builder().err().expect("not registered");
     assert!(e.to_string().contains("steps[].process.processor"), "{e}");
     assert!(e.to_string().contains("totals"), "{e}");
@@ -857,7 +857,7 @@ steps:
 output_mode: update
 sink: {kind: stdout}
 "#;
-    let file = tidemark::pipeline::PipelineFile::parse(text).unwrap();
+    let file = tidemark_pipeline::PipelineFile::parse(text).unwrap();
     let e = file
         .clone()
         .with_processor("totals", new_totals)
@@ -870,7 +870,8 @@ sink: {kind: stdout}
     );
     let file = file.with_processor_and_initial_state::<_, OpeningTotal, _>("totals", new_totals);
     assert_eq!(file.input_topics().unwrap(), ["t", "opening"]);
-    let run = PipelineTestDriver::for_pipeline_file(file)
+    let run = file
+        .test_driver()
         .unwrap()
         .pipe("opening", r#"{"user": "a", "total": 40}"#)
         .pipe("t", r#"{"user": "a", "ts": "x", "amount": 2}"#)

@@ -148,7 +148,7 @@ fn rows(run: &TestRun) -> Vec<String> {
 }
 
 fn pipeline(text: &str) -> PipelineTestDriver {
-    PipelineTestDriver::for_pipeline(text).unwrap()
+    tidemark_pipeline::test_driver(text).unwrap()
 }
 
 const WINDOWS: &str = r#"

@@ -2,7 +2,6 @@
 //! over its batches and gives the rows, late rows and progress Spark gives.
 
 use std::path::Path;
-use tidemark::test_driver::PipelineTestDriver;
 
 fn lines(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
@@ -27,7 +26,7 @@ fn a_union_scenario_fed_batch_by_batch_gives_sparks_rows_late_rows_and_watermark
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/union-fast-and-lagging-max");
     let text = std::fs::read_to_string(dir.join("pipeline.yaml")).unwrap();
-    let mut driver = PipelineTestDriver::for_pipeline(&text).unwrap();
+    let mut driver = tidemark_pipeline::test_driver(&text).unwrap();
     for batch in 0..5 {
         driver = driver.batch_at(&format!("2026-01-01T12:0{batch}:00Z"));
         for stream in ["us", "eu"] {
@@ -76,7 +75,7 @@ sink: {{kind: stdout}}
         )
     };
     let run = |scope: &str| {
-        PipelineTestDriver::for_pipeline(&text(scope))
+        tidemark_pipeline::test_driver(&text(scope))
             .unwrap()
             .batch_at("2026-01-01T11:00:00Z")
             .pipe_to(
@@ -125,7 +124,7 @@ sink: {{kind: stdout}}
 /// a stream the table never reports).
 #[test]
 fn windows_after_a_table_join_close_as_the_stream_moves() {
-    let run = tidemark::test_driver::PipelineTestDriver::for_pipeline(
+    let run = tidemark_pipeline::test_driver(
         r#"
 name: enriched
 source: {kind: kafka, topic: events, keyed_by: [id], schema: {t: timestamp, id: string}}

@@ -4,9 +4,9 @@ use clap::{Parser, Subcommand};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::topology::TopologyDescription;
+use tidemark_pipeline::PipelineFile;
 
 #[derive(Parser)]
 #[command(
@@ -110,7 +110,7 @@ fn fix_hint(message: &str) -> String {
 }
 
 fn describe(file: &PipelineFile) -> tidemark::Result<TopologyDescription> {
-    TopologyDescription::of_pipeline(file)
+    file.describe()
 }
 
 /// The Kafka clients the query creates and how each connects, secrets
@@ -133,8 +133,8 @@ fn print_kafka_clients(file: &PipelineFile) {
 /// How the watermark is scoped and shared between instances, and what
 /// the query serves over HTTP: what `run` sets up beside the topology.
 fn print_watermark_and_services(file: &PipelineFile, topology: &TopologyDescription) {
-    use tidemark::pipeline::SourceKind;
     use tidemark::watermark::WatermarkScope;
+    use tidemark_pipeline::SourceKind;
     if file.watermark.is_some() {
         let shared = match file.watermark_scope {
             WatermarkScope::Partition => "per input partition, not shared".to_string(),

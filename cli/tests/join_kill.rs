@@ -275,7 +275,7 @@ fn a_query_over_topics_that_are_not_co_partitioned_is_refused_by_name() {
         &unique("join-out"),
         "available_now",
     );
-    let file = tidemark::pipeline::PipelineFile::parse(&text).unwrap();
+    let file = tidemark_pipeline::PipelineFile::parse(&text).unwrap();
     // The CLI repartitions such a pipeline; a query connected directly
     // over the topics is refused.
     let e = tidemark_connectors::connect(&file, dir.path())

@@ -117,7 +117,7 @@ fn a_started_kafka_pipeline_reports_its_partitions_and_their_lag() {
     create_topic(&output, 1);
     produce(&input, &records_of_ids(10));
     let dir = tempfile::tempdir().unwrap();
-    let file = tidemark::pipeline::PipelineFile::parse(&format!(
+    let file = tidemark_pipeline::PipelineFile::parse(&format!(
         r#"name: {app}
 kafka: {{bootstrap: "{}"}}
 source: {{kind: kafka, topic: {input}, schema: {{ts: timestamp, id: string}}}}

@@ -162,7 +162,7 @@ fn the_library_runs_a_repartitioned_pipeline_file_in_process_as_the_cli_does() {
         "state_dir: state",
         &format!("state_dir: {}", dir.path().join("state").display()),
     );
-    let file = tidemark::pipeline::PipelineFile::parse(&text).unwrap();
+    let file = tidemark_pipeline::PipelineFile::parse(&text).unwrap();
     let sink_stage = file.name.clone();
     let stages_seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
     let seen = stages_seen.clone();

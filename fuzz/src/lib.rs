@@ -122,7 +122,7 @@ pub fn pipeline_file(bytes: &[u8]) {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return;
     };
-    if let Ok(file) = tidemark::pipeline::PipelineFile::parse(text) {
+    if let Ok(file) = tidemark_pipeline::PipelineFile::parse(text) {
         if let Ok(builder) = file.query_builder() {
             let _ = builder.build();
         }
@@ -192,7 +192,7 @@ fn served_query() -> Option<&'static str> {
             let text = format!(
                 "name: fuzz-http\nsource: {{kind: files, path: in, schema: {{ts: timestamp, id: string, n: long}}}}\nevent_time: ts\nwatermark: 1 minute\nsteps:\n  - dedup: {{keys: [id, n]}}\n  - window_aggregate: {{keys: [id], window: {{tumbling: 1 hour}}, aggregates: [{{fn: count, as: c}}]}}\noutput_mode: update\ntrigger: {{micro_batch: 50 milliseconds}}\nsink: {{kind: jsonl, path: out.jsonl}}\nserve: {{listen: \"127.0.0.1:{port}\", auth_token: \"{HTTP_TOKEN}\"}}\n"
             );
-            let file = tidemark::pipeline::PipelineFile::parse(&text).ok()?;
+            let file = tidemark_pipeline::PipelineFile::parse(&text).ok()?;
             let runner = tidemark_connectors::PipelineRunner::new(file, dir);
             std::thread::spawn(move || runner.run());
             let address = format!("127.0.0.1:{port}");

@@ -4,9 +4,9 @@
 //! after several sub-second commits.
 
 use std::time::{Duration, Instant};
-use tidemark::pipeline::PipelineFile;
 use tidemark::runtime::StopHandle;
 use tidemark_integration_tests::*;
+use tidemark_pipeline::PipelineFile;
 
 fn payment(card: &str, amount: i64) -> (String, Vec<u8>) {
     let now_ms = tidemark::time::now_micros() / 1000;

@@ -3,8 +3,8 @@
 //! its refusal, and the `txn` version that makes replays idempotent.
 
 use std::path::Path;
-use tidemark::pipeline::PipelineFile;
 use tidemark_integration_tests::read_delta;
+use tidemark_pipeline::PipelineFile;
 
 /// Runs a pipeline file over `batches` (one JSON-lines file each) in a
 /// fresh directory; returns the directory.

@@ -3,10 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::RunSummary;
 use tidemark_integration_tests::*;
+use tidemark_pipeline::PipelineFile;
 
 fn run_pipeline(yaml: &str) -> (RunSummary, Vec<QueryProgress>) {
     let dir = tempfile::tempdir().unwrap();

@@ -5,9 +5,9 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark_integration_tests::*;
+use tidemark_pipeline::PipelineFile;
 
 fn reading(minute: i64, machine: &str, temperature: f64, pressure: f64) -> (String, Vec<u8>) {
     let t = tidemark::time::parse_rfc3339("2026-01-01T10:50:00Z").unwrap() + minute * 60_000_000;

@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::StopHandle;
 use tidemark_integration_tests::*;
+use tidemark_pipeline::PipelineFile;
 
 fn payment(card: &str, amount: i64) -> (String, Vec<u8>) {
     let now_ms = tidemark::time::now_micros() / 1000;

@@ -9,10 +9,10 @@ use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tidemark::error::Result;
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::{PendingStore, StateBackend, StopHandle};
 use tidemark_integration_tests::*;
+use tidemark_pipeline::PipelineFile;
 use tidemark_state::StateStore;
 
 /// Opened (`true`) by the test; restores wait on it.

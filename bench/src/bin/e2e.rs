@@ -754,7 +754,7 @@ fn tidemark_file_pipeline(
 ) -> anyhow::Result<PipelineResult> {
     let dir = tempfile::tempdir()?;
     let text = window_pipeline_file(args, input, output, &dir.path().join("state"));
-    let file = tidemark::pipeline::PipelineFile::parse(&text)
+    let file = tidemark_pipeline::PipelineFile::parse(&text)
         .map_err(|e| anyhow::anyhow!("the window pipeline file: {e}"))?;
     let connected = tidemark_connectors::connect(&file, dir.path())?;
     let (builder, mut source, mut sink) = connected.wire(file.query_builder()?);

@@ -20,11 +20,11 @@ use clap::Parser;
 use std::collections::BTreeMap;
 use std::time::Instant;
 use tidemark::decode::{ByTopicDecoder, JsonDecoder};
-use tidemark::pipeline::PipelineFile;
 use tidemark::record::{Record, SourcePosition};
 use tidemark::row::Row;
 use tidemark::runtime::{BatchRequest, Sink, Source, SourceBatch};
 use tidemark_bench::nexmark::{Generator, Kind};
+use tidemark_pipeline::PipelineFile;
 
 /// Queries this runner knows: the kinds each reads (the first is its main
 /// stream) and its pipeline file, whose `__BID__`, `__AUCTION__` and

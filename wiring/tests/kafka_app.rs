@@ -84,7 +84,7 @@ fn code_steps_and_processors_build_and_an_unregistered_code_step_is_refused() {
         1,
         "the processor keeps state: {described:?}"
     );
-    let e = tidemark::pipeline::PipelineFile::parse(
+    let e = tidemark_pipeline::PipelineFile::parse(
         "name: x\nsource: {kind: kafka, topic: t}\nsteps: [{code: nowhere}]\nsink: {kind: stdout}\n",
     )
     .unwrap()
@@ -117,7 +117,7 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
         ),
         ("state", 2, 384)
     );
-    assert_eq!(file.sink.kind, tidemark::pipeline::SinkKind::Delta);
+    assert_eq!(file.sink.kind, tidemark_pipeline::SinkKind::Delta);
     assert_eq!(file.sink.path.as_deref(), Some("tables/out"));
     let serve = file.serve.as_ref().expect("serve");
     assert_eq!(serve.listen, "127.0.0.1:7070");
@@ -144,7 +144,7 @@ fn state_standbys_avro_delta_and_the_http_services_are_set_on_the_builder() {
         .task_timeout(std::time::Duration::from_secs(30))
         .build()
         .unwrap();
-    assert_eq!(file.source.format, tidemark::pipeline::Format::Avro);
+    assert_eq!(file.source.format, tidemark_pipeline::Format::Avro);
     let registry = file.schema_registry.as_ref().expect("a registry");
     assert_eq!(
         registry

@@ -15,14 +15,14 @@ use tidemark::duration::parse_duration;
 use tidemark::error::{Error, Result};
 use tidemark::functions::WindowLength;
 use tidemark::operators::{OutputMode, StateDeclarations, StatefulProcessor};
-use tidemark::pipeline::{
+use tidemark::runtime::Trigger;
+use tidemark::watermark::WatermarkScope;
+use tidemark_pipeline::{
     DeadLetterKind, DeadLetterSpec, DurationSpec, ExprSpec, Format, InitialStateYaml, KafkaSpec,
     MetricsSpec, PipelineFile, ProcessYaml, ProcessingGuarantee, RegistrySpec, SchemaSpec,
     ServeSpec, SinkKind, SinkSpec, SourceKind, SourceSpec, StartingOffsets, StateSpec, StepSpec,
     TopicList, TriggerSpec, UiSpec, WithColumnSpec,
 };
-use tidemark::runtime::Trigger;
-use tidemark::watermark::WatermarkScope;
 
 /// A Kafka application being assembled (see the module documentation).
 ///

@@ -1,25 +1,16 @@
-//! `tidemark describe`: a pipeline file's topology as Kafka Streams'
-//! `Topology#describe` prints it, each stage's stores named with the
-//! changelog topics they restore from.
+//! `tidemark describe` ([`PipelineFile::describe`]): a pipeline file's
+//! topology as Kafka Streams' `Topology#describe` prints it, each stage's
+//! stores named with the changelog topics they restore from.
 
 use super::PipelineFile;
-use crate::error::Result;
-use crate::runtime::{Stage, StageInput, StageOutput};
-use crate::topology::{NodeDescription, SubTopologyDescription, TopologyDescription};
-
-impl TopologyDescription {
-    /// The topology of a pipeline file, as `tidemark describe` prints it:
-    /// its watermark, each stage's processors and stores (with their
-    /// changelog topics), split at repartition topics.
-    pub fn of_pipeline(file: &PipelineFile) -> Result<Self> {
-        describe_pipeline(file)
-    }
-}
+use tidemark::error::Result;
+use tidemark::runtime::{Stage, StageInput, StageOutput};
+use tidemark::topology::{NodeDescription, SubTopologyDescription, TopologyDescription};
 
 /// The pipeline's topology, printed as Kafka Streams prints
 /// `Topology#describe`: one sub-topology per stage, split at repartition
 /// topics.
-fn describe_pipeline(file: &PipelineFile) -> Result<TopologyDescription> {
+pub(crate) fn describe_pipeline(file: &PipelineFile) -> Result<TopologyDescription> {
     let mut watermark = Vec::new();
     if let (Some(et), Some(wm)) = (&file.event_time, file.watermark) {
         watermark.push(NodeDescription {

@@ -24,8 +24,8 @@ use crate::kafka::reset::{self, ResetTo};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{PipelineFile, SinkKind, SourceKind};
 use tidemark::runtime::StageInput;
+use tidemark_pipeline::{PipelineFile, SinkKind, SourceKind};
 
 /// What a reset does, worked out before anything is changed (what
 /// `--dry-run` prints).

@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidemark::pipeline::PipelineFile;
 use tidemark::runtime::RunState;
 use tidemark_connectors::PipelineRunner;
+use tidemark_pipeline::PipelineFile;
 
 /// A files → JSON lines pipeline in `dir`, its input one file of `rows`
 /// rows for key `a`; `source_extra` is added to the source's settings.

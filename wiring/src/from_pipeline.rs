@@ -17,13 +17,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tidemark::decode::JsonDecoder;
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{
-    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec,
-    SourceKind, StartingOffsets, SubjectNameStrategySpec,
-};
 use tidemark::runtime::{
     DeadLetter, Decoder, QueryBuilder, SecondInput, SecondInputKind, Sink, Source, Stage,
     StageInput, StageOutput, StateBackend, Topology,
+};
+use tidemark_pipeline::{
+    DeadLetterKind, DeltaMode, Format, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec,
+    SourceKind, StartingOffsets, SubjectNameStrategySpec,
 };
 
 /// The connected parts of a pipeline.
@@ -719,7 +719,7 @@ pub(crate) fn repartition_sink(
 /// choice, is created when missing on a broker that would not create it.
 pub fn check_output_topics(file: &PipelineFile) -> Result<()> {
     let clients = KafkaClients::of_pipeline(file)?;
-    let kafka_topic = |spec: &tidemark::pipeline::SinkSpec| {
+    let kafka_topic = |spec: &tidemark_pipeline::SinkSpec| {
         (spec.kind == SinkKind::Kafka)
             .then(|| spec.topic.clone())
             .flatten()

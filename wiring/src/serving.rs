@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{PipelineFile, ServeSpec, SourceKind, TlsSpec};
 use tidemark::runtime::{RunStatus, StateService, Topology};
 use tidemark_kafka::GroupMembers;
+use tidemark_pipeline::{PipelineFile, ServeSpec, SourceKind, TlsSpec};
 use tidemark_serve::{
     HttpOptions, HttpServer, Peer, PeerDirectory, ProgressHistory, StateServer, TlsConfig,
 };

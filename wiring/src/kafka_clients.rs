@@ -6,10 +6,10 @@
 use crate::kafka::{default_bootstrap, KafkaConnection};
 use std::collections::BTreeMap;
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::{
+use tidemark::runtime::SecondInputKind;
+use tidemark_pipeline::{
     DeadLetterKind, PipelineFile, ProcessingGuarantee, SinkKind, SinkSpec, SourceKind,
 };
-use tidemark::runtime::SecondInputKind;
 
 /// The connections of a pipeline's Kafka clients.
 #[derive(Debug, Clone)]

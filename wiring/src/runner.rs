@@ -8,7 +8,7 @@
 //! the application does.
 //!
 //! ```no_run
-//! use tidemark::pipeline::PipelineFile;
+//! use tidemark_pipeline::PipelineFile;
 //! use tidemark_connectors::PipelineRunner;
 //! let file = PipelineFile::parse(&std::fs::read_to_string("pipeline.yaml").unwrap()).unwrap();
 //! let summary = PipelineRunner::new(file, ".")
@@ -27,12 +27,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
-use tidemark::pipeline::PipelineFile;
 use tidemark::progress::QueryProgress;
 use tidemark::runtime::{
     RunStatus, RunSummary, Stage, StageOutput, StageStatus, StateReader, StateService, StopHandle,
     Topology, Trigger,
 };
+use tidemark_pipeline::PipelineFile;
 
 /// Told of each batch's progress, with the name of the stage that ran it.
 type StageProgress = Arc<dyn Fn(&str, &QueryProgress) + Send + Sync>;
@@ -173,7 +173,7 @@ impl PipelineRunner {
         crate::KafkaClients::of_pipeline(&self.file)?.check(&self.file)?;
         let co_partitioned = !crate::join_needs_repartition(&self.file)?;
         let topology = self.file.topology(co_partitioned)?;
-        if self.file.source.kind == tidemark::pipeline::SourceKind::Kafka {
+        if self.file.source.kind == tidemark_pipeline::SourceKind::Kafka {
             // A broker restarting as this process starts is waited for, as
             // a running stage waits for it, not the end of the run.
             let timeout = self.file.task_timeout.map_or(DEFAULT_TASK_TIMEOUT, |t| t.0);

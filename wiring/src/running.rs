@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! # async fn service() -> Result<(), Box<dyn std::error::Error>> {
-//! use tidemark::pipeline::PipelineFile;
+//! use tidemark_pipeline::PipelineFile;
 //! use tidemark_connectors::PipelineRunner;
 //! use std::time::Duration;
 //! let file = PipelineFile::parse(&std::fs::read_to_string("pipeline.yaml").unwrap())?;
