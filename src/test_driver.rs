@@ -46,7 +46,7 @@ use crate::row::Row;
 use crate::runtime::testing::CollectSink;
 use crate::runtime::{
     BatchRequest, Clock, DeadLetter, ManualClock, QueryBuilder, RunSummary, Sink, Source,
-    SourceBatch, Trigger,
+    SourceBatch, TaskCheckpoint, Trigger,
 };
 use crate::time::TimestampMicros;
 use std::collections::{BTreeMap, VecDeque};
@@ -59,7 +59,7 @@ pub struct PipelineTestDriver {
     next_offset: BTreeMap<(String, i32), i64>,
     /// Handed back with the first batch, as Kafka hands a restarted query
     /// its committed offsets' metadata.
-    restored_checkpoints: BTreeMap<i32, String>,
+    restored_checkpoints: BTreeMap<i32, TaskCheckpoint>,
 }
 
 /// Where a run stopped: the task checkpoints its last commit stored and
@@ -70,7 +70,7 @@ pub struct PipelineTestDriver {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DriverPosition {
     /// Each partition's task checkpoint, as stored with its offsets.
-    pub checkpoints: BTreeMap<i32, String>,
+    pub checkpoints: BTreeMap<i32, TaskCheckpoint>,
     /// `(topic, partition, next offset)` of each partition piped.
     pub next_offsets: Vec<(String, i32, i64)>,
 }
@@ -320,8 +320,8 @@ struct DriverSource {
     next_offsets: BTreeMap<String, BTreeMap<String, i64>>,
     /// The checkpoints stored with the last commit, handed back after a
     /// rewind as Kafka hands back committed offsets' metadata.
-    checkpoints: BTreeMap<i32, String>,
-    restore: Vec<(i32, String)>,
+    checkpoints: BTreeMap<i32, TaskCheckpoint>,
+    restore: Vec<(i32, TaskCheckpoint)>,
 }
 
 impl Source for DriverSource {
@@ -356,7 +356,7 @@ impl Source for DriverSource {
         })
     }
 
-    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, TaskCheckpoint>) -> Result<()> {
         self.checkpoints = checkpoints.clone();
         self.uncommitted.clear();
         Ok(())

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidemark::prelude::*;
 use tidemark::progress::QueryProgress;
+use tidemark::runtime::TaskCheckpoint;
 use tidemark_connectors::kafka::{
     KafkaSink, KafkaSource, KafkaSourceConfig, KeyColumns, ValueFormat,
 };
@@ -412,8 +413,9 @@ fn a_partition_revoked_after_a_rewind_does_not_hand_back_its_checkpoint() {
         20,
         "the first member read both partitions"
     );
-    let checkpoints: std::collections::BTreeMap<i32, String> =
-        (0..2).map(|p| (p, format!("checkpoint-{p}"))).collect();
+    let checkpoints: std::collections::BTreeMap<i32, TaskCheckpoint> = (0..2)
+        .map(|p| (p, TaskCheckpoint::from_stored(format!("checkpoint-{p}"))))
+        .collect();
     first.commit(&checkpoints).unwrap();
     assert!(first.rewind().unwrap());
 

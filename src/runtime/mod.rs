@@ -19,6 +19,7 @@ mod run_status;
 pub(crate) mod stages;
 mod state_query;
 mod task;
+mod task_checkpoint;
 mod task_manager;
 pub mod testing;
 mod watermark;
@@ -34,7 +35,7 @@ pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
 };
-pub use task::{checkpoint_batch_id, checkpoint_stores};
+pub use task_checkpoint::TaskCheckpoint;
 pub use watermark::{PartitionProgress, WatermarkExchange};
 pub use watermark::{WatermarkMarker, WATERMARK_MARKER_HEADER};
 
@@ -87,7 +88,7 @@ pub struct SourceBatch {
     /// moved); the task merges them, which keeps the newest. Only partitions
     /// still owned when the batch ends: the runtime applies the revocations
     /// first, so one assigned and revoked within the batch must not be here.
-    pub restored_checkpoints: Vec<(i32, String)>,
+    pub restored_checkpoints: Vec<(i32, TaskCheckpoint)>,
     /// Event time an input partition reached with no record to show it,
     /// as `(topic, partition, time)`: its watermark moves as a record of
     /// that event time would move it. Sources of real data leave it empty;
@@ -106,7 +107,7 @@ pub trait Source: Send {
     /// state to store with its offsets (the watermark), by partition; a
     /// source that can keep it (Kafka: commit metadata) hands it back in
     /// [`SourceBatch::restored_checkpoints`] after a restart or rebalance.
-    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()>;
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, TaskCheckpoint>) -> Result<()>;
     /// Current position, for progress (`{"topic": {"0": 42}}`).
     fn offsets(&self) -> serde_json::Value;
     /// The watermark input a record's topic and partition belong to: each

@@ -867,7 +867,7 @@ mod tests {
     use crate::progress::QueryProgress;
     use crate::row::Value;
     use crate::runtime::testing::{CollectSink, VecSource};
-    use crate::runtime::QueryBuilder;
+    use crate::runtime::{QueryBuilder, TaskCheckpoint};
     use crate::window::WindowSpec;
 
     /// A query counting rows per `k` in `window` over event time `t` with
@@ -1182,7 +1182,7 @@ mod tests {
             .run(&mut first, &mut CollectSink::default())
             .unwrap();
         let saved = first.checkpoints().clone();
-        assert!(saved[&0].contains("in_effect"), "{saved:?}");
+        assert!(saved[&0].as_str().contains("in_effect"), "{saved:?}");
         // After a restart the old watermark (00:09) holds: a row for the
         // 00:05 window is late at once instead of being counted.
         let mut second = VecSource::json_batches(vec![
@@ -1221,7 +1221,7 @@ mod tests {
     /// no-data batch runs.
     #[test]
     fn a_restart_runs_the_no_data_batch_its_newest_checkpoint_owes() {
-        use super::super::task::TaskCheckpoint;
+        use super::super::task_checkpoint::CheckpointContents;
         use crate::watermark::{WatermarkPolicy, WatermarkTracker};
         let minute = 60_000_000;
         let stale = WatermarkTracker::new(minute, WatermarkPolicy::Min, None);
@@ -1233,14 +1233,14 @@ mod tests {
         );
         assert!(owing.finish_batch(0), "the watermark moved");
         let encode = |batch_id, watermark: &WatermarkTracker| {
-            let checkpoint = TaskCheckpoint {
-                version: super::super::task::CHECKPOINT_VERSION,
+            let checkpoint = CheckpointContents {
+                version: super::super::task_checkpoint::CHECKPOINT_VERSION,
                 batch_id,
                 watermark: Some(watermark.clone()),
                 sink: None,
                 stores: Default::default(),
             };
-            serde_json::to_string(&checkpoint).unwrap()
+            TaskCheckpoint::encode(checkpoint).unwrap()
         };
         let (stale, owing) = (encode(2, &stale), encode(4, &owing));
         for checkpoints in [
@@ -1502,7 +1502,9 @@ mod tests {
             .unwrap();
         let checkpoints = first.checkpoints().clone();
         assert!(
-            checkpoints[&0].contains("window aggregation by [k]"),
+            checkpoints[&0]
+                .as_str()
+                .contains("window aggregation by [k]"),
             "{checkpoints:?}"
         );
 
@@ -1612,19 +1614,6 @@ mod tests {
             .unwrap();
     }
 
-    /// What `tidemark reset` takes from a committed checkpoint: the store
-    /// names this release gives (`op<index>`), from an encoding it knows.
-    #[test]
-    fn a_reset_names_only_the_stores_of_a_known_checkpoint() {
-        use crate::runtime::checkpoint_stores;
-        let stores = checkpoint_stores(
-            r#"{"v":1,"batchId":3,"stores":{"op0":"join","op12":"distinct","eu-op0":"join","op":"join"}}"#,
-        );
-        assert_eq!(stores, ["op0", "op12"]);
-        assert!(checkpoint_stores(r#"{"v":2,"batchId":3,"stores":{"op0":"join"}}"#).is_empty());
-        assert!(checkpoint_stores("someone else's metadata").is_empty());
-    }
-
     /// A custom step whose operator keeps state gets a store as a built-in
     /// stateful step does, even as the chain's only one: its state outlives
     /// the run, and its checkpoint names it.
@@ -1649,7 +1638,9 @@ mod tests {
         assert_eq!(sink.rows.len(), 1);
         let checkpoints = first.checkpoints().clone();
         assert!(
-            checkpoints[&0].contains(r#""op0":"custom stateful step""#),
+            checkpoints[&0]
+                .as_str()
+                .contains(r#""op0":"custom stateful step""#),
             "{checkpoints:?}"
         );
         let mut second = VecSource::json_batches(vec![vec![r#"{"k": "a"}"#, r#"{"k": "b"}"#]])
@@ -1665,7 +1656,7 @@ mod tests {
     #[test]
     fn a_checkpoint_of_a_newer_encoding_is_refused() {
         // Not even today's fields: read as today's, it would be dropped.
-        let newer = r#"{"v": 99, "batch": {"id": 3}}"#.to_string();
+        let newer = TaskCheckpoint::from_stored(r#"{"v": 99, "batch": {"id": 3}}"#);
         let e = counting(
             "newer",
             "1 minute",

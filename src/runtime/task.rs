@@ -2,6 +2,7 @@
 //! watermark, and the restore of its state.
 
 use super::plan::QueryPlan;
+use super::task_checkpoint::TaskCheckpoint;
 use super::{SinkCommit, StateBackend};
 use crate::error::{Error, Result};
 use crate::operators::{BatchContext, Operator};
@@ -9,7 +10,7 @@ use crate::row::Row;
 use crate::time::TimestampMicros;
 use crate::watermark::{WatermarkScope, WatermarkTracker};
 use arrow_array::RecordBatch;
-use std::collections::BTreeMap;
+
 use std::time::Duration;
 
 /// The operators of a task for `partition`; with a state backend, each
@@ -390,126 +391,11 @@ pub(super) fn restore_thread_died() -> Error {
 /// re-fetch.
 pub(super) const RESTORE_GRACE: Duration = Duration::from_millis(100);
 
-/// The encoding of the task checkpoints this release writes. One without
-/// a version was written before versions were recorded (version 1); a
-/// higher one, by a newer release, is refused rather than misread.
-pub(super) const CHECKPOINT_VERSION: u32 = 1;
-
-/// What a task checkpoints with its source offsets: the batch that
-/// committed them, the watermark and the last sink commit of its output.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(super) struct TaskCheckpoint {
-    /// Its encoding (see [`CHECKPOINT_VERSION`]).
-    #[serde(rename = "v", default = "crate::encoding::first_version")]
-    pub(super) version: u32,
-    #[serde(rename = "batchId")]
-    pub(super) batch_id: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) watermark: Option<WatermarkTracker>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) sink: Option<SinkCommit>,
-    /// Each store of the task (`op<index>`) with what kept it (see
-    /// `QueryPlan::store_identities`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub(super) stores: BTreeMap<String, String>,
-}
-
-/// Refuses to restore a task from a checkpoint of a newer encoding than
-/// this release writes, or — with a state backend, whose stores `stores`
-/// lists with the step keeping each — one whose stores the plan would
-/// misread or leave behind: a step added, removed or moved before a
-/// stateful one renames the stores after it. A store now kept by another
-/// kind of step is refused; so is a store no step keeps any more while
-/// another starts without state (the renamed one). A checkpoint without
-/// stores (written before they were recorded) is not checked; a stateful
-/// step added after the others starts empty, and one removed after the
-/// others leaves its state behind.
-pub(super) fn check_checkpoint(
-    partition: i32,
-    checkpoint: &str,
-    stores: Option<&BTreeMap<String, String>>,
-) -> Result<()> {
-    // An unreadable checkpoint is reported where it is restored; a newer
-    // one is refused before the rest is read: it may not parse as this
-    // release's type at all.
-    crate::encoding::check_json_version(
-        || format!("the checkpoint of partition {partition}"),
-        checkpoint.as_bytes(),
-        CHECKPOINT_VERSION,
-    )?;
-    let (Some(stores), Ok(saved)) = (stores, serde_json::from_str::<TaskCheckpoint>(checkpoint))
-    else {
-        return Ok(());
-    };
-    let starting_empty: Vec<&String> = stores
-        .keys()
-        .filter(|name| !saved.stores.is_empty() && !saved.stores.contains_key(*name))
-        .collect();
-    for (name, kept_by) in &saved.stores {
-        let now = match stores.get(name) {
-            Some(now) if now == kept_by => continue,
-            Some(now) => format!("would now be restored into the {now}"),
-            None => match starting_empty.first() {
-                Some(renamed) => format!(
-                    "has no step any more, while `{renamed}` (the {}) starts without state",
-                    stores[*renamed]
-                ),
-                // The last stateful steps were removed: nothing is misread.
-                None => continue,
-            },
-        };
-        return Err(Error::config(
-            "steps",
-            format!(
-                "the state store `{name}` of partition {partition} was kept by the {kept_by} and {now}: a step was added, removed or moved before it. Put the steps back as they were, or start the query over without its state (`tidemark reset`)"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The batch id a task checkpoint was committed by (`None` for a
-/// checkpoint from before batch ids were recorded).
-pub fn checkpoint_batch_id(checkpoint: &str) -> Option<u64> {
-    serde_json::from_str::<TaskCheckpoint>(checkpoint)
-        .ok()
-        .map(|c| c.batch_id)
-}
-
-/// The stores a task checkpoint records (empty for one written before
-/// stores were recorded, or without a state backend): what `tidemark
-/// reset` deletes the changelogs of, beside those the current plan names.
-/// Only names this release gives stores (`op<index>`) from a checkpoint of
-/// an encoding it knows: metadata another writer left on the group names
-/// no topic to delete.
-pub fn checkpoint_stores(checkpoint: &str) -> Vec<String> {
-    let known =
-        crate::encoding::check_json_version(String::new, checkpoint.as_bytes(), CHECKPOINT_VERSION);
-    let Ok(saved) = known.and_then(|()| {
-        serde_json::from_str::<TaskCheckpoint>(checkpoint).map_err(|e| Error::Source(e.to_string()))
-    }) else {
-        return Vec::new();
-    };
-    let is_store_name = |name: &String| {
-        name.strip_prefix("op")
-            .is_some_and(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
-    };
-    saved.stores.into_keys().filter(is_store_name).collect()
-}
-
 /// Restores a task's watermark and last sink commit from a checkpoint its
 /// source kept. Several checkpoints of one partition merge: both only
 /// move forward, so the merge is the newest.
-pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &str) {
-    let saved = serde_json::from_str::<TaskCheckpoint>(checkpoint).or_else(|_| {
-        serde_json::from_str::<WatermarkTracker>(checkpoint).map(|w| TaskCheckpoint {
-            version: crate::encoding::first_version(),
-            batch_id: 0,
-            watermark: Some(w),
-            sink: None,
-            stores: BTreeMap::new(),
-        })
-    });
+pub(super) fn restore_checkpoint(task: &mut Task, partition: i32, checkpoint: &TaskCheckpoint) {
+    let saved = checkpoint.contents();
     let saved = match saved {
         Ok(saved) => saved,
         Err(e) => {

@@ -8,9 +8,10 @@
 use super::plan::QueryPlan;
 use super::routed::BatchScope;
 use super::task::{
-    check_checkpoint, new_task, pending_task, restore_checkpoint, restore_thread_died,
-    RestoringTask, Task, TaskCheckpoint, CHECKPOINT_VERSION, RESTORE_GRACE,
+    new_task, pending_task, restore_checkpoint, restore_thread_died, RestoringTask, Task,
+    RESTORE_GRACE,
 };
+use super::task_checkpoint::{CheckpointContents, TaskCheckpoint, CHECKPOINT_VERSION};
 use super::watermark::{ExchangeAlignment, SharedProgress};
 use super::{PartitionProgress, SinkCommit, Source, SourceBatch, StateBackend};
 use crate::error::Result;
@@ -32,7 +33,7 @@ pub(super) struct TaskManager {
     tasks: BTreeMap<i32, Task>,
     restoring: BTreeMap<i32, RestoringTask>,
     /// Checkpoints of partitions whose tasks have not started yet.
-    saved_checkpoints: BTreeMap<i32, Vec<String>>,
+    saved_checkpoints: BTreeMap<i32, Vec<TaskCheckpoint>>,
     /// Sink commits of tasks that resumed, for the sink to check.
     sink_recoveries: Vec<(i32, SinkCommit)>,
     /// Stores restore on threads of their own while the others go on.
@@ -181,7 +182,7 @@ impl TaskManager {
             .collect();
         self.revoke(&batch.revoked_partitions, backend)?;
         for (partition, checkpoint) in &batch.restored_checkpoints {
-            check_checkpoint(*partition, checkpoint, self.stores.as_ref())?;
+            checkpoint.check(*partition, self.stores.as_ref())?;
         }
         for (partition, checkpoint) in &batch.restored_checkpoints {
             match self.tasks.get_mut(partition) {
@@ -547,7 +548,7 @@ impl TaskManager {
 
     /// Each task's checkpoint for `batch_id`: its watermark and last sink
     /// commit, kept with the source offsets.
-    pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, String> {
+    pub(super) fn checkpoints(&self, batch_id: u64) -> BTreeMap<i32, TaskCheckpoint> {
         self.tasks
             .iter()
             .filter(|(_, t)| {
@@ -592,42 +593,19 @@ impl TaskManager {
     }
 }
 
-/// The largest checkpoint kept whole. Kafka keeps at most
-/// `offset.metadata.max.bytes` (4 KiB by default) with a committed offset.
-const CHECKPOINT_BUDGET: usize = 3 * 1024;
-
-/// `task`'s checkpoint. A watermark fed by many inputs (a repartition
-/// reader holds every upstream partition, about 40 bytes each) that would
-/// not fit keeps only its watermarks, not each input's progress: after a
-/// restore the watermark holds where it was until every input has reported
-/// again, which their next batches' markers do.
-fn task_checkpoint(batch_id: u64, task: &Task, stores: BTreeMap<String, String>) -> Option<String> {
-    let mut checkpoint = TaskCheckpoint {
+/// `task`'s checkpoint for `batch_id`, with the stores the plan keeps.
+fn task_checkpoint(
+    batch_id: u64,
+    task: &Task,
+    stores: BTreeMap<String, String>,
+) -> Option<TaskCheckpoint> {
+    TaskCheckpoint::encode(CheckpointContents {
         version: CHECKPOINT_VERSION,
         batch_id,
         watermark: task.watermark.clone(),
         sink: task.sink_commit.clone(),
         stores,
-    };
-    let whole = serde_json::to_string(&checkpoint).ok()?;
-    if whole.len() <= CHECKPOINT_BUDGET {
-        return Some(whole);
-    }
-    if let Some(w) = checkpoint.watermark.as_mut() {
-        w.forget_inputs();
-    }
-    let smaller = serde_json::to_string(&checkpoint).ok()?;
-    if smaller.len() <= CHECKPOINT_BUDGET {
-        return Some(smaller);
-    }
-    // Dozens of stateful steps: the stores go unchecked at the next start
-    // rather than the offsets failing to commit.
-    tracing::warn!(
-        stores = checkpoint.stores.len(),
-        "the task checkpoint leaves out its stores to fit the offset metadata"
-    );
-    checkpoint.stores.clear();
-    serde_json::to_string(&checkpoint).ok()
+    })
 }
 
 #[cfg(test)]
@@ -658,7 +636,8 @@ mod tests {
         let (in_effect, previous) = (w.in_effect(), w.late_threshold());
         assert_eq!(in_effect, 3_540_000_000, "the slowest input, less a minute");
         let checkpoint = task_checkpoint(12, &task, BTreeMap::new()).unwrap();
-        assert!(checkpoint.len() <= 4096, "{} bytes", checkpoint.len());
+        let bytes = checkpoint.as_str().len();
+        assert!(bytes <= 4096, "{bytes} bytes");
 
         let mut restored = new_task(builder.plan(), Vec::new());
         restore_checkpoint(&mut restored, 0, &checkpoint);
@@ -671,6 +650,6 @@ mod tests {
         let w = narrow.watermark.as_mut().unwrap();
         w.observe("in/0", 3_600_000_000, 0);
         let checkpoint = task_checkpoint(1, &narrow, BTreeMap::new()).unwrap();
-        assert!(checkpoint.contains("3600000000"), "{checkpoint}");
+        assert!(checkpoint.as_str().contains("3600000000"), "{checkpoint:?}");
     }
 }

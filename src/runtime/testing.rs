@@ -1,7 +1,7 @@
 //! In-memory sources and sinks for tests: drive a query batch by batch
 //! without Kafka, as Kafka Streams' `TopologyTestDriver` does.
 
-use super::{BatchRequest, Sink, Source, SourceBatch};
+use super::{BatchRequest, Sink, Source, SourceBatch, TaskCheckpoint};
 use crate::error::Result;
 use crate::record::{Record, SourcePosition};
 use crate::row::Row;
@@ -13,8 +13,8 @@ pub struct VecSource {
     batches: VecDeque<Vec<Record>>,
     offset: i64,
     committed: i64,
-    checkpoints: std::collections::BTreeMap<i32, String>,
-    restore: Vec<(i32, String)>,
+    checkpoints: std::collections::BTreeMap<i32, TaskCheckpoint>,
+    restore: Vec<(i32, TaskCheckpoint)>,
     /// Handed out since the last commit: a rewind hands them out again.
     uncommitted: Vec<Vec<Record>>,
     /// How many of the next commits abort the batch, as a fenced
@@ -62,7 +62,10 @@ impl VecSource {
     /// Hands `checkpoints` (partition, checkpoint) back with the first
     /// batch, as Kafka does after a restart; a partition may come with
     /// several, one per topic.
-    pub fn restoring(mut self, checkpoints: impl IntoIterator<Item = (i32, String)>) -> Self {
+    pub fn restoring(
+        mut self,
+        checkpoints: impl IntoIterator<Item = (i32, TaskCheckpoint)>,
+    ) -> Self {
         self.restore = checkpoints.into_iter().collect();
         self
     }
@@ -85,7 +88,7 @@ impl VecSource {
     }
 
     /// The checkpoints stored with the last commit.
-    pub fn checkpoints(&self) -> &std::collections::BTreeMap<i32, String> {
+    pub fn checkpoints(&self) -> &std::collections::BTreeMap<i32, TaskCheckpoint> {
         &self.checkpoints
     }
 
@@ -111,7 +114,10 @@ impl Source for VecSource {
             ..Default::default()
         })
     }
-    fn commit(&mut self, checkpoints: &std::collections::BTreeMap<i32, String>) -> Result<()> {
+    fn commit(
+        &mut self,
+        checkpoints: &std::collections::BTreeMap<i32, TaskCheckpoint>,
+    ) -> Result<()> {
         if self.commits_to_abort > 0 {
             self.commits_to_abort -= 1;
             return Err(crate::error::Error::BatchAborted(

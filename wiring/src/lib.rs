@@ -9,8 +9,8 @@ pub use tidemark_avro as avro;
 pub use tidemark_delta as delta;
 pub use tidemark_files as files;
 pub use tidemark_kafka as kafka;
-pub use tidemark_pipeline as pipeline;
 pub use tidemark_kafka::{instance, state_backend};
+pub use tidemark_pipeline as pipeline;
 
 mod from_pipeline;
 mod kafka_app;

@@ -80,7 +80,9 @@ impl ResetPlan {
             };
             let mut stores = stage.query.plan().store_names();
             for checkpoint in reset::committed_metadata(&cluster, &group, &read)? {
-                stores.extend(tidemark::runtime::checkpoint_stores(&checkpoint));
+                stores.extend(
+                    tidemark::runtime::TaskCheckpoint::from_stored(checkpoint).store_names(),
+                );
             }
             stores.sort();
             stores.dedup();

@@ -115,7 +115,10 @@ impl Source for GeneratorSource {
             ..Default::default()
         })
     }
-    fn commit(&mut self, _: &BTreeMap<i32, String>) -> tidemark::Result<()> {
+    fn commit(
+        &mut self,
+        _: &BTreeMap<i32, tidemark::runtime::TaskCheckpoint>,
+    ) -> tidemark::Result<()> {
         Ok(())
     }
     fn offsets(&self) -> serde_json::Value {

@@ -37,6 +37,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tidemark::error::{Error, Result};
+use tidemark::runtime::TaskCheckpoint;
 
 /// One file a batch read: its name under the source directory, with the
 /// size and modification time it had then.
@@ -65,7 +66,7 @@ pub(crate) struct BatchFiles {
 pub(crate) struct BatchCommit {
     #[serde(rename = "batchId")]
     pub(crate) batch_id: u64,
-    pub(crate) checkpoints: BTreeMap<i32, String>,
+    pub(crate) checkpoints: BTreeMap<i32, TaskCheckpoint>,
 }
 
 /// The encoding of the log entries this release writes.
@@ -413,20 +414,20 @@ mod tests {
         put("skipped", r#"["old"]"#);
         let read = log.read().unwrap();
         assert_eq!(read.seen, ["a", "b"].map(String::from).into());
-        assert_eq!(read.last_commit.unwrap().checkpoints[&0], "cp0");
+        assert_eq!(read.last_commit.unwrap().checkpoints[&0].as_str(), "cp0");
         assert_eq!(read.uncommitted[0].files, vec![file("b")]);
         assert_eq!(log.read_skipped().unwrap(), Some(vec!["old".to_string()]));
 
         log.log_commit(&BatchCommit {
             batch_id: 1,
-            checkpoints: [(0, "cp1".to_string())].into(),
+            checkpoints: [(0, TaskCheckpoint::from_stored("cp1"))].into(),
         })
         .unwrap();
         log.log_skipped(&["new".to_string()]).unwrap();
         let text = std::fs::read_to_string(dir.path().join("commits/1")).unwrap();
         assert!(text.starts_with(r#"{"v":1,"batchId":1"#), "{text}");
         assert_eq!(
-            log.read().unwrap().last_commit.unwrap().checkpoints[&0],
+            log.read().unwrap().last_commit.unwrap().checkpoints[&0].as_str(),
             "cp1"
         );
         assert_eq!(log.read_skipped().unwrap(), Some(vec!["new".to_string()]));
@@ -457,14 +458,14 @@ mod tests {
         for id in [0, 1] {
             log.log_commit(&BatchCommit {
                 batch_id: id,
-                checkpoints: [(0, format!("cp{id}"))].into(),
+                checkpoints: [(0, TaskCheckpoint::from_stored(format!("cp{id}")))].into(),
             })
             .unwrap();
         }
         drop(log);
         let read = ProgressLog::open(dir.path()).unwrap().read().unwrap();
         assert_eq!(read.seen, ["a", "b", "c"].map(String::from).into());
-        assert_eq!(read.last_commit.unwrap().checkpoints[&0], "cp1");
+        assert_eq!(read.last_commit.unwrap().checkpoints[&0].as_str(), "cp1");
         assert_eq!(read.uncommitted.len(), 1);
         assert_eq!(read.uncommitted[0].files, vec![file("c")]);
     }

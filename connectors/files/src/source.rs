@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::record::Record;
-use tidemark::runtime::{BatchLog, BatchRequest, Source, SourceBatch};
+use tidemark::runtime::{BatchLog, BatchRequest, Source, SourceBatch, TaskCheckpoint};
 use tidemark::schema::Schema;
 
 /// Where a files source starts when its checkpoint holds nothing yet.
@@ -95,7 +95,7 @@ pub struct FilesSource {
     replay: Vec<BatchFiles>,
     /// Checkpoints committed with the last batch, handed back on the next
     /// poll after a start or a rewind.
-    restore: Option<BTreeMap<i32, String>>,
+    restore: Option<BTreeMap<i32, TaskCheckpoint>>,
     last_commit: Option<BatchCommit>,
     /// The open batch's id and the files it read so far.
     open: Option<BatchFiles>,
@@ -344,7 +344,7 @@ impl Source for FilesSource {
         })
     }
 
-    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, TaskCheckpoint>) -> Result<()> {
         // A batch without files (a no-data batch) commits too: its
         // checkpoints carry the watermark it moved.
         self.open = None;
@@ -400,7 +400,11 @@ impl Source for FilesSource {
 impl FilesSource {
     /// Records batch `batch_id`'s commit with `checkpoints` merged over the
     /// last ones.
-    fn commit_batch(&mut self, batch_id: u64, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
+    fn commit_batch(
+        &mut self,
+        batch_id: u64,
+        checkpoints: &BTreeMap<i32, TaskCheckpoint>,
+    ) -> Result<()> {
         let Some(log) = &self.log else {
             return Ok(());
         };
@@ -469,7 +473,9 @@ mod tests {
         let batch = first.next_batch(&request(0)).unwrap();
         assert_eq!(values(&batch), ["1", "2", "3"]);
         assert!(!batch.exhausted, "`c` is left");
-        first.commit(&[(0, "cp0".to_string())].into()).unwrap();
+        first
+            .commit(&[(0, TaskCheckpoint::from_stored("cp0"))].into())
+            .unwrap();
         // Batch 1 reads `c` and stops before its commit.
         assert_eq!(values(&first.next_batch(&request(1)).unwrap()), ["4"]);
         drop(first);
@@ -481,7 +487,10 @@ mod tests {
         let replayed = second.next_batch(&request(1)).unwrap();
         assert_eq!(values(&replayed), ["4"], "batch 1 as it was, without `d`");
         assert!(!replayed.exhausted, "`d` follows the replayed batch");
-        assert_eq!(replayed.restored_checkpoints, [(0, "cp0".to_string())]);
+        assert_eq!(
+            replayed.restored_checkpoints,
+            [(0, TaskCheckpoint::from_stored("cp0"))]
+        );
         second.commit(&BTreeMap::new()).unwrap();
         assert_eq!(values(&second.next_batch(&request(2)).unwrap()), ["5"]);
         second.commit(&BTreeMap::new()).unwrap();
@@ -494,7 +503,7 @@ mod tests {
         assert!(nothing.records.is_empty() && nothing.exhausted);
         assert_eq!(
             nothing.restored_checkpoints,
-            [(0, "cp0".to_string())],
+            [(0, TaskCheckpoint::from_stored("cp0"))],
             "the last checkpoint of each partition is kept"
         );
     }

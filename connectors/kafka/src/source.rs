@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::record::{Record, SourcePosition};
 use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
-use tidemark::runtime::{BatchRequest, Source, SourceBatch};
+use tidemark::runtime::{BatchRequest, Source, SourceBatch, TaskCheckpoint};
 
 /// Settings of a [`KafkaSource`].
 #[derive(Debug, Clone)]
@@ -175,7 +175,7 @@ fn add_offset(
     topic: &str,
     partition: i32,
     offset: i64,
-    checkpoint: Option<&String>,
+    checkpoint: Option<&TaskCheckpoint>,
 ) -> Result<()> {
     tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
         .map_err(|e| Error::Source(format!("offset list: {e}")))?;
@@ -271,7 +271,7 @@ pub struct KafkaSource {
     /// Held task partitions (see [`Source::hold`]), with the offset each
     /// of their topic partitions resumes from.
     held: BTreeMap<i32, Vec<ResumePoint>>,
-    committed_checkpoints: BTreeMap<i32, String>,
+    committed_checkpoints: BTreeMap<i32, TaskCheckpoint>,
     /// Exactly-once: offsets commit inside the batch's transaction.
     transactions: Option<super::SharedTransactions>,
     /// Available-now: end offsets fixed at the first batch.
@@ -749,7 +749,7 @@ impl KafkaSource {
     /// that cannot say is an error (the batch fails and is retried): tasks
     /// started without their watermark would take rows their windows
     /// already closed on as on time, and emit those windows again.
-    fn checkpoints_of(&mut self, assigned: &[(String, i32)]) -> Result<Vec<(i32, String)>> {
+    fn checkpoints_of(&mut self, assigned: &[(String, i32)]) -> Result<Vec<(i32, TaskCheckpoint)>> {
         if assigned.is_empty() {
             return Ok(Vec::new());
         }
@@ -773,7 +773,10 @@ impl KafkaSource {
                 self.committed.entry(key).or_insert(offset);
             }
         }
-        Ok(out.into_iter().collect())
+        let restored = out.into_iter();
+        Ok(restored
+            .map(|(p, c)| (p, TaskCheckpoint::from_stored(c)))
+            .collect())
     }
 
     /// Whether every partition reached its available-now end. The cheap
@@ -1305,7 +1308,7 @@ impl Source for KafkaSource {
         })
     }
 
-    fn commit(&mut self, checkpoints: &BTreeMap<i32, String>) -> Result<()> {
+    fn commit(&mut self, checkpoints: &BTreeMap<i32, TaskCheckpoint>) -> Result<()> {
         let assigned = self.assigned();
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), offset) in &self.next_offsets {
@@ -1418,7 +1421,7 @@ impl Source for KafkaSource {
         let committed_batch = committed
             .elements()
             .iter()
-            .filter_map(|e| tidemark::runtime::checkpoint_batch_id(e.metadata()))
+            .filter_map(|e| TaskCheckpoint::from_stored(e.metadata()).batch_id())
             .max();
         let mut behind = committed_batch.is_some_and(|b| b < batch_id);
         for (topic, partition) in assigned {
