@@ -70,15 +70,16 @@ async fn take_answer<Out: Send + 'static>(
         return Ok(());
     };
     let (index, answer) =
-        joined.map_err(|e| Error::Source(format!("{name}: a call panicked: {e}")))?;
+        joined.map_err(|e| Error::source_failed(format!("{name}: a call panicked"), e))?;
     match answer {
         Ok(Ok(out)) => {
             answers.push((index, out));
             Ok(())
         }
-        Ok(Err(e)) => Err(Error::Source(format!(
-            "{name}: the call for row {index} of the batch failed: {e}"
-        ))),
+        Ok(Err(e)) => Err(Error::source_failed(
+            format!("{name}: the call for row {index} of the batch failed"),
+            e,
+        )),
         Err(_) => Err(Error::Source(format!(
             "{name}: the call for row {index} of the batch took longer than {timeout:?}"
         ))),

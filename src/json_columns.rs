@@ -124,7 +124,7 @@ impl JsonColumns {
         // The arrays are built from this schema's own types, one value per
         // row each: an error here is a bug, which fails the batch.
         RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)
-            .map_err(|e| Error::Source(format!("decoded JSON columns: {e}")))
+            .map_err(|e| Error::source_failed("decoded JSON columns", e))
     }
 }
 

@@ -149,7 +149,7 @@ pub(super) fn write_columns(
     columns: &[Arc<str>],
 ) -> Result<()> {
     let names: Vec<&str> = columns.iter().map(|c| c.as_ref()).collect();
-    let bytes = serde_json::to_vec(&names).map_err(|e| Error::Source(e.to_string()))?;
+    let bytes = serde_json::to_vec(&names).map_err(|e| Error::Internal(e.to_string()))?;
     Ok(store.put(&columns_key(side), &bytes)?)
 }
 

@@ -61,7 +61,7 @@ impl Operator for Filter {
             })
             .collect();
         arrow_select::filter::filter_record_batch(batch, &keep)
-            .map_err(|e| Error::Source(format!("{}: filtering a batch: {e}", self.describe())))
+            .map_err(|e| Error::source_failed(format!("{}: filtering a batch", self.describe()), e))
     }
 }
 
@@ -143,8 +143,9 @@ impl Operator for Select {
             }
         }
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options)
-            .map_err(|e| Error::Source(format!("{}: projecting a batch: {e}", self.describe())))
+        RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options).map_err(
+            |e| Error::source_failed(format!("{}: projecting a batch", self.describe()), e),
+        )
     }
 }
 
@@ -219,7 +220,7 @@ impl Operator for WithColumn {
         }
         let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
         RecordBatch::try_new_with_options(Arc::new(Schema::new(fields)), arrays, &options)
-            .map_err(|e| Error::Source(format!("{}: adding a column: {e}", self.describe())))
+            .map_err(|e| Error::source_failed(format!("{}: adding a column", self.describe()), e))
     }
 }
 

@@ -283,7 +283,7 @@ impl TableJoin {
         };
         if std::mem::take(&mut self.columns_changed) {
             let names: Vec<&str> = self.columns.iter().map(|c| c.as_ref()).collect();
-            let bytes = serde_json::to_vec(&names).map_err(|e| Error::Source(e.to_string()))?;
+            let bytes = serde_json::to_vec(&names).map_err(|e| Error::Internal(e.to_string()))?;
             store.put(COLUMNS, &bytes)?;
         }
         Ok(())

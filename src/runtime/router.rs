@@ -196,7 +196,7 @@ impl RecordRouter {
         let contexts = routed
             .contexts
             .get_mut(&partition)
-            .ok_or_else(|| Error::Source(format!("no operator contexts for task {partition}")))?;
+            .ok_or_else(|| Error::Internal(format!("no operator contexts for task {partition}")))?;
         let pushed = if input_index == 0 {
             task.push_row(row, contexts, &mut routed.outputs)
         } else {

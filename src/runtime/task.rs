@@ -250,7 +250,7 @@ impl Task {
         out: &mut Vec<Row>,
     ) -> Result<()> {
         let Some(chain) = self.side_chains.iter_mut().find(|c| c.input == input) else {
-            return Err(Error::Source(format!("no join takes input {input}")));
+            return Err(Error::Internal(format!("no join takes input {input}")));
         };
         let join_at = chain.join_at;
         let ctx = &contexts[join_at];
@@ -275,7 +275,7 @@ impl Task {
     /// Hands a tombstone of input `input` to its join.
     pub(super) fn push_tombstone(&mut self, input: usize, key: &[u8]) -> Result<()> {
         let Some(chain) = self.side_chains.iter().find(|c| c.input == input) else {
-            return Err(Error::Source(format!("no join takes input {input}")));
+            return Err(Error::Internal(format!("no join takes input {input}")));
         };
         self.operators[chain.join_at].on_input_tombstone(input, key)
     }

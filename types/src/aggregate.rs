@@ -131,7 +131,7 @@ impl<A: Aggregator> ErasedAggregator for A {
     }
     fn decode(&self, bytes: &[u8]) -> Result<Accumulator> {
         let acc: A::Acc = serde_json::from_slice(bytes)
-            .map_err(|e| Error::Source(format!("corrupt accumulator: {e}")))?;
+            .map_err(|e| Error::source_failed("corrupt accumulator", e))?;
         Ok(Accumulator::new(acc))
     }
 }

@@ -50,6 +50,28 @@ pub enum Error {
     /// A sink failed (write, flush, commit).
     #[error("sink error: {0}")]
     Sink(String),
+    /// A source's client failed (the broker, a file, the registry): what
+    /// was being done, with the client's own error kept as the source, so
+    /// that a caller can inspect it (`std::error::Error::source`, then
+    /// `downcast_ref`) rather than parse a message.
+    #[error("source error: {context}: {source}")]
+    SourceFailed {
+        /// What was being done (`reading the committed checkpoints`).
+        context: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A sink's client failed (a write, flush or commit), its own error
+    /// kept as the source (see [`Error::SourceFailed`]).
+    #[error("sink error: {context}: {source}")]
+    SinkFailed {
+        /// What was being done.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The batch's transaction was aborted (a rebalance moved partitions
     /// while it ran, or it timed out): nothing of it is visible, and the
     /// query replays from the last commit without restarting its clients.
@@ -140,6 +162,29 @@ impl Error {
             self,
             Error::BadRecord { .. } | Error::BadRow { .. } | Error::Expression { .. }
         )
+    }
+
+    /// Shorthand for [`Error::SourceFailed`]: `context` is what was being
+    /// done, `source` the client's error.
+    pub fn source_failed(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::SourceFailed {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::SinkFailed`].
+    pub fn sink_failed(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::SinkFailed {
+            context: context.into(),
+            source: source.into(),
+        }
     }
 
     /// Shorthand for [`Error::Io`].

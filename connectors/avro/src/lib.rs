@@ -341,10 +341,10 @@ impl AvroEncoder {
         }
         let writer = GenericDatumWriter::builder(&self.schema)
             .build()
-            .map_err(|e| Error::Sink(format!("Avro writer: {e}")))?;
+            .map_err(|e| Error::sink_failed("Avro writer", e))?;
         let body = writer
             .write_value_to_vec(AvroValue::Record(fields))
-            .map_err(|e| Error::Sink(format!("Avro encoding: {e}")))?;
+            .map_err(|e| Error::sink_failed("Avro encoding", e))?;
         out.push(0);
         out.extend(self.id.to_be_bytes());
         out.extend(body);

@@ -334,7 +334,7 @@ impl RegistryClient {
             }
         };
         let answer: serde_json::Value = response.into_json().map_err(|e| {
-            Error::Sink(format!("registering `{subject}`: answer is not JSON: {e}"))
+            Error::sink_failed(format!("registering `{subject}`: answer is not JSON"), e)
         })?;
         answer
             .get("id")

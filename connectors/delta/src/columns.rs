@@ -104,7 +104,7 @@ impl Buffered {
                     }
                 }
                 *batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
-                    .map_err(|e| Error::Sink(format!("adding column `{name}`: {e}")))?;
+                    .map_err(|e| Error::sink_failed(format!("adding column `{name}`"), e))?;
             }
         }
         Ok(())
@@ -292,7 +292,7 @@ pub(crate) fn to_record_batch(rows: &[Row], schema: &SchemaRef) -> Result<Record
         arrays.push(array_of_values(field, rows.len(), values)?);
     }
     RecordBatch::try_new(schema.clone(), arrays)
-        .map_err(|e| Error::Sink(format!("building the record batch: {e}")))
+        .map_err(|e| Error::sink_failed("building the record batch", e))
 }
 
 /// Buffered output, rows and columns, as one record batch of `schema`:
@@ -320,14 +320,14 @@ pub(crate) fn to_record_batch_of(parts: &[Buffered], schema: &SchemaRef) -> Resu
                 .unwrap_or_else(|| new_null_array(field.data_type(), 0)),
             _ => {
                 let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
-                concat(&refs).map_err(|e| Error::Sink(format!("column `{name}`: {e}")))?
+                concat(&refs).map_err(|e| Error::sink_failed(format!("column `{name}`"), e))?
             }
         };
         arrays.push(array);
     }
     let options = RecordBatchOptions::new().with_row_count(Some(num_rows));
     RecordBatch::try_new_with_options(schema.clone(), arrays, &options)
-        .map_err(|e| Error::Sink(format!("building the record batch: {e}")))
+        .map_err(|e| Error::sink_failed("building the record batch", e))
 }
 
 /// Column `field` of `batch` for the table: as it is when its type is the
@@ -341,9 +341,8 @@ fn array_of_column(field: &Field, batch: &RecordBatch) -> Result<ArrayRef> {
     let array = batch.column(at);
     match (array.data_type(), field.data_type()) {
         (from, to) if from == to => Ok(array.clone()),
-        (DataType::LargeUtf8, DataType::Utf8) => {
-            cast(array, &DataType::Utf8).map_err(|e| Error::Sink(format!("column `{name}`: {e}")))
-        }
+        (DataType::LargeUtf8, DataType::Utf8) => cast(array, &DataType::Utf8)
+            .map_err(|e| Error::sink_failed(format!("column `{name}`"), e)),
         _ => {
             let column = Column::of(name, array.as_ref())?;
             let values = (0..batch.num_rows()).map(|i| column.value(i));

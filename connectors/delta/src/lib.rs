@@ -160,8 +160,10 @@ pub struct DeltaSink {
 const BATCH_ID_KEY: &str = "tidemark.batchId";
 const END_OFFSETS_KEY: &str = "tidemark.endOffsets";
 
-fn delta_error(context: &str, e: impl std::fmt::Display) -> Error {
-    Error::Sink(format!("{context}: {e}"))
+/// A Delta, Arrow or object-store error while `context`, kept as the
+/// error's source.
+fn delta_error(context: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::sink_failed(context, e)
 }
 
 impl Drop for DeltaSink {

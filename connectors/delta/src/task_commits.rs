@@ -220,11 +220,14 @@ pub(super) fn recover(sink: &mut DeltaSink, partition: i32, commit: &SinkCommit)
         return Ok(());
     }
     let actions = read_staged(sink, &commit.staged).map_err(|e| {
-        Error::Sink(format!(
-            "partition {partition}'s commit {} was staged as `{}` and its offsets committed, \
-             but it is neither in the table nor readable: {e}",
-            commit.seq, commit.staged
-        ))
+        Error::sink_failed(
+            format!(
+                "partition {partition}'s commit {} was staged as `{}` and its offsets committed, \
+             but it is neither in the table nor readable",
+                commit.seq, commit.staged
+            ),
+            e,
+        )
     })?;
     let staged = StagedCommit {
         partition,

@@ -490,11 +490,14 @@ fn csv_header(file: &Path, header: &CsvLine) -> Result<Vec<String>> {
         .with_header(true)
         .infer_schema(header.bytes.as_slice(), Some(0))
         .map_err(|e| {
-            Error::Source(format!(
-                "{}: line {}: cannot read the CSV header: {e}",
-                file.display(),
-                header.number
-            ))
+            Error::source_failed(
+                format!(
+                    "{}: line {}: cannot read the CSV header",
+                    file.display(),
+                    header.number
+                ),
+                e,
+            )
         })?;
     Ok(schema.fields().iter().map(|f| f.name().clone()).collect())
 }
@@ -662,11 +665,8 @@ fn name_column(text: &str, schema: &ArrowSchema) -> String {
 /// One JSON-object record per row, numbered from 1.
 fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Result<()> {
     let file = input.file;
-    let unreadable = |e: &dyn std::fmt::Display| {
-        Error::Source(format!(
-            "{}: cannot read it as Parquet: {e}",
-            file.display()
-        ))
+    let unreadable = |e: Box<dyn std::error::Error + Send + Sync>| {
+        Error::source_failed(format!("{}: cannot read it as Parquet", file.display()), e)
     };
     // Kept until the rows are read: dropping it removes the copy.
     let (opened, _copy) = open_parquet(input)?;
@@ -677,7 +677,7 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
     // touched inside, so unwinding out of it leaves no broken state.
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let builder =
-            ParquetRecordBatchReaderBuilder::try_new(opened).map_err(|e| unreadable(&e))?;
+            ParquetRecordBatchReaderBuilder::try_new(opened).map_err(|e| unreadable(e.into()))?;
         // Compressed inside the file: the footer's uncompressed sizes are
         // refused before anything is decoded (dictionaries are counted as
         // the rows are read, below).
@@ -690,14 +690,14 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
         if u64::try_from(uncompressed).map_or(true, |size| size > input.max_bytes) {
             return Err(past_size_cap(file, input.max_bytes));
         }
-        let reader = builder.build().map_err(|e| unreadable(&e))?;
+        let reader = builder.build().map_err(|e| unreadable(e.into()))?;
         // Parquet compresses and dictionary-encodes inside the file: the
         // rows as they are held, not the file's size, are what the cap
         // bounds.
         let mut held: u64 = 0;
         for batch in reader {
-            let batch = batch.map_err(|e| unreadable(&e))?;
-            let batch_rows = json_rows(&batch, None).map_err(|e| unreadable(&e))?;
+            let batch = batch.map_err(|e| unreadable(e.into()))?;
+            let batch_rows = json_rows(&batch, None).map_err(|e| unreadable(e.into()))?;
             held += batch_rows.iter().map(|row| row.len() as u64).sum::<u64>();
             if held > input.max_bytes {
                 return Err(past_size_cap(file, input.max_bytes));
@@ -714,7 +714,7 @@ fn read_parquet(input: &Input, topic: &Arc<str>, out: &mut Vec<Record>) -> Resul
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("the Parquet reader panicked");
-            return Err(unreadable(&reason));
+            return Err(unreadable(reason.into()));
         }
     }
     for (number, row) in (1..).zip(rows) {
@@ -1270,6 +1270,8 @@ mod tests {
         assert_eq!(lines(&again), lines(&records));
     }
 
+    /// The reader's own error travels as the error's source: a caller
+    /// (or a log that prints the chain) sees Parquet's error as Parquet's.
     #[test]
     fn a_corrupt_parquet_file_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -1284,6 +1286,8 @@ mod tests {
             std::fs::write(&path, broken).unwrap();
             let err = read(&path, FileFormat::Parquet, &Schema::default()).unwrap_err();
             assert!(err.to_string().contains("bad.parquet"), "{err}");
+            let source = std::error::Error::source(&err).expect("the reader's error is kept");
+            assert!(source.is::<parquet::errors::ParquetError>(), "{source:?}");
         }
     }
 }

@@ -138,7 +138,7 @@ impl Sink for JsonlSink {
     fn write(&mut self, batch_id: u64, rows: &[Row]) -> Result<()> {
         for row in rows {
             serde_json::to_writer(&mut self.out, &row_with_batch_id(batch_id, row))
-                .map_err(|e| Error::Sink(format!("{}: {e}", self.path.display())))?;
+                .map_err(|e| Error::sink_failed(format!("{}", self.path.display()), e))?;
             self.out
                 .write_all(b"\n")
                 .map_err(|e| Error::io(format!("writing {}", self.path.display()), e))?;

@@ -193,7 +193,9 @@ impl ProgressLog {
                     .map(|skipped| skipped.files)
                     .or_else(|_| serde_json::from_str::<Vec<String>>(&text))
                     .map(Some)
-                    .map_err(|e| Error::Source(format!("{} is unreadable: {e}", path.display())))
+                    .map_err(|e| {
+                        Error::source_failed(format!("{} is unreadable", path.display()), e)
+                    })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
@@ -362,10 +364,13 @@ fn read_entry<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     check_version(path, &text)?;
     serde_json::from_str(&text).map_err(|e| {
-        Error::Source(format!(
-            "the files source's checkpoint entry {} is unreadable: {e}",
-            path.display()
-        ))
+        Error::source_failed(
+            format!(
+                "the files source's checkpoint entry {} is unreadable",
+                path.display()
+            ),
+            e,
+        )
     })
 }
 

@@ -40,7 +40,7 @@ pub fn ensure_topic_with_config(
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = runtime
         .block_on(admin.create_topics([&new_topic], &options))
-        .map_err(|e| Error::Source(format!("creating topic `{topic}`: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("creating topic `{topic}`"), e))?;
     for result in results {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -142,7 +142,7 @@ pub fn partition_count(cluster: &KafkaConnection, topic: &str) -> Result<i32> {
         cluster.create_plain(&cluster.client_config(&[]), "metadata client")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), std::time::Duration::from_secs(10))
-        .map_err(|e| Error::Source(format!("metadata of `{topic}`: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("metadata of `{topic}`"), e))?;
     Ok(metadata
         .topics()
         .iter()

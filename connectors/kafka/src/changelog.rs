@@ -116,15 +116,16 @@ impl KafkaChangelogWriter {
             return Ok(());
         }
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60))
-            .map_err(|e| Error::Sink(format!("flushing changelogs: {e}")))?;
+            .map_err(|e| Error::sink_failed("flushing changelogs", e))?;
         let failures = self.tracker.take_failures();
         if let Some(permanent) = crate::producer::permanent_failure(&failures) {
             return Err(permanent);
         }
         match failures.first() {
-            Some(e) => Err(Error::Sink(format!(
-                "changelog record not acknowledged: {e}"
-            ))),
+            Some(e) => Err(Error::sink_failed(
+                "changelog record not acknowledged",
+                e.clone(),
+            )),
             None => Ok(()),
         }
     }
@@ -166,7 +167,7 @@ pub fn changelog_watermarks(
 ) -> Result<(i64, i64)> {
     crate::admin::high_watermark_client(cluster)?
         .fetch_watermarks(topic, partition, Duration::from_secs(10))
-        .map_err(|e| Error::Source(format!("end offset of `{topic}`/{partition}: {e}")))
+        .map_err(|e| Error::source_failed(format!("end offset of `{topic}`/{partition}"), e))
 }
 
 /// Reads partition `partition` of a changelog from `from` (or the start) to
@@ -333,9 +334,9 @@ fn restore_consumer(
     let consumer: BaseConsumer = cluster.create_plain(&config, "restore consumer")?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(start))
-        .map_err(|e| Error::Source(e.to_string()))?;
+        .map_err(|e| Error::source_failed("an offset list", e))?;
     consumer
         .assign(&tpl)
-        .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("assigning `{topic}`"), e))?;
     Ok(consumer)
 }

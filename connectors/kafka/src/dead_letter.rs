@@ -114,7 +114,7 @@ impl KafkaDeadLetter {
         match &self.transactions {
             Some(t) if in_transaction => t.send(out),
             _ => send_with_backpressure(&self.producer, out)
-                .map_err(|e| Error::Sink(format!("dead-letter topic `{}`: {e}", self.topic))),
+                .map_err(|e| Error::sink_failed(format!("dead-letter topic `{}`", self.topic), e)),
         }
     }
 
@@ -122,7 +122,7 @@ impl KafkaDeadLetter {
     /// acknowledged.
     fn flush_own_producer(&mut self) -> Result<()> {
         crate::producer::flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
-            Error::Sink(format!("flushing dead-letter topic `{}`: {e}", self.topic))
+            Error::sink_failed(format!("flushing dead-letter topic `{}`", self.topic), e)
         })?;
         let failures = self.tracker.take_failures();
         if let Some(permanent) = crate::producer::permanent_failure(&failures) {

@@ -90,9 +90,10 @@ impl SharedTransactions {
         let producer: ThreadedProducer<DeliveryTracker> =
             cluster.create(&config, tracker.clone(), "transactional producer")?;
         producer.init_transactions(TIMEOUT).map_err(|e| {
-            Error::Sink(format!(
-                "initialising transactions for `{transactional_id}`: {e}"
-            ))
+            Error::sink_failed(
+                format!("initialising transactions for `{transactional_id}`"),
+                e,
+            )
         })?;
         Ok(SharedTransactions(Arc::new(Mutex::new(Transactions {
             producer: Arc::new(producer),
@@ -120,7 +121,7 @@ impl SharedTransactions {
             let failure = DeliveryFailure::new(topic, partition, &e);
             match failure.is_permanent() {
                 true => failure.undeliverable(),
-                false => Error::Sink(format!("transactional send: {e}")),
+                false => Error::sink_failed("transactional send", e),
             }
         })
     }
@@ -255,9 +256,10 @@ impl Transactions {
         let _ = self.producer.flush(TIMEOUT);
         self.tracker.take_failures();
         self.producer.abort_transaction(TIMEOUT).map_err(|e| {
-            Error::Sink(format!(
-                "aborting the transaction failed, the producer must be recreated: {e}"
-            ))
+            Error::sink_failed(
+                "aborting the transaction failed, the producer must be recreated",
+                e,
+            )
         })
     }
 
@@ -317,7 +319,7 @@ impl Transactions {
         if !self.open {
             self.producer
                 .begin_transaction()
-                .map_err(|e| Error::Sink(format!("beginning a transaction: {e}")))?;
+                .map_err(|e| Error::sink_failed("beginning a transaction", e))?;
             self.open = true;
         }
         Ok(())

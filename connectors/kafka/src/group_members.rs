@@ -59,7 +59,7 @@ impl GroupMembers {
         let list = self
             .client
             .fetch_group_list(Some(&self.group), Duration::from_secs(5))
-            .map_err(|e| Error::Source(format!("describing group `{}`: {e}", self.group)))?;
+            .map_err(|e| Error::source_failed(format!("describing group `{}`", self.group), e))?;
         let Some(group) = list.groups().iter().find(|g| g.name() == self.group) else {
             return Err(Error::Source(format!(
                 "group `{}` is not known",
@@ -104,7 +104,7 @@ impl GroupMembers {
             let metadata = self
                 .client
                 .fetch_metadata(Some(topic), Duration::from_secs(5))
-                .map_err(|e| Error::Source(format!("partitions of `{topic}`: {e}")))?;
+                .map_err(|e| Error::source_failed(format!("partitions of `{topic}`"), e))?;
             let count = metadata
                 .topics()
                 .first()

@@ -194,10 +194,7 @@ fn random_id() -> String {
 }
 
 fn io_error(path: &Path, doing: &str, e: std::io::Error) -> Error {
-    Error::Source(format!(
-        "instance identity: {doing} {}: {e}",
-        path.display()
-    ))
+    Error::source_failed(format!("instance identity: {doing} {}", path.display()), e)
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ impl std::fmt::Display for DeliveryFailure {
     }
 }
 
+impl std::error::Error for DeliveryFailure {}
+
 impl DeliveryFailure {
     /// A record of `topic`/`partition` refused with `error`.
     pub(crate) fn new(topic: &str, partition: i32, error: &KafkaError) -> Self {

@@ -31,7 +31,7 @@ pub fn ensure_group_empty(cluster: &KafkaConnection, group: &str) -> Result<()> 
     let client: BaseConsumer = cluster.create_plain(&cluster.client_config(&[]), "reset client")?;
     let list = client
         .fetch_group_list(Some(group), REQUEST_TIMEOUT)
-        .map_err(|e| Error::Source(format!("describing group `{group}`: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("describing group `{group}`"), e))?;
     let members = list
         .groups()
         .iter()
@@ -62,11 +62,11 @@ pub fn reset_offsets(
     let mut list = TopicPartitionList::new();
     for (topic, partition, offset) in &positions {
         list.add_partition_offset(topic, *partition, Offset::Offset(*offset))
-            .map_err(|e| Error::Source(format!("offset of `{topic}` [{partition}]: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("offset of `{topic}` [{partition}]"), e))?;
     }
     consumer
         .commit(&list, CommitMode::Sync)
-        .map_err(|e| Error::Source(format!("committing group `{group}`'s offsets: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("committing group `{group}`'s offsets"), e))?;
     Ok(positions)
 }
 
@@ -80,7 +80,7 @@ fn target_offsets(
     for topic in topics {
         let metadata = consumer
             .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-            .map_err(|e| Error::Source(format!("metadata of `{topic}`: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("metadata of `{topic}`"), e))?;
         let partitions = metadata
             .topics()
             .first()
@@ -90,7 +90,9 @@ fn target_offsets(
         for partition in 0..partitions {
             let (low, high) = consumer
                 .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
-                .map_err(|e| Error::Source(format!("offsets of `{topic}` [{partition}]: {e}")))?;
+                .map_err(|e| {
+                    Error::source_failed(format!("offsets of `{topic}` [{partition}]"), e)
+                })?;
             let offset = match to {
                 ResetTo::Earliest => low,
                 ResetTo::Time(ms) => {
@@ -113,10 +115,12 @@ fn offset_at_time(
     let mut query = TopicPartitionList::new();
     query
         .add_partition_offset(topic, partition, Offset::Offset(ms))
-        .map_err(|e| Error::Source(format!("offset of `{topic}` [{partition}]: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("offset of `{topic}` [{partition}]"), e))?;
     let found = consumer
         .offsets_for_times(query, REQUEST_TIMEOUT)
-        .map_err(|e| Error::Source(format!("offsets of `{topic}` [{partition}] by time: {e}")))?;
+        .map_err(|e| {
+            Error::source_failed(format!("offsets of `{topic}` [{partition}] by time"), e)
+        })?;
     Ok(found
         .find_partition(topic, partition)
         .and_then(|p| match p.offset() {
@@ -138,7 +142,7 @@ pub fn committed_metadata(
     let consumer: BaseConsumer = cluster.create_plain(&config, "reset client")?;
     let metadata = consumer
         .fetch_metadata(None, REQUEST_TIMEOUT)
-        .map_err(|e| Error::Source(format!("listing topics: {e}")))?;
+        .map_err(|e| Error::source_failed("listing topics", e))?;
     let mut list = TopicPartitionList::new();
     for topic in metadata.topics() {
         if topics.iter().any(|t| t == topic.name()) {
@@ -152,7 +156,7 @@ pub fn committed_metadata(
     }
     let committed = consumer
         .committed_offsets(list, REQUEST_TIMEOUT)
-        .map_err(|e| Error::Source(format!("reading group `{group}`'s offsets: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("reading group `{group}`'s offsets"), e))?;
     Ok(committed
         .elements()
         .iter()
@@ -166,7 +170,7 @@ pub fn existing_topics(cluster: &KafkaConnection, candidates: &[String]) -> Resu
     let client: BaseConsumer = cluster.create_plain(&cluster.client_config(&[]), "reset client")?;
     let metadata = client
         .fetch_metadata(None, REQUEST_TIMEOUT)
-        .map_err(|e| Error::Source(format!("listing topics: {e}")))?;
+        .map_err(|e| Error::source_failed("listing topics", e))?;
     let mut topics: Vec<String> = metadata
         .topics()
         .iter()
@@ -187,7 +191,7 @@ pub fn delete_topics(cluster: &KafkaConnection, topics: &[String]) -> Result<()>
     let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
     let results = runtime
         .block_on(admin.delete_topics(&names, &options))
-        .map_err(|e| Error::Source(format!("deleting topics: {e}")))?;
+        .map_err(|e| Error::source_failed("deleting topics", e))?;
     each_deleted(results, RDKafkaErrorCode::UnknownTopicOrPartition, "topic")
 }
 
@@ -202,7 +206,7 @@ pub fn delete_groups(cluster: &KafkaConnection, groups: &[String]) -> Result<()>
     let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
     let results = runtime
         .block_on(admin.delete_groups(&names, &options))
-        .map_err(|e| Error::Source(format!("deleting groups: {e}")))?;
+        .map_err(|e| Error::source_failed("deleting groups", e))?;
     each_deleted(results, RDKafkaErrorCode::GroupIdNotFound, "group")
 }
 

@@ -31,9 +31,8 @@ impl ValueFormat {
     /// Appends `row`'s encoded value to `out`.
     fn encode_into(&self, row: &Row, out: &mut Vec<u8>) -> Result<()> {
         match self {
-            ValueFormat::Json => {
-                serde_json::to_writer(out, row).map_err(|e| Error::Sink(e.to_string()))
-            }
+            ValueFormat::Json => serde_json::to_writer(out, row)
+                .map_err(|e| Error::sink_failed("encoding a row as JSON", e)),
             ValueFormat::Avro(encoder) => encoder.encode_into(row, out),
         }
     }
@@ -273,7 +272,7 @@ impl KafkaSink {
         match &self.transactions {
             Some(t) => t.send(record),
             None => send_with_backpressure(&self.producer, record)
-                .map_err(|e| Error::Sink(format!("producing to `{}`: {e}", self.topic))),
+                .map_err(|e| Error::sink_failed(format!("producing to `{}`", self.topic), e)),
         }
     }
 
@@ -416,7 +415,7 @@ impl Sink for KafkaSink {
             (None, _) => {}
         }
         flush_producer(&self.producer, Duration::from_secs(60)).map_err(|e| {
-            Error::Sink(format!("batch {batch_id}: flushing `{}`: {e}", self.topic))
+            Error::sink_failed(format!("batch {batch_id}: flushing `{}`", self.topic), e)
         })?;
         let failures = self.tracker.take_failures();
         if let Some(permanent) = crate::producer::permanent_failure(&failures) {

@@ -28,7 +28,7 @@ fn end_of(text: &str, group: &str) -> Result<serde_json::Value> {
     }
     let what = || format!("the progress record of sink group `{group}`");
     let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::Sink(format!("{} is unreadable: {e}", what())))?;
+        .map_err(|e| Error::sink_failed(format!("{} is unreadable", what()), e))?;
     match value {
         // A number under "v" marks the versioned form: a bare position
         // never has one at its top (the files source's is `logOffset`, a
@@ -87,7 +87,7 @@ impl SinkProgress {
         let mut entry = offsets.add_partition(&self.topic, 0);
         entry
             .set_offset(Offset::Offset(batch_id as i64 + 1))
-            .map_err(|e| Error::Sink(format!("progress of `{}`: {e}", self.group)))?;
+            .map_err(|e| Error::sink_failed(format!("progress of `{}`", self.group), e))?;
         entry
             .set_metadata(serde_json::json!({"v": PROGRESS_VERSION, "end": &self.end}).to_string());
         let group = self
@@ -105,7 +105,9 @@ impl SinkProgress {
         let committed = self
             .consumer
             .committed_offsets(wanted, TIMEOUT)
-            .map_err(|e| Error::Sink(format!("reading the progress of `{}`: {e}", self.group)))?;
+            .map_err(|e| {
+                Error::sink_failed(format!("reading the progress of `{}`", self.group), e)
+            })?;
         let Some(entry) = committed.find_partition(&self.topic, 0) else {
             return Ok(None);
         };

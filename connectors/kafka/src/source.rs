@@ -178,7 +178,7 @@ fn add_offset(
     checkpoint: Option<&TaskCheckpoint>,
 ) -> Result<()> {
     tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
-        .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+        .map_err(|e| Error::source_failed("offset list", e))?;
     if let (Some(meta), Some(mut elem)) = (checkpoint, tpl.find_partition(topic, partition)) {
         // Kafka keeps up to `offset.metadata.max.bytes` (4 KiB by default)
         // of metadata with each committed offset.
@@ -396,7 +396,7 @@ impl KafkaSource {
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
-            .map_err(|e| Error::Source(format!("subscribing to {topics:?}: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("subscribing to {topics:?}"), e))?;
         Ok(KafkaSource {
             config,
             consumer: std::mem::ManuallyDrop::new(consumer),
@@ -472,11 +472,13 @@ impl KafkaSource {
         let committed = self
             .consumer
             .committed(Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))?;
+            .map_err(|e| Error::source_failed("reading committed offsets", e))?;
         for (topic, partition) in self.assigned() {
             let (low, high) = end_offsets
                 .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-                .map_err(|e| Error::Source(format!("end offsets of {topic}/{partition}: {e}")))?;
+                .map_err(|e| {
+                    Error::source_failed(format!("end offsets of {topic}/{partition}"), e)
+                })?;
             let start = committed
                 .find_partition(&topic, partition)
                 .and_then(|e| e.offset().to_raw())
@@ -496,7 +498,9 @@ impl KafkaSource {
     fn seek(&self, topic: &str, partition: i32, offset: Offset) -> Result<()> {
         self.consumer
             .seek(topic, partition, offset, Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("seeking {topic}/{partition} to {offset:?}: {e}")))
+            .map_err(|e| {
+                Error::source_failed(format!("seeking {topic}/{partition} to {offset:?}"), e)
+            })
     }
 
     /// Ends a replayed batch: what was fetched past its bounds is dropped
@@ -530,7 +534,7 @@ impl KafkaSource {
         }
         self.consumer
             .committed_offsets(tpl, Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("reading committed offsets: {e}")))
+            .map_err(|e| Error::source_failed("reading committed offsets", e))
     }
 
     /// After the consumer called a subscribed topic unknown and the grace
@@ -550,7 +554,7 @@ impl KafkaSource {
             let metadata = self
                 .consumer
                 .fetch_metadata(Some(topic), Duration::from_secs(10))
-                .map_err(|e| Error::Source(format!("metadata of {topic}: {e}")))?;
+                .map_err(|e| Error::source_failed(format!("metadata of {topic}"), e))?;
             // Only the cluster's own "no such topic" counts: a leader being
             // elected or a broker restarting is for retrying.
             let missing = match metadata.topics().iter().find(|t| t.name() == topic) {
@@ -616,9 +620,10 @@ impl KafkaSource {
                 .consumer
                 .fetch_watermarks(topic, partition, Duration::from_secs(10))
                 .map_err(|e| {
-                    Error::Source(format!(
-                        "offsets held by `{topic}` partition {partition}: {e}"
-                    ))
+                    Error::source_failed(
+                        format!("offsets held by `{topic}` partition {partition}"),
+                        e,
+                    )
                 })?;
             if (earliest..=latest).contains(&offset) {
                 continue;
@@ -705,7 +710,7 @@ impl KafkaSource {
                     self.unknown_topic_since.get_or_insert_with(Instant::now);
                     continue;
                 }
-                return Err(Error::Source(format!("while joining the group: {e}")));
+                return Err(Error::source_failed("while joining the group", e));
             }
         }
         Ok(())
@@ -755,7 +760,7 @@ impl KafkaSource {
         }
         let committed = self
             .committed_offsets(assigned)
-            .map_err(|e| Error::Source(format!("reading the committed checkpoints: {e}")))?;
+            .map_err(|e| Error::source_failed("reading the committed checkpoints", e))?;
         self.check_data_loss(&committed)?;
         // Every topic of a task partition keeps its own copy, written when
         // that topic last moved: one copy may be batches older than
@@ -929,12 +934,14 @@ impl KafkaSource {
         let mut tpl = TopicPartitionList::new();
         for (topic, partition) in partitions {
             tpl.add_partition_offset(topic, *partition, position)
-                .map_err(|e| Error::Source(format!("offset list: {e}")))?;
+                .map_err(|e| Error::source_failed("offset list", e))?;
         }
         let listed = self
             .consumer
             .offsets_for_times(tpl, Duration::from_secs(10))
-            .map_err(|e| Error::Source(format!("listing the offsets of {partitions:?}: {e}")))?;
+            .map_err(|e| {
+                Error::source_failed(format!("listing the offsets of {partitions:?}"), e)
+            })?;
         let mut offsets = HashMap::default();
         for e in listed.elements() {
             if let Err(error) = e.error() {
@@ -1042,7 +1049,7 @@ impl KafkaSource {
         tpl.add_partition(&key.0, key.1);
         self.consumer
             .pause(&tpl)
-            .map_err(|e| Error::Source(format!("pausing {}/{}: {e}", key.0, key.1)))?;
+            .map_err(|e| Error::source_failed(format!("pausing {}/{}", key.0, key.1), e))?;
         self.paused_at_plan.insert(key, record.position.offset);
         Ok(())
     }
@@ -1120,9 +1127,9 @@ impl KafkaSource {
                 self.seek(&topic, partition, Offset::Offset(offset))?;
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&topic, partition);
-                self.consumer
-                    .resume(&tpl)
-                    .map_err(|e| Error::Source(format!("resuming {topic}/{partition}: {e}")))?;
+                self.consumer.resume(&tpl).map_err(|e| {
+                    Error::source_failed(format!("resuming {topic}/{partition}"), e)
+                })?;
             }
             self.paused_at_plan.remove(&(topic, partition));
         }
@@ -1346,7 +1353,7 @@ impl Source for KafkaSource {
             }
             self.consumer
                 .commit(&tpl, CommitMode::Sync)
-                .map_err(|e| Error::Source(format!("committing offsets: {e}")))?;
+                .map_err(|e| Error::source_failed("committing offsets", e))?;
         }
         for e in tpl.elements() {
             if let Some(o) = e.offset().to_raw() {
@@ -1388,7 +1395,7 @@ impl Source for KafkaSource {
         }
         self.consumer
             .pause(&tpl)
-            .map_err(|e| Error::Source(format!("pausing partition {partition}: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("pausing partition {partition}"), e))?;
         self.held.insert(partition, resume_from);
         Ok(true)
     }
@@ -1408,7 +1415,7 @@ impl Source for KafkaSource {
         }
         self.consumer
             .resume(&tpl)
-            .map_err(|e| Error::Source(format!("resuming partition {partition}: {e}")))
+            .map_err(|e| Error::source_failed(format!("resuming partition {partition}"), e))
     }
 
     fn replay_until(&mut self, batch_id: u64, end: &serde_json::Value) -> Result<bool> {
@@ -1483,7 +1490,7 @@ impl Source for KafkaSource {
         if paused.count() > 0 {
             self.consumer
                 .resume(&paused)
-                .map_err(|e| Error::Source(format!("resuming paused partitions: {e}")))?;
+                .map_err(|e| Error::source_failed("resuming paused partitions", e))?;
         }
         self.paused_at_plan.clear();
         self.carried.clear();
@@ -1522,7 +1529,7 @@ impl Source for KafkaSource {
             }
             self.consumer
                 .resume(&tpl)
-                .map_err(|e| Error::Source(format!("resuming held partitions: {e}")))?;
+                .map_err(|e| Error::source_failed("resuming held partitions", e))?;
             self.held.clear();
         }
         // The next batch hands back every owned partition's checkpoint, as

@@ -380,12 +380,12 @@ impl Standbys {
             for (topic, store) in &self.stores {
                 let next = offsets.get(store).copied().unwrap_or(0);
                 tpl.add_partition_offset(topic, *partition, Offset::Offset(next))
-                    .map_err(|e| Error::Source(e.to_string()))?;
+                    .map_err(|e| Error::source_failed("an offset list", e))?;
             }
         }
         self.consumer
             .assign(&tpl)
-            .map_err(|e| Error::Source(format!("assigning standby partitions: {e}")))
+            .map_err(|e| Error::source_failed("assigning standby partitions", e))
     }
 }
 
@@ -396,7 +396,7 @@ fn read_members(consumer: &BaseConsumer, group: &str) -> Result<Option<Vec<Membe
         // On the processing thread, between batches: a coordinator slower
         // than this leaves the last placement in force, not the batch.
         .fetch_group_list(Some(group), Duration::from_millis(500))
-        .map_err(|e| Error::Source(format!("describing group `{group}`: {e}")))?;
+        .map_err(|e| Error::source_failed(format!("describing group `{group}`"), e))?;
     let Some(described) = list.groups().iter().find(|g| g.name() == group) else {
         return Ok(None);
     };

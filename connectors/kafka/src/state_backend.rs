@@ -232,7 +232,7 @@ impl StateBackend for RocksDbStateBackend {
                     .get_mut(&partition)
                     .and_then(|c| c.remove(name));
                 let guard = self.guards.get(&partition).cloned().ok_or_else(|| {
-                    Error::Source(format!("task {partition}: no checkpoint guard"))
+                    Error::Internal(format!("task {partition}: no checkpoint guard"))
                 })?;
                 let local = match from {
                     Some(_) => db.store(name)?,

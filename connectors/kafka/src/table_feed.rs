@@ -49,11 +49,11 @@ impl KafkaTableFeed {
         let mut tpl = TopicPartitionList::new();
         for p in &partitions {
             tpl.add_partition_offset(topic, *p, Offset::Beginning)
-                .map_err(|e| Error::Source(e.to_string()))?;
+                .map_err(|e| Error::source_failed("an offset list", e))?;
         }
         consumer
             .assign(&tpl)
-            .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("assigning `{topic}`"), e))?;
         Ok(KafkaTableFeed {
             consumer,
             end_offsets: crate::admin::high_watermark_client(cluster)?,
@@ -85,7 +85,7 @@ impl TableFeed for KafkaTableFeed {
             let (_, high) = self
                 .end_offsets
                 .fetch_watermarks(&self.topic, *p, Duration::from_secs(10))
-                .map_err(|e| Error::Source(format!("end of `{}`/{p}: {e}", self.topic)))?;
+                .map_err(|e| Error::source_failed(format!("end of `{}`/{p}", self.topic), e))?;
             ends.insert(*p, high);
         }
         let deadline = Instant::now() + CATCH_UP_LIMIT;

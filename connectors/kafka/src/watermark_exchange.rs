@@ -59,10 +59,10 @@ impl KafkaWatermarkExchange {
         let mut partitions = TopicPartitionList::new();
         partitions
             .add_partition_offset(topic, 0, Offset::Beginning)
-            .map_err(|e| Error::Source(e.to_string()))?;
+            .map_err(|e| Error::source_failed("an offset list", e))?;
         consumer
             .assign(&partitions)
-            .map_err(|e| Error::Source(format!("assigning `{topic}`: {e}")))?;
+            .map_err(|e| Error::source_failed(format!("assigning `{topic}`"), e))?;
         Ok(KafkaWatermarkExchange {
             producer,
             consumer,
@@ -84,13 +84,13 @@ impl WatermarkExchange for KafkaWatermarkExchange {
                     value: Some(ms),
                 }));
             }
-            self.producer
-                .send(record)
-                .map_err(|(e, _)| Error::Sink(format!("publishing to `{}`: {e}", self.topic)))?;
+            self.producer.send(record).map_err(|(e, _)| {
+                Error::sink_failed(format!("publishing to `{}`", self.topic), e)
+            })?;
         }
         self.producer
             .flush(PUBLISH_TIMEOUT)
-            .map_err(|e| Error::Sink(format!("publishing to `{}`: {e}", self.topic)))
+            .map_err(|e| Error::sink_failed(format!("publishing to `{}`", self.topic), e))
     }
 
     fn collect(&mut self) -> Result<Vec<(String, PartitionProgress)>> {

@@ -86,7 +86,7 @@ impl WatermarkMarker {
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         crate::encoding::check_json_version(|| "a watermark marker".into(), bytes, MARKER_VERSION)?;
         serde_json::from_slice(bytes)
-            .map_err(|e| Error::Source(format!("unreadable watermark marker: {e}")))
+            .map_err(|e| Error::source_failed("unreadable watermark marker", e))
     }
 
     /// The marker `record` carries, if it is one.
