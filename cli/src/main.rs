@@ -233,6 +233,21 @@ fn print_summary(summary: &tidemark::runtime::RunSummary) {
     );
 }
 
+/// The error and each cause its message does not already hold:
+/// tidemark's client errors end their message with their source's, which
+/// anyhow's `{:#}` would print a second time.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -275,7 +290,7 @@ fn main() -> ExitCode {
         Command::Run { file, progress } => match run(&file, progress) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_text(&e));
                 ExitCode::FAILURE
             }
         },
@@ -286,7 +301,7 @@ fn main() -> ExitCode {
         } => match reset(&file, to_datetime.as_deref(), dry_run) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", error_text(&e));
                 ExitCode::FAILURE
             }
         },
@@ -318,4 +333,23 @@ fn reset(path: &Path, to_datetime: Option<&str>, dry_run: bool) -> anyhow::Resul
     plan.execute(&file)?;
     println!("reset done");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    /// A client's error is printed once, and an outer context anyhow adds
+    /// still shows.
+    #[test]
+    fn each_cause_is_printed_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = anyhow::Error::from(tidemark::Error::source_failed("reading offsets", refused));
+        assert_eq!(error_text(&e), "source error: reading offsets: refused");
+        let e = e.context("starting the run");
+        assert_eq!(
+            error_text(&e),
+            "starting the run: source error: reading offsets: refused"
+        );
+    }
 }

@@ -167,7 +167,7 @@ impl PipelineFile {
     }
 
     /// The files source's own keys: only with `kind: files`, and valid.
-    pub(crate) fn check_files_source(&self) -> std::result::Result<(), (String, String)> {
+    fn check_files_source(&self) -> std::result::Result<(), (String, String)> {
         let src = &self.source;
         let err = |k: &str, m: &str| Err((k.to_string(), m.to_string()));
         let files_keys = [

@@ -84,7 +84,7 @@ pub(crate) fn line_of_key(text: &str, key: &str) -> Option<usize> {
 }
 
 /// Splits serde_yaml's `path: message at line L column C` into its parts.
-pub(crate) fn split_yaml_message(raw: &str) -> (Option<String>, String) {
+fn split_yaml_message(raw: &str) -> (Option<String>, String) {
     let without_place = match raw.rfind(" at line ") {
         Some(i) => &raw[..i],
         None => raw,

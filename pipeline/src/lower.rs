@@ -12,10 +12,7 @@ use tidemark::runtime::{Clock, QueryBuilder, Topology};
 use tidemark::test_driver::PipelineTestDriver;
 
 /// A union's second stream as the builder takes it.
-pub(crate) fn union_input(
-    u: &UnionYaml,
-    main_topics: &[String],
-) -> Result<tidemark::runtime::JoinInput> {
+fn union_input(u: &UnionYaml, main_topics: &[String]) -> Result<tidemark::runtime::JoinInput> {
     if let Some(topic) = u.topic.0.iter().find(|t| main_topics.contains(t)) {
         return Err(Error::config(
             "union.topic",
@@ -39,7 +36,7 @@ pub(crate) fn union_input(
 
 /// `input` with the stateless `steps` that a `join`'s or `union`'s
 /// (`step`) second stream runs before it.
-pub(crate) fn with_stream_steps(
+fn with_stream_steps(
     mut input: tidemark::runtime::JoinInput,
     steps: &[StepSpec],
     step: &str,
@@ -63,7 +60,7 @@ pub(crate) fn with_stream_steps(
 impl PipelineFile {
     /// A test driver ([`PipelineTestDriver`]) for this file, with the
     /// processors and code steps the program registered on it (see
-    /// [`test_driver`]).
+    /// [`test_driver`](crate::test_driver)).
     pub fn test_driver(self) -> Result<PipelineTestDriver> {
         let mut decoder = ByTopicDecoder::new(Box::new(JsonDecoder::new(self.schema())));
         let query = self.query_builder()?;
@@ -110,7 +107,7 @@ impl PipelineFile {
 
     /// A `window_aggregate` step added to `b`: over the event time, or with
     /// `time: window` over an earlier window aggregation's windows.
-    pub(crate) fn window_aggregate_step(
+    fn window_aggregate_step(
         &self,
         b: QueryBuilder,
         w: &WindowAggregateSpec,
@@ -212,11 +209,7 @@ impl PipelineFile {
 
     /// Adds a `process` or `code` step: what the program registered under
     /// the name the file gives.
-    pub(crate) fn add_registered_step(
-        &self,
-        b: QueryBuilder,
-        step: &StepSpec,
-    ) -> Result<QueryBuilder> {
+    fn add_registered_step(&self, b: QueryBuilder, step: &StepSpec) -> Result<QueryBuilder> {
         Ok(match step {
             StepSpec::Process(ProcessYaml {
                 processor,

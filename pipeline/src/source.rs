@@ -251,11 +251,11 @@ pub struct ClockSpec {
     pub batch_times: Vec<TimestampSpec>,
 }
 
-pub(crate) fn default_fail_on_data_loss() -> bool {
+fn default_fail_on_data_loss() -> bool {
     true
 }
 
-pub(crate) fn default_static_membership() -> bool {
+fn default_static_membership() -> bool {
     true
 }
 

@@ -47,10 +47,10 @@ impl StateSpec {
     }
 }
 
-pub(crate) fn default_state_memory_mb() -> usize {
+fn default_state_memory_mb() -> usize {
     256
 }
 
-pub(crate) fn default_replication() -> i32 {
+fn default_replication() -> i32 {
     1
 }

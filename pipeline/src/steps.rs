@@ -59,10 +59,10 @@ pub enum StepSpec {
     Union(Box<UnionYaml>),
     /// `process: {processor: card_velocity, keys: [card]}`: a stateful
     /// processor the program registered under that name
-    /// ([`PipelineFile::with_processor`]).
+    /// ([`PipelineFile::with_processor`](crate::PipelineFile::with_processor)).
     Process(ProcessYaml),
     /// `code: features`: steps the program wrote on the query builder and
-    /// registered under that name ([`PipelineFile::with_steps`]).
+    /// registered under that name ([`PipelineFile::with_steps`](crate::PipelineFile::with_steps)).
     Code(String),
 }
 
@@ -80,7 +80,7 @@ impl StepSpec {
     }
 }
 
-pub(crate) const STEP_NAMES: &str =
+const STEP_NAMES: &str =
     "filter, select, with_column, window_aggregate, rolling_window, dedup, distinct, join, table_join, union, process, code";
 
 /// `join: {topic, type, on, event_time, watermark, between | bounds | window, ...}`.
@@ -229,7 +229,7 @@ impl TableJoinYaml {
     }
 }
 
-pub(crate) fn default_join_type() -> tidemark::operators::JoinType {
+fn default_join_type() -> tidemark::operators::JoinType {
     tidemark::operators::JoinType::Inner
 }
 

@@ -10,7 +10,6 @@ use crate::row::Row;
 use crate::time::TimestampMicros;
 use crate::watermark::{WatermarkScope, WatermarkTracker};
 use arrow_array::RecordBatch;
-
 use std::time::Duration;
 
 /// The operators of a task for `partition`; with a state backend, each

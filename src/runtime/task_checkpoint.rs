@@ -46,7 +46,8 @@ impl TaskCheckpoint {
     }
 
     /// The batch that committed it (`None` for a checkpoint from before
-    /// batch ids were recorded, or one this release cannot read).
+    /// batch ids were recorded, or text that is not a checkpoint). Read
+    /// whatever the encoding's version: a replay only compares it.
     pub fn batch_id(&self) -> Option<u64> {
         serde_json::from_str::<CheckpointContents>(&self.encoded)
             .ok()
@@ -218,8 +219,7 @@ mod tests {
     }
 
     /// The batch that committed a checkpoint, which a replay after a crash
-    /// compares with the batch it replays; a bare watermark (the first
-    /// releases' checkpoint) and foreign metadata say none.
+    /// compares with the batch it replays; foreign metadata says none.
     #[test]
     fn the_batch_id_is_read_from_a_checkpoint_and_none_from_anything_else() {
         assert_eq!(

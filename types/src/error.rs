@@ -187,6 +187,26 @@ impl Error {
         }
     }
 
+    /// A source's or sink's error with what the caller was doing (`outer`)
+    /// put before its own context; a client's error stays the source, so
+    /// that wrapping one tidemark error in another does not hide it. Other
+    /// errors come back unchanged.
+    pub fn in_context(self, outer: impl std::fmt::Display) -> Self {
+        match self {
+            Error::SourceFailed { context, source } => Error::SourceFailed {
+                context: format!("{outer}: {context}"),
+                source,
+            },
+            Error::SinkFailed { context, source } => Error::SinkFailed {
+                context: format!("{outer}: {context}"),
+                source,
+            },
+            Error::Source(message) => Error::Source(format!("{outer}: {message}")),
+            Error::Sink(message) => Error::Sink(format!("{outer}: {message}")),
+            other => other,
+        }
+    }
+
     /// Shorthand for [`Error::Io`].
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
@@ -224,4 +244,29 @@ pub enum StateError {
         /// The newest layout this release reads.
         supported: u32,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// A client's error stays inspectable through every layer that adds
+    /// what it was doing, and the message reads outermost first.
+    #[test]
+    fn a_client_error_stays_the_source_through_added_context() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::source_failed("reading committed offsets", refused)
+            .in_context("reading the committed checkpoints");
+        assert_eq!(
+            e.to_string(),
+            "source error: reading the committed checkpoints: reading committed offsets: refused"
+        );
+        let source = std::error::Error::source(&e).expect("kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the client's own type");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        let config = Error::config("k", "r").in_context("ignored");
+        assert_eq!(config.to_string(), "invalid configuration `k`: r");
+    }
 }

@@ -220,14 +220,16 @@ pub(super) fn recover(sink: &mut DeltaSink, partition: i32, commit: &SinkCommit)
         return Ok(());
     }
     let actions = read_staged(sink, &commit.staged).map_err(|e| {
-        Error::sink_failed(
-            format!(
-                "partition {partition}'s commit {} was staged as `{}` and its offsets committed, \
+        let outer = format!(
+            "partition {partition}'s commit {} was staged as `{}` and its offsets committed, \
              but it is neither in the table nor readable",
-                commit.seq, commit.staged
-            ),
-            e,
-        )
+            commit.seq, commit.staged
+        );
+        match e {
+            // Delta's own error stays the source, one level down.
+            e @ (Error::SinkFailed { .. } | Error::Sink(_)) => e.in_context(outer),
+            other => Error::sink_failed(outer, other),
+        }
     })?;
     let staged = StagedCommit {
         partition,

@@ -760,7 +760,7 @@ impl KafkaSource {
         }
         let committed = self
             .committed_offsets(assigned)
-            .map_err(|e| Error::source_failed("reading the committed checkpoints", e))?;
+            .map_err(|e| e.in_context("reading the committed checkpoints"))?;
         self.check_data_loss(&committed)?;
         // Every topic of a task partition keeps its own copy, written when
         // that topic last moved: one copy may be batches older than
