@@ -10,9 +10,10 @@
 //! triggers a join. The table lives in the task's store like any operator
 //! state, so it is checkpointed and restored with it.
 //!
-//! With a disk store and a memory bound (`open_state` with `cache_bytes`)
-//! the table is read through the store (`K` + key → the row, `N` → the
-//! row count) and memory caches a bounded number of rows; otherwise the
+//! The table's rows are the engine's cached state (`tidemark_state::StateCache`:
+//! `K` + key → the row, `N` → the row count). With a disk store and a
+//! memory bound (`open_state` with `cache_bytes`) the table is read through
+//! the store and memory caches a bounded number of rows; otherwise the
 //! whole table is held in memory as well. Either way the store keeps the
 //! columns seen (`C`): the nulls of an unmatched row after a restart.
 //!
@@ -20,16 +21,14 @@
 //! column, a JSON array for several, as tidemark's Kafka sink writes them),
 //! so that a tombstone's record key finds the row it deletes.
 
-use super::state_codec::{corrupt, put_row, state_key, Reader, STATE_KEY_PREFIX};
+use super::state_codec::{corrupt, put_row, Reader};
 use super::{BatchContext, KeyRange, Operator, QueryableState};
 use crate::error::{Error, Result};
 use crate::progress::StateOperatorProgress;
 use crate::row::{Row, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tidemark_state::StateStore;
-
-type HashMap<K, V> = crate::CacheMap<K, V>;
+use tidemark_state::{StateCache, StateCodec, StateStore};
 
 /// A stream–table join's settings.
 #[derive(Debug, Clone)]
@@ -57,21 +56,12 @@ pub struct TableJoin {
     spec: TableJoinSpec,
     /// A global table instead of the task's own.
     global: Option<SharedTable>,
-    /// The table, or, when it is read through the store, a bounded cache
-    /// of its rows.
-    table: HashMap<String, Row>,
-    /// Keys written (`Some`) or deleted (`None`) since the last checkpoint,
-    /// when `table` holds every row (else they are written at once).
-    changed: BTreeMap<String, Option<Row>>,
-    store: Option<Box<dyn StateStore>>,
-    /// Reading through the store: at most about this many rows cached.
-    max_cached_rows: Option<usize>,
-    /// Rows in the table, when reading through the store.
-    stored_rows: u64,
+    /// The table's rows by record key, whole in memory or read through
+    /// the store.
+    table: StateCache<TableRowCodec>,
     /// Columns learned since the last checkpoint (stored with it).
     columns_changed: bool,
     columns: Vec<Arc<str>>,
-    bytes: usize,
     rows_updated: u64,
     rows_removed: u64,
     unmatched: u64,
@@ -113,13 +103,8 @@ impl TableJoin {
             columns: spec.table_columns.clone(),
             spec,
             global: None,
-            table: HashMap::default(),
-            changed: BTreeMap::new(),
-            store: None,
-            max_cached_rows: None,
-            stored_rows: 0,
+            table: StateCache::counted(TableRowCodec, ROW_COUNT),
             columns_changed: false,
-            bytes: 0,
             rows_updated: 0,
             rows_removed: 0,
             unmatched: 0,
@@ -146,82 +131,14 @@ impl TableJoin {
         };
         self.columns_changed |= learn_columns(&mut self.columns, &row);
         self.rows_updated += 1;
-        if let Some(store) = self.max_cached_rows.and(self.store.as_mut()) {
-            let existed = store.get(&state_key(key.as_bytes()))?.is_some();
-            store.put(&state_key(key.as_bytes()), &encode_row(&row))?;
-            self.stored_rows += u64::from(!existed);
-            // With the rows: a write cache that flushes early writes the
-            // count that matches them in the same batch.
-            store.put(ROW_COUNT, &self.stored_rows.to_le_bytes())?;
-            self.cache(key, row);
-            return Ok(());
-        }
-        if self.store.is_some() {
-            self.changed.insert(key.clone(), Some(row.clone()));
-        }
-        if self.table.insert(key.clone(), row).is_none() {
-            self.bytes += key.len() + 64;
-        }
-        Ok(())
+        self.table.insert(key.as_bytes(), row)
     }
 
     fn delete(&mut self, key: &str) -> Result<()> {
-        let cached = self.table.remove(key).is_some();
-        if cached {
-            self.bytes = self.bytes.saturating_sub(key.len() + 64);
-        }
-        if let Some(store) = self.max_cached_rows.and(self.store.as_mut()) {
-            if cached || store.get(&state_key(key.as_bytes()))?.is_some() {
-                store.delete(&state_key(key.as_bytes()))?;
-                self.stored_rows = self.stored_rows.saturating_sub(1);
-                store.put(ROW_COUNT, &self.stored_rows.to_le_bytes())?;
-                self.rows_removed += 1;
-            }
-            return Ok(());
-        }
-        if cached {
+        if self.table.remove(key.as_bytes())? {
             self.rows_removed += 1;
-            if self.store.is_some() {
-                self.changed.insert(key.to_string(), None);
-            }
         }
         Ok(())
-    }
-
-    /// The store, when the table is read through it.
-    fn reading_through(&mut self) -> Option<&mut Box<dyn StateStore>> {
-        self.max_cached_rows.and(self.store.as_mut())
-    }
-
-    fn cache(&mut self, key: String, row: Row) {
-        let added = key.len() + 64;
-        if self.table.insert(key, row).is_none() {
-            self.bytes += added;
-        }
-        // Reading through the store, the cache holds nothing the store
-        // lacks: past its bound (within a batch too) it shrinks to half.
-        if let Some(max_rows) = self.max_cached_rows.filter(|_| self.store.is_some()) {
-            if self.table.len() > max_rows {
-                super::shrink_cache(&mut self.table, max_rows / 2, max_rows);
-                self.bytes = self.table.keys().map(|k| k.len() + 64).sum();
-            }
-        }
-    }
-
-    /// The table row of `key`: cached, or read from the store and cached.
-    fn lookup(&mut self, key: &str) -> Result<Option<Row>> {
-        if let Some(row) = self.table.get(key) {
-            return Ok(Some(row.clone()));
-        }
-        let Some(store) = self.reading_through() else {
-            return Ok(None);
-        };
-        let Some(bytes) = store.get(&state_key(key.as_bytes()))? else {
-            return Ok(None);
-        };
-        let row = decode_row(&bytes)?;
-        self.cache(key.to_string(), row.clone());
-        Ok(Some(row))
     }
 
     /// The table row of `key` as it stands, for a reader: the global
@@ -231,33 +148,7 @@ impl TableJoin {
             let table = shared.read().unwrap_or_else(|p| p.into_inner());
             return Ok(table.get(key).cloned());
         }
-        if let Some(row) = self.table.get(key) {
-            return Ok(Some(row.clone()));
-        }
-        // Only a bounded cache leaves rows to the store; in memory
-        // otherwise, the map is the whole table.
-        let Some(store) = self.max_cached_rows.and(self.store.as_ref()) else {
-            return Ok(None);
-        };
-        match store.get(&state_key(key.as_bytes()))? {
-            Some(bytes) => Ok(Some(decode_row(&bytes)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Opens the table read through `store`: only its count and columns.
-    fn open_reading_through(&mut self, store: Box<dyn StateStore>) -> Result<()> {
-        self.stored_rows = match store.get(ROW_COUNT)? {
-            Some(bytes) => u64::from_le_bytes(
-                bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| corrupt("table row count"))?,
-            ),
-            None => 0,
-        };
-        self.store = Some(store);
-        Ok(())
+        Ok(self.table.peek(key.as_bytes())?.map(|row| row.clone()))
     }
 
     /// Learns the columns a previous run stored: a table whose rows were
@@ -278,7 +169,7 @@ impl TableJoin {
 
     /// Stores the columns when rows taught new ones since the last time.
     fn write_columns(&mut self) -> Result<()> {
-        let Some(store) = self.store.as_mut() else {
+        let Some(store) = self.table.store_mut() else {
             return Ok(());
         };
         if std::mem::take(&mut self.columns_changed) {
@@ -319,10 +210,19 @@ fn learn_columns(columns: &mut Vec<Arc<str>>, row: &Row) -> bool {
     learned
 }
 
-fn encode_row(row: &Row) -> Vec<u8> {
-    let mut out = vec![STATE_VERSION];
-    put_row(row, &mut out);
-    out
+/// A table row in the store: its layout version, then the row.
+struct TableRowCodec;
+
+impl StateCodec for TableRowCodec {
+    type Value = Row;
+    fn encode(&self, row: &Row) -> Result<Vec<u8>> {
+        let mut out = vec![STATE_VERSION];
+        put_row(row, &mut out);
+        Ok(out)
+    }
+    fn decode(&self, bytes: &[u8]) -> Result<Row> {
+        decode_row(bytes)
+    }
 }
 
 pub(crate) fn decode_row(bytes: &[u8]) -> Result<Row> {
@@ -355,7 +255,7 @@ impl Operator for TableJoin {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(k)
                 .cloned(),
-            (None, Some(k)) => self.lookup(k)?,
+            (None, Some(k)) => self.table.get(k.as_bytes())?.cloned(),
         };
         match found {
             Some(t) => out.push(self.enrich(row, Some(&t))),
@@ -400,46 +300,21 @@ impl Operator for TableJoin {
     }
 
     fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
-        self.table.clear();
-        self.changed.clear();
-        self.bytes = 0;
-        // A row costs its key, its values and the map's share: about 256.
-        self.max_cached_rows = cache_bytes.map(|bytes| (bytes / 256).max(16));
         self.read_columns(store.as_ref())?;
-        if self.max_cached_rows.is_some() {
-            return self.open_reading_through(store);
+        // A row costs its key, its values and the map's share: about 256.
+        let max_cached_rows = cache_bytes.map(|bytes| (bytes / 256).max(16));
+        self.table.open(store, max_cached_rows)?;
+        let mut columns = std::mem::take(&mut self.columns);
+        for (_, row) in self.table.iter() {
+            learn_columns(&mut columns, row);
         }
-        for (key, value) in store.prefix(STATE_KEY_PREFIX)? {
-            let key = String::from_utf8(key[STATE_KEY_PREFIX.len()..].to_vec())
-                .map_err(|_| corrupt("table key is not UTF-8"))?;
-            let row = decode_row(&value)?;
-            learn_columns(&mut self.columns, &row);
-            self.cache(key, row);
-        }
-        self.store = Some(store);
+        self.columns = columns;
         Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<()> {
         self.write_columns()?;
-        let changed = std::mem::take(&mut self.changed);
-        let rows = self.stored_rows;
-        let Some(store) = self.store.as_mut() else {
-            return Ok(());
-        };
-        let Some(max_rows) = self.max_cached_rows else {
-            let changed = changed
-                .into_iter()
-                .map(|(k, v)| (state_key(k.as_bytes()), v));
-            return super::state_codec::write_changes(store.as_mut(), changed, encode_row);
-        };
-        store.put(ROW_COUNT, &rows.to_le_bytes())?;
-        store.flush()?;
-        if self.table.len() > max_rows {
-            // Keep half, so that the cache does not shrink every batch.
-            super::shrink_cache(&mut self.table, max_rows / 2, max_rows);
-            self.bytes = self.table.keys().map(|k| k.len() + 64).sum();
-        }
+        self.table.checkpoint()?;
         Ok(())
     }
 
@@ -482,14 +357,12 @@ impl Operator for TableJoin {
         }
         Some(StateOperatorProgress {
             operator_name: "streamTableJoin".into(),
-            num_rows_total: match self.max_cached_rows {
-                Some(_) => self.stored_rows,
-                None => self.table.len() as u64,
-            },
+            num_rows_total: self.table.len(),
             num_rows_updated: std::mem::take(&mut self.rows_updated),
             num_rows_removed: std::mem::take(&mut self.rows_removed),
             num_rows_dropped_by_watermark: 0,
-            memory_used_bytes: self.bytes as u64,
+            // A row's key, values and the map's share: about 256 bytes.
+            memory_used_bytes: self.table.cached_len() as u64 * 256,
             custom_metrics,
         })
     }
@@ -566,7 +439,7 @@ mod tests {
         join.on_input_tombstone(1, b"8").unwrap();
         assert!(out.is_empty(), "table updates emit nothing");
         join.checkpoint().unwrap();
-        let store = join.store.take().unwrap();
+        let store = join.table.take_store().unwrap();
         let mut restored = TableJoin::new(spec).unwrap();
         restored.open_state(store, cache_bytes).unwrap();
         assert_eq!(restored.state_progress().unwrap().num_rows_total, 1);
@@ -614,11 +487,15 @@ mod tests {
                 j.checkpoint().unwrap();
                 assert!(out.is_empty());
             }
-            let cached: BTreeSet<String> = join.table.keys().cloned().collect();
+            let cached: BTreeSet<String> = join
+                .table
+                .iter()
+                .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+                .collect();
             if cache_bytes.is_some() {
                 assert!(cached.len() < 39, "{} rows cached", cached.len());
             }
-            let stored = join.store.as_ref().unwrap().approximate_len();
+            let stored = join.table.store().unwrap().approximate_len();
 
             let state = join.queryable_state().unwrap();
             assert_eq!(state.kind, "table");
@@ -634,9 +511,13 @@ mod tests {
             }
 
             // Nothing cached, stored or counted by the reads.
-            let now_cached: BTreeSet<String> = join.table.keys().cloned().collect();
+            let now_cached: BTreeSet<String> = join
+                .table
+                .iter()
+                .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+                .collect();
             assert_eq!(now_cached, cached, "{cache_bytes:?}");
-            let now_stored = join.store.as_ref().unwrap().approximate_len();
+            let now_stored = join.table.store().unwrap().approximate_len();
             assert_eq!(now_stored, stored, "{cache_bytes:?}");
             assert_eq!(progress(&mut join), progress(&mut twin));
             let (mut out, mut twin_out) = (Vec::new(), Vec::new());
@@ -732,7 +613,7 @@ mod tests {
                 }
                 Step::Restart => {
                     join.checkpoint().unwrap();
-                    join = open(join.store.take().unwrap());
+                    join = open(join.table.take_store().unwrap());
                 }
             }
             join.checkpoint().unwrap();

@@ -6,14 +6,18 @@
 //! Streams: [`CachingStore`] (hot keys in memory between checkpoints) over
 //! [`ChangeLoggingStore`] (the latest value per key to a changelog) over
 //! [`RocksDbStore`] (one RocksDB per task, a column family per store), with
-//! [`InMemoryStore`] for unit tests and small state.
+//! [`InMemoryStore`] for unit tests and small state. Operators keep their
+//! decoded state in a [`StateCache`] over their store: the one cache,
+//! dirty set, spill and write-back the engine owns.
 #![deny(missing_docs)]
 
+mod cache;
 mod caching;
 mod changelog;
 mod keyed;
 mod rocks;
 
+pub use cache::{CacheKey, PeekedValue, StateCache, StateCodec, VALUE_PREFIX};
 pub use caching::CachingStore;
 pub use changelog::{
     ChangeLoggingStore, ChangelogChunk, ChangelogRecord, ChangelogWriter, VecChangelog,
