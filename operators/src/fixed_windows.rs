@@ -10,18 +10,23 @@
 //! hash table's slot (compared without a jump), and a window's first two
 //! accumulators sit in the window itself. Longer keys and more aggregates
 //! spill to the heap.
+//!
+//! The keys live in the engine's cache of decoded state
+//! ([`tidemark_state::StateCache`], `K` + encoded key → the key's windows);
+//! beside them in the store, the expiry index (`E` + window end + encoded
+//! key → nothing) that eviction scans by range when the state is read
+//! through the store.
 
+use super::state_codec::parse_expiry_key;
+use super::state_codec::{decode_key_state, encode_key_state, expired_by, expiry_key};
 use crate::aggregate::Accumulator;
+use crate::error::Result;
 use crate::row::Value;
 use crate::window::TimeWindow;
-use hashbrown::hash_map::EntryRef;
+use crate::AggregateSpec;
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
-
-type HashMap<K, V> = crate::CacheMap<K, V>;
-
-/// An encoded key, inline up to 24 bytes.
-type KeyBytes = SmallVec<[u8; 24]>;
+use tidemark_state::{PeekedValue, StateCache, StateCodec, StateStore};
 
 struct OpenWindow {
     window: TimeWindow,
@@ -29,57 +34,126 @@ struct OpenWindow {
     touched: bool,
 }
 
-struct KeyWindows {
+/// One key's open windows.
+pub(super) struct KeyWindows {
     key_values: Vec<Value>,
     /// On the heap: keys often hold two or three windows near the
     /// watermark, and an inline one would sit empty in most slots.
     windows: Vec<OpenWindow>,
 }
 
-/// Expiry index entries added and removed: `(window end, key)`.
-pub(super) type IndexChanges = (Vec<(i64, Vec<u8>)>, Vec<(i64, Vec<u8>)>);
+impl KeyWindows {
+    /// The key's values and its windows with their accumulators.
+    pub(super) fn windows(&self) -> (&[Value], impl Iterator<Item = WindowRef<'_>>) {
+        (
+            &self.key_values,
+            self.windows
+                .iter()
+                .map(|w| (w.window, w.accumulators.as_slice())),
+        )
+    }
+}
+
+/// A key's windows in the store: [`encode_key_state`]'s layout.
+pub(super) struct KeyWindowsCodec {
+    aggregates: Vec<AggregateSpec>,
+}
+
+impl StateCodec for KeyWindowsCodec {
+    type Value = KeyWindows;
+    fn encode(&self, key: &KeyWindows) -> Result<Vec<u8>> {
+        let (key_values, windows) = key.windows();
+        encode_key_state(key_values, windows, &self.aggregates)
+    }
+    fn decode(&self, bytes: &[u8]) -> Result<KeyWindows> {
+        let (key_values, windows) = decode_key_state(bytes, &self.aggregates)?;
+        let windows = windows
+            .into_iter()
+            .map(|(window, accumulators)| OpenWindow {
+                window,
+                accumulators: accumulators.into_iter().collect(),
+                touched: false,
+            })
+            .collect();
+        Ok(KeyWindows {
+            key_values,
+            windows,
+        })
+    }
+}
 
 /// A window and its accumulators, borrowed from the state.
 pub(super) type WindowRef<'a> = (TimeWindow, &'a [Accumulator]);
 
 /// Open fixed windows of one operator in one task.
-#[derive(Default)]
 pub(super) struct FixedWindowState {
-    keys: HashMap<KeyBytes, KeyWindows>,
+    keys: StateCache<KeyWindowsCodec>,
     expiry: BTreeMap<i64, Vec<Vec<u8>>>,
     touched: Vec<(Vec<u8>, TimeWindow)>,
     open: usize,
-    /// Keys changed since the last `take_dirty`, tracked only when the
-    /// state is persisted.
-    track_dirty: bool,
-    dirty: Vec<Vec<u8>>,
     /// Windows opened and removed since the last checkpoint: the store's
-    /// expiry index entries to add and delete (tracked with `dirty`).
+    /// expiry index entries to add and delete (tracked with a store).
     opened: Vec<(i64, Vec<u8>)>,
     closed: Vec<(i64, Vec<u8>)>,
 }
 
 impl FixedWindowState {
+    /// No window yet, for aggregates `aggregates` (the store's layout).
+    pub(super) fn new(aggregates: Vec<AggregateSpec>) -> Self {
+        FixedWindowState {
+            keys: StateCache::new(KeyWindowsCodec { aggregates }),
+            expiry: BTreeMap::new(),
+            touched: Vec::new(),
+            open: 0,
+            opened: Vec::new(),
+            closed: Vec::new(),
+        }
+    }
+
+    /// Opens the state over `store`: every key into memory, or, with
+    /// `max_cached_keys`, read through the store (its expiry index finds
+    /// what to close).
+    pub(super) fn open(
+        &mut self,
+        store: Box<dyn StateStore>,
+        max_cached_keys: Option<usize>,
+    ) -> Result<()> {
+        self.expiry.clear();
+        self.touched.clear();
+        // Every stored key has an expiry entry per window.
+        self.open = store.approximate_len() / 2;
+        self.keys.open(store, max_cached_keys)?;
+        if max_cached_keys.is_none() {
+            self.open = 0;
+            for (key, entry) in self.keys.iter() {
+                for open in &entry.windows {
+                    self.expiry
+                        .entry(open.window.end)
+                        .or_default()
+                        .push(key.to_vec());
+                }
+                self.open += entry.windows.len();
+            }
+        }
+        Ok(())
+    }
+
     /// The accumulators of `window` for the key encoded as `key`, opened
-    /// with `key_values()` and `zeros()` when new; marks it touched.
+    /// with `key_values()` and `zeros()` when new (in memory and in the
+    /// store); marks it touched.
     pub(super) fn accumulators(
         &mut self,
         key: &[u8],
         key_values: impl FnOnce() -> Vec<Value>,
         window: TimeWindow,
         zeros: impl FnOnce() -> Vec<Accumulator>,
-    ) -> &mut [Accumulator] {
-        // One probe: the key is copied only when it is new.
-        let entry = match self.keys.entry_ref(key) {
-            EntryRef::Occupied(entry) => entry.into_mut(),
-            EntryRef::Vacant(entry) => entry.insert_with_key(
-                KeyBytes::from_slice(key),
-                KeyWindows {
-                    key_values: key_values(),
-                    windows: Vec::with_capacity(1),
-                },
-            ),
-        };
+    ) -> Result<&mut [Accumulator]> {
+        let persisted = self.keys.store().is_some();
+        // One probe when cached: the key is copied only when it is new.
+        let entry = self.keys.get_or_insert_with(key, || KeyWindows {
+            key_values: key_values(),
+            windows: Vec::with_capacity(1),
+        })?;
         let position = match entry.windows.iter().position(|w| w.window == window) {
             Some(p) => p,
             None => {
@@ -95,7 +169,7 @@ impl FixedWindowState {
                     .entry(window.end)
                     .or_default()
                     .push(key.to_vec());
-                if self.track_dirty {
+                if persisted {
                     self.opened.push((window.end, key.to_vec()));
                 }
                 self.open += 1;
@@ -107,114 +181,61 @@ impl FixedWindowState {
             open.touched = true;
             self.touched.push((key.to_vec(), window));
         }
-        &mut open.accumulators
+        Ok(&mut open.accumulators)
     }
 
-    /// Starts tracking which keys change, for checkpoints.
-    pub(super) fn track_changes(&mut self) {
-        self.track_dirty = true;
-    }
-
-    /// Keys changed since the last call, sorted, each once.
-    pub(super) fn take_dirty(&mut self) -> Vec<Vec<u8>> {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort();
-        dirty.dedup();
-        dirty
-    }
-
-    /// Windows opened and closed since the last call, by end and key.
-    pub(super) fn take_index_changes(&mut self) -> IndexChanges {
-        (
-            std::mem::take(&mut self.opened),
-            std::mem::take(&mut self.closed),
-        )
-    }
-
-    /// Whether the key's windows are in memory.
-    pub(super) fn contains(&self, key: &[u8]) -> bool {
-        self.keys.contains_key(key)
-    }
-
-    /// Puts back a key read from the store on demand: its windows are
-    /// already counted and in the store's expiry index.
-    pub(super) fn insert_loaded(
-        &mut self,
-        key: Vec<u8>,
-        key_values: Vec<Value>,
-        windows: Vec<(TimeWindow, Vec<Accumulator>)>,
-    ) {
-        let windows = windows
-            .into_iter()
-            .map(|(window, accumulators)| OpenWindow {
-                window,
-                accumulators: accumulators.into_iter().collect(),
-                touched: false,
-            })
-            .collect();
-        self.keys.insert(
-            KeyBytes::from_vec(key),
-            KeyWindows {
-                key_values,
-                windows,
-            },
-        );
-    }
-
-    /// Makes `key`'s window ending at `end` (found in the store's expiry
-    /// index) a candidate for the next eviction.
-    pub(super) fn schedule_expiry(&mut self, end: i64, key: Vec<u8>) {
-        self.expiry.entry(end).or_default().push(key);
-    }
-
-    /// Counts windows that live only in the store.
-    pub(super) fn add_stored(&mut self, windows: usize) {
-        self.open += windows;
-    }
-
-    /// After a checkpoint, when the store holds everything: forgets the
+    /// Writes the expiry index's changes and every changed key to the
+    /// store, then flushes it; reading through the store, forgets the
     /// in-memory expiry index (the store's answers for it) and keeps at
-    /// most `max_keys` keys in memory. Clean keys only: every change was
-    /// just written.
-    pub(super) fn shrink_to(&mut self, max_keys: usize) {
-        self.expiry.clear();
-        if self.keys.len() > max_keys {
-            super::shrink_cache(&mut self.keys, max_keys * 3 / 4, max_keys);
+    /// most the bound of keys in memory. Returns how many entries changed.
+    pub(super) fn checkpoint(&mut self) -> Result<usize> {
+        let opened = std::mem::take(&mut self.opened);
+        let closed = std::mem::take(&mut self.closed);
+        let reads_through = self.keys.reads_through();
+        let Some(store) = self.keys.store_mut() else {
+            return Ok(0);
+        };
+        let mut index: Vec<(Vec<u8>, Option<Vec<u8>>)> = opened
+            .into_iter()
+            .map(|(end, key)| (expiry_key(end, &key), Some(Vec::new())))
+            .collect();
+        index.extend(
+            closed
+                .into_iter()
+                .map(|(end, key)| (expiry_key(end, &key), None)),
+        );
+        store.write_batch(&index)?;
+        let written = self.keys.checkpoint()?;
+        if reads_through {
+            self.expiry.clear();
         }
+        Ok(index.len() + written)
     }
 
-    /// A key's values and open windows, if it has any.
-    pub(super) fn key_state(
-        &self,
-        key: &[u8],
-    ) -> Option<(&[Value], impl Iterator<Item = WindowRef<'_>>)> {
-        let entry = self.keys.get(key)?;
-        Some((
-            entry.key_values.as_slice(),
-            entry
-                .windows
-                .iter()
-                .map(|w| (w.window, w.accumulators.as_slice())),
-        ))
+    /// Finds, in the store's expiry index, the windows ending at or before
+    /// `watermark`, so that eviction reads their keys (reading through the
+    /// store: memory knows only the windows it opened since).
+    pub(super) fn schedule_stored_expiry(&mut self, watermark: i64) -> Result<()> {
+        let Some(store) = self.keys.store().filter(|_| self.keys.reads_through()) else {
+            return Ok(());
+        };
+        for (index_key, _) in expired_by(store, watermark)? {
+            if let Some((end, key)) = parse_expiry_key(&index_key) {
+                self.expiry.entry(end).or_default().push(key.to_vec());
+            }
+        }
+        Ok(())
     }
 
-    /// Puts back a key's windows read from a store.
-    pub(super) fn insert_key(
-        &mut self,
-        key: Vec<u8>,
-        key_values: Vec<Value>,
-        windows: Vec<(TimeWindow, Vec<Accumulator>)>,
-    ) {
-        for (window, _) in &windows {
-            self.expiry.entry(window.end).or_default().push(key.clone());
-        }
-        self.open += windows.len();
-        self.insert_loaded(key, key_values, windows);
+    /// A key's values and open windows, if it has any, for a reader: from
+    /// memory, or read from the store without caching them.
+    pub(super) fn peek(&self, key: &[u8]) -> Result<Option<PeekedValue<'_, KeyWindows>>> {
+        self.keys.peek(key)
     }
 
     /// Number of keys held in memory.
     pub(super) fn cached_keys(&self) -> usize {
-        self.keys.len()
+        self.keys.cached_len()
     }
 
     /// Number of open windows.
@@ -227,25 +248,22 @@ impl FixedWindowState {
     pub(super) fn drain_touched(
         &mut self,
         mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
-    ) -> usize {
+    ) -> Result<usize> {
         let touched = std::mem::take(&mut self.touched);
-        if self.track_dirty {
-            self.dirty.extend(touched.iter().map(|(k, _)| k.clone()));
-        }
         for (key, window) in &touched {
-            if let Some(entry) = self.keys.get_mut(key.as_slice()) {
+            if let Some(entry) = self.keys.get_mut(key.as_slice())? {
                 if let Some(open) = entry.windows.iter_mut().find(|w| w.window == *window) {
                     open.touched = false;
                     f(&entry.key_values, open.window, &open.accumulators);
                 }
             }
         }
-        touched.len()
+        Ok(touched.len())
     }
 
     /// Every open window, by window start then key.
     pub(super) fn for_each(&self, mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator])) {
-        let mut all: Vec<(&KeyBytes, &KeyWindows, &OpenWindow)> = self
+        let mut all: Vec<(&[u8], &KeyWindows, &OpenWindow)> = self
             .keys
             .iter()
             .flat_map(|(k, e)| e.windows.iter().map(move |w| (k, e, w)))
@@ -262,24 +280,23 @@ impl FixedWindowState {
         &mut self,
         watermark: i64,
         mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
-    ) -> usize {
+    ) -> Result<usize> {
         let keep = self.expiry.split_off(&watermark.saturating_add(1));
         let expired = std::mem::replace(&mut self.expiry, keep);
         let mut removed = 0;
         for (end, mut keys) in expired {
             keys.sort();
             let mut closed: Vec<(Vec<Value>, OpenWindow)> = Vec::new();
+            let persisted = self.keys.store().is_some();
             for key in keys {
-                if self.track_dirty {
-                    self.dirty.push(key.clone());
-                }
-                let Some(entry) = self.keys.get_mut(key.as_slice()) else {
+                // Read from the store if need be: a key it alone holds.
+                let Some(entry) = self.keys.get_mut(key.as_slice())? else {
                     continue;
                 };
                 let mut i = 0;
                 while i < entry.windows.len() {
                     if entry.windows[i].window.end == end {
-                        if self.track_dirty {
+                        if persisted {
                             self.closed.push((end, key.clone()));
                         }
                         closed.push((entry.key_values.clone(), entry.windows.swap_remove(i)));
@@ -288,7 +305,7 @@ impl FixedWindowState {
                     }
                 }
                 if entry.windows.is_empty() {
-                    self.keys.remove(key.as_slice());
+                    self.keys.remove(key.as_slice())?;
                 }
             }
             closed.sort_by_key(|(_, w)| w.window.start);
@@ -301,6 +318,6 @@ impl FixedWindowState {
         self.open = self.open.saturating_sub(removed);
         // Touch marks of evicted windows are dropped with them.
         self.touched.retain(|(_, w)| w.end > watermark);
-        removed
+        Ok(removed)
     }
 }

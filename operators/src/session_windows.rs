@@ -1,8 +1,9 @@
 //! State of session windows: per key, its sessions, disjoint and sorted by
 //! start.
 //!
-//! In a store: `K` + key → the key's sessions (the fixed windows' layout),
-//! one expiry index entry per key, `E` + its first session's end + key (a
+//! In a store, through the engine's cache of decoded state
+//! ([`tidemark_state::StateCache`]): `K` + key → the key's sessions (the
+//! fixed windows' layout); beside them one expiry index entry per key, `E` + its first session's end + key (a
 //! key's sessions are disjoint, so the first one closes first), and `N`,
 //! the number of open sessions. The end of a batch visits only the keys
 //! touched in the batch and the keys whose first session may have closed:
@@ -10,17 +11,16 @@
 //! in-memory index of session ends names (complete mode visits every key).
 
 use super::state_codec::{
-    decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
-    STATE_KEY_PREFIX,
+    decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, STATE_KEY_PREFIX,
 };
-use super::{AggregateSpec, CacheMap, OutputMode};
+use super::{AggregateSpec, OutputMode};
 use crate::aggregate::Accumulator;
 use crate::error::Result;
 use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::TimeWindow;
 use std::collections::BTreeMap;
-use tidemark_state::StateStore;
+use tidemark_state::{StateCache, StateCodec, StateStore};
 
 /// The store entry counting open sessions.
 const SESSION_COUNT: &[u8] = b"N";
@@ -31,7 +31,8 @@ struct Session {
     updated: bool,
 }
 
-struct SessionGroup {
+/// One key's sessions.
+pub(super) struct SessionGroup {
     key_values: Vec<Value>,
     sessions: Vec<Session>,
     /// Listed among this batch's candidates.
@@ -45,16 +46,51 @@ struct SessionGroup {
 /// Rows a batch end emits, with what they sort by: window start, then key.
 type Emitted = Vec<(TimestampMicros, Vec<u8>, Row)>;
 
+/// A key's sessions in the store: the fixed windows' layout.
+pub(super) struct SessionGroupCodec {
+    aggregates: Vec<AggregateSpec>,
+}
+
+impl StateCodec for SessionGroupCodec {
+    type Value = SessionGroup;
+    fn encode(&self, group: &SessionGroup) -> Result<Vec<u8>> {
+        let windows = group
+            .sessions
+            .iter()
+            .map(|s| (s.window, s.accumulators.as_slice()));
+        encode_key_state(&group.key_values, windows, &self.aggregates)
+    }
+    fn decode(&self, bytes: &[u8]) -> Result<SessionGroup> {
+        let (key_values, windows) = decode_key_state(bytes, &self.aggregates)?;
+        let sessions: Vec<Session> = windows
+            .into_iter()
+            .map(|(window, accumulators)| Session {
+                window,
+                accumulators,
+                updated: false,
+            })
+            .collect();
+        // As stored, the store's index holds the key under its first end.
+        let first_end = sessions.first().map(|s| s.window.end);
+        Ok(SessionGroup {
+            key_values,
+            indexed_end: first_end,
+            noted_end: first_end,
+            sessions,
+            candidate: false,
+        })
+    }
+}
+
 /// Open sessions of one operator in one task.
-#[derive(Default)]
 pub(super) struct SessionState {
-    groups: CacheMap<Vec<u8>, SessionGroup>,
+    groups: StateCache<SessionGroupCodec>,
     /// Keys to visit at the end of the batch when reading through a store:
     /// those touched, and those whose first session the store says expires.
     candidates: Vec<Vec<u8>>,
-    /// Keys changed since the last write (tracked when persisted).
-    track_dirty: bool,
-    dirty: Vec<Vec<u8>>,
+    /// Keys changed since the last checkpoint (tracked when persisted):
+    /// their index entries may move.
+    changed: Vec<Vec<u8>>,
     /// Index entries of keys whose last session closed, to delete.
     unindexed: Vec<(TimestampMicros, Vec<u8>)>,
     /// In memory (not reading through a store): session ends, each with a
@@ -72,13 +108,47 @@ pub(super) struct Settled {
 }
 
 impl SessionState {
-    /// State held in memory: an in-memory index of session ends finds the
-    /// keys to close. (Reading through a store, its `E` index does.)
-    pub(super) fn in_memory() -> Self {
+    /// No session yet, for aggregates `aggregates` (the store's layout),
+    /// held in memory until [`SessionState::open`] says otherwise: an
+    /// in-memory index of session ends finds the keys to close.
+    pub(super) fn new(aggregates: Vec<AggregateSpec>) -> Self {
         SessionState {
+            groups: StateCache::new(SessionGroupCodec { aggregates }),
+            candidates: Vec::new(),
+            changed: Vec::new(),
+            unindexed: Vec::new(),
             ends: Some(BTreeMap::new()),
-            ..SessionState::default()
+            open: 0,
         }
+    }
+
+    /// Opens the state over `store`: every key into memory, or, with
+    /// `max_cached_keys`, read through the store, whose `E` index finds
+    /// the keys to close.
+    pub(super) fn open(
+        &mut self,
+        mut store: Box<dyn StateStore>,
+        max_cached_keys: Option<usize>,
+    ) -> Result<()> {
+        self.candidates.clear();
+        self.changed.clear();
+        self.unindexed.clear();
+        self.open = 0;
+        if max_cached_keys.is_some() {
+            self.ends = None;
+            self.open = open_stored(store.as_mut(), &self.groups.codec().aggregates)?;
+            return self.groups.open(store, max_cached_keys);
+        }
+        self.groups.open(store, None)?;
+        let mut ends: BTreeMap<TimestampMicros, Vec<Vec<u8>>> = BTreeMap::new();
+        for (key, group) in self.groups.iter() {
+            self.open += group.sessions.len();
+            if let Some(end) = group.noted_end {
+                ends.entry(end).or_default().push(key.to_vec());
+            }
+        }
+        self.ends = Some(ends);
+        Ok(())
     }
 
     /// Notes that `key` may have a session ending at `end`.
@@ -88,16 +158,6 @@ impl SessionState {
         }
     }
 
-    /// Starts tracking changed keys, for writes to a store.
-    pub(super) fn track_changes(&mut self) {
-        self.track_dirty = true;
-    }
-
-    /// Whether the key's sessions are in memory.
-    pub(super) fn contains(&self, key: &[u8]) -> bool {
-        self.groups.contains_key(key)
-    }
-
     /// Number of open sessions.
     pub(super) fn len(&self) -> usize {
         self.open
@@ -105,7 +165,7 @@ impl SessionState {
 
     /// Number of keys in memory.
     pub(super) fn cached_keys(&self) -> usize {
-        self.groups.len()
+        self.groups.cached_len()
     }
 
     /// Adds a row's proto-session `window` to the key's sessions, merging
@@ -120,18 +180,15 @@ impl SessionState {
         window: TimeWindow,
         aggregates: &[AggregateSpec],
         fold: impl FnOnce(&mut [Accumulator]),
-    ) -> u64 {
-        if !self.groups.contains_key(key) {
-            let group = SessionGroup {
-                key_values: key_values(),
-                sessions: Vec::with_capacity(1),
-                candidate: false,
-                indexed_end: None,
-                noted_end: None,
-            };
-            self.groups.insert(key.to_vec(), group);
-        }
-        let group = self.groups.get_mut(key).expect("inserted above");
+    ) -> Result<u64> {
+        // Read from the store if need be: a key it alone holds.
+        let group = self.groups.get_or_insert_with(key, || SessionGroup {
+            key_values: key_values(),
+            sessions: Vec::with_capacity(1),
+            candidate: false,
+            indexed_end: None,
+            noted_end: None,
+        })?;
         if !group.candidate {
             group.candidate = true;
             self.candidates.push(key.to_vec());
@@ -151,7 +208,7 @@ impl SessionState {
             };
             group.sessions.insert(at, session);
             self.open += 1;
-            return 0;
+            return Ok(0);
         };
         let session = &mut group.sessions[i];
         session.window.start = session.window.start.min(window.start);
@@ -175,7 +232,7 @@ impl SessionState {
             merged += 1;
         }
         self.open -= merged as usize;
-        merged
+        Ok(merged)
     }
 
     /// Ends a batch: hands every session the output mode emits to `row`,
@@ -188,7 +245,7 @@ impl SessionState {
         mode: OutputMode,
         watermark: TimestampMicros,
         mut row: impl FnMut(&[Value], TimeWindow, &[Accumulator]) -> Row,
-    ) -> Settled {
+    ) -> Result<Settled> {
         let candidates_only = mode != OutputMode::Complete;
         if let Some(ends) = self.ends.as_mut() {
             if candidates_only {
@@ -203,7 +260,7 @@ impl SessionState {
         }
         let mut emitted = Emitted::new();
         let (mut updated, mut removed) = (0, 0);
-        let mut visit = |key: &Vec<u8>, group: &mut SessionGroup| {
+        let mut visit = |key: &[u8], group: &mut SessionGroup| {
             group.candidate = false;
             let (u, r) = settle_group(key, group, mode, watermark, &mut row, &mut emitted);
             updated += u;
@@ -216,231 +273,169 @@ impl SessionState {
             keys.sort();
             keys.dedup();
             for key in keys {
-                if let Some(group) = self.groups.get_mut(&key) {
-                    if visit(&key, group) {
-                        changed.push(key);
-                    }
+                if self.groups.update(&key, |group| visit(&key, group))? == Some(true) {
+                    changed.push(key);
                 }
             }
         } else {
             self.candidates.clear();
-            for (key, group) in self.groups.iter_mut() {
-                if visit(key, group) {
-                    changed.push(key.clone());
+            self.groups.update_all(|key, group| {
+                let visited = visit(key, group);
+                if visited {
+                    changed.push(key.to_vec());
                 }
-            }
+                visited
+            });
         }
         for key in &changed {
-            self.remove_if_empty(key);
-            // Once per changed key and batch, not per row: its first
-            // session may have grown, closed, or been preceded by a new one.
-            let Some(group) = self.groups.get_mut(key) else {
-                continue;
-            };
-            let first_end = group.sessions.first().map(|s| s.window.end);
-            if let Some(end) = first_end.filter(|_| first_end != group.noted_end) {
-                group.noted_end = first_end;
-                self.note_end(end, key);
-            }
+            self.note_first_end(key)?;
         }
-        if self.track_dirty {
-            self.dirty.extend(changed);
+        if self.groups.store().is_some() {
+            self.changed.extend(changed);
         }
         self.open = self.open.saturating_sub(removed as usize);
         emitted.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        Settled {
+        Ok(Settled {
             rows: emitted.into_iter().map(|(_, _, r)| r).collect(),
             updated,
             removed,
-        }
+        })
     }
 
-    fn remove_if_empty(&mut self, key: &[u8]) {
-        if self.groups.get(key).is_some_and(|g| g.sessions.is_empty()) {
-            let group = self.groups.remove(key).expect("present");
-            if let Some(end) = group.indexed_end {
+    /// Once per changed key and batch, not per row: removes the key if its
+    /// last session closed, else notes its first session's end, which may
+    /// have grown, closed, or been preceded by a new one.
+    fn note_first_end(&mut self, key: &[u8]) -> Result<()> {
+        let mut emptied = None;
+        let mut noted = None;
+        self.groups.update(key, |group| {
+            if group.sessions.is_empty() {
+                emptied = Some(group.indexed_end);
+                return false;
+            }
+            let first_end = group.sessions.first().map(|s| s.window.end);
+            if first_end != group.noted_end {
+                group.noted_end = first_end;
+                noted = first_end;
+            }
+            // Not stored: the end noted is memory's own index.
+            false
+        })?;
+        if let Some(indexed_end) = emptied {
+            self.groups.remove(key)?;
+            if let Some(end) = indexed_end {
                 self.unindexed.push((end, key.to_vec()));
             }
         }
+        if let Some(end) = noted {
+            self.note_end(end, key);
+        }
+        Ok(())
     }
 
-    /// Hands each of a key's open sessions, in memory, to `f`.
+    /// Hands each of a key's open sessions to `f`: in memory, or read from
+    /// the store without caching them.
     pub(super) fn for_key(
         &self,
         key: &[u8],
         mut f: impl FnMut(&[Value], TimeWindow, &[Accumulator]),
-    ) {
-        if let Some(group) = self.groups.get(key) {
+    ) -> Result<()> {
+        if let Some(group) = self.groups.peek(key)? {
             for session in &group.sessions {
                 f(&group.key_values, session.window, &session.accumulators);
             }
         }
-    }
-
-    /// Reads a key's sessions from the store into memory, if it has any.
-    pub(super) fn load(
-        &mut self,
-        store: &dyn StateStore,
-        key: &[u8],
-        aggregates: &[AggregateSpec],
-    ) -> Result<()> {
-        if let Some(bytes) = store.get(&state_key(key))? {
-            let (key_values, windows) = decode_key_state(&bytes, aggregates)?;
-            self.insert(key.to_vec(), key_values, windows);
-        }
         Ok(())
     }
 
-    fn insert(
-        &mut self,
-        key: Vec<u8>,
-        key_values: Vec<Value>,
-        windows: Vec<(TimeWindow, Vec<Accumulator>)>,
-    ) {
-        let sessions: Vec<Session> = windows
-            .into_iter()
-            .map(|(window, accumulators)| Session {
-                window,
-                accumulators,
-                updated: false,
-            })
-            .collect();
-        let first_end = sessions.first().map(|s| s.window.end);
-        if let Some(end) = first_end {
-            self.note_end(end, &key);
-        }
-        let group = SessionGroup {
-            key_values,
-            indexed_end: first_end,
-            noted_end: first_end,
-            sessions,
-            candidate: false,
+    /// Lists for the end of this batch every key whose first session the
+    /// store's index says ends at or before `watermark` (reading through
+    /// the store: memory knows only the keys it touched).
+    pub(super) fn schedule_expiring(&mut self, watermark: TimestampMicros) -> Result<()> {
+        let Some(store) = self.groups.store().filter(|_| self.groups.reads_through()) else {
+            return Ok(());
         };
-        self.groups.insert(key, group);
-    }
-
-    /// Loads, and lists for the end of this batch, every key whose first
-    /// session the store's index says ends at or before `watermark`.
-    pub(super) fn schedule_expiring(
-        &mut self,
-        store: &dyn StateStore,
-        watermark: TimestampMicros,
-        aggregates: &[AggregateSpec],
-    ) -> Result<()> {
-        for (index_key, _) in expired_by(store, watermark)? {
-            let Some((_, key)) = parse_expiry_key(&index_key) else {
-                continue;
-            };
-            if !self.groups.contains_key(key) {
-                self.load(store, key, aggregates)?;
-            }
-            if let Some(group) = self.groups.get_mut(key) {
+        let expiring: Vec<Vec<u8>> = expired_by(store, watermark)?
+            .into_iter()
+            .filter_map(|(index_key, _)| parse_expiry_key(&index_key).map(|(_, k)| k.to_vec()))
+            .collect();
+        for key in expiring {
+            let candidates = &mut self.candidates;
+            self.groups.update(&key, |group| {
                 if !group.candidate {
                     group.candidate = true;
-                    self.candidates.push(key.to_vec());
+                    candidates.push(key.clone());
                 }
-            }
+                false
+            })?;
         }
         Ok(())
     }
 
-    /// Restores every key from the store into memory.
-    pub(super) fn load_all(
-        &mut self,
-        store: &dyn StateStore,
-        aggregates: &[AggregateSpec],
-    ) -> Result<()> {
-        for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
-            let (key_values, windows) = decode_key_state(&bytes, aggregates)?;
-            self.open += windows.len();
-            self.insert(key[STATE_KEY_PREFIX.len()..].to_vec(), key_values, windows);
-        }
-        Ok(())
-    }
-
-    /// Opens state that stays in the store: reads the session count, and
-    /// builds the expiry index and count if the store was written before
-    /// they existed (keys only).
-    pub(super) fn open_stored(
-        &mut self,
-        store: &mut dyn StateStore,
-        aggregates: &[AggregateSpec],
-    ) -> Result<()> {
-        if let Some(bytes) = store.get(SESSION_COUNT)? {
-            let bytes: [u8; 8] = bytes
-                .as_slice()
-                .try_into()
-                .map_err(|_| super::state_codec::corrupt("the session count is not 8 bytes"))?;
-            self.open = u64::from_le_bytes(bytes) as usize;
-            return Ok(());
-        }
-        let stored = store.prefix(STATE_KEY_PREFIX)?;
-        if stored.is_empty() {
-            // A new store: nothing to write until the first checkpoint.
-            return Ok(());
-        }
-        let mut open = 0;
-        for (key, bytes) in stored {
-            let (_, windows) = decode_key_state(&bytes, aggregates)?;
-            if let Some((first, _)) = windows.first() {
-                store.put(&expiry_key(first.end, &key[STATE_KEY_PREFIX.len()..]), &[])?;
-            }
-            open += windows.len();
-        }
-        store.put(SESSION_COUNT, &(open as u64).to_le_bytes())?;
-        self.open = open;
-        Ok(())
-    }
-
-    /// Writes the keys changed since the last call, their index entries
-    /// and the session count to `store` as one batch.
-    pub(super) fn write_changes(
-        &mut self,
-        store: &mut dyn StateStore,
-        aggregates: &[AggregateSpec],
-    ) -> Result<usize> {
+    /// Writes the expiry index entries of the keys changed since the last
+    /// checkpoint and the session count beside the cached keys, then the
+    /// keys themselves, and flushes the store; returns the entries written.
+    pub(super) fn checkpoint(&mut self) -> Result<usize> {
         let mut entries: Vec<(Vec<u8>, Option<Vec<u8>>)> = std::mem::take(&mut self.unindexed)
             .into_iter()
             .map(|(end, key)| (expiry_key(end, &key), None))
             .collect();
-        let mut keys = std::mem::take(&mut self.dirty);
+        let mut keys = std::mem::take(&mut self.changed);
         keys.sort();
         keys.dedup();
         for key in keys {
-            let Some(group) = self.groups.get_mut(&key) else {
-                entries.push((state_key(&key), None));
-                continue;
-            };
-            let first_end = group.sessions.first().map(|s| s.window.end);
-            if group.indexed_end != first_end {
-                if let Some(end) = group.indexed_end {
-                    entries.push((expiry_key(end, &key), None));
+            // A key removed since has its index entry in `unindexed`.
+            self.groups.update(&key, |group| {
+                let first_end = group.sessions.first().map(|s| s.window.end);
+                if group.indexed_end != first_end {
+                    if let Some(end) = group.indexed_end {
+                        entries.push((expiry_key(end, &key), None));
+                    }
+                    if let Some(end) = first_end {
+                        entries.push((expiry_key(end, &key), Some(Vec::new())));
+                    }
+                    group.indexed_end = first_end;
                 }
-                if let Some(end) = first_end {
-                    entries.push((expiry_key(end, &key), Some(Vec::new())));
-                }
-                group.indexed_end = first_end;
-            }
-            let windows = group
-                .sessions
-                .iter()
-                .map(|s| (s.window, s.accumulators.as_slice()));
-            let value = encode_key_state(&group.key_values, windows, aggregates)?;
-            entries.push((state_key(&key), Some(value)));
+                // Changed already: it is written back with the others.
+                false
+            })?;
         }
+        let Some(store) = self.groups.store_mut() else {
+            return Ok(0);
+        };
         let count = (self.open as u64).to_le_bytes().to_vec();
         entries.push((SESSION_COUNT.to_vec(), Some(count)));
         store.write_batch(&entries)?;
-        Ok(entries.len())
+        Ok(entries.len() + self.groups.checkpoint()?)
     }
+}
 
-    /// After a write, when the store holds everything: keeps at most
-    /// `max_keys` keys in memory.
-    pub(super) fn shrink_to(&mut self, max_keys: usize) {
-        if self.groups.len() > max_keys {
-            super::shrink_cache(&mut self.groups, max_keys * 3 / 4, max_keys);
-        }
+/// Opens state that stays in the store: returns the session count, first
+/// building the expiry index and count if the store was written before
+/// they existed (keys only).
+fn open_stored(store: &mut dyn StateStore, aggregates: &[AggregateSpec]) -> Result<usize> {
+    if let Some(bytes) = store.get(SESSION_COUNT)? {
+        let bytes: [u8; 8] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| super::state_codec::corrupt("the session count is not 8 bytes"))?;
+        return Ok(u64::from_le_bytes(bytes) as usize);
     }
+    let stored = store.prefix(STATE_KEY_PREFIX)?;
+    if stored.is_empty() {
+        // A new store: nothing to write until the first checkpoint.
+        return Ok(0);
+    }
+    let mut open = 0;
+    for (key, bytes) in stored {
+        let (_, windows) = decode_key_state(&bytes, aggregates)?;
+        if let Some((first, _)) = windows.first() {
+            store.put(&expiry_key(first.end, &key[STATE_KEY_PREFIX.len()..]), &[])?;
+        }
+        open += windows.len();
+    }
+    store.put(SESSION_COUNT, &(open as u64).to_le_bytes())?;
+    Ok(open)
 }
 
 /// Ends a batch for one key; returns the sessions updated and removed.

@@ -10,10 +10,6 @@
 use super::aggregate_spec::{AggregateInput, AggregateSpec};
 use super::fixed_windows::FixedWindowState;
 use super::session_windows::SessionState;
-use super::state_codec::{
-    decode_key_state, encode_key_state, expired_by, expiry_key, parse_expiry_key, state_key,
-    STATE_KEY_PREFIX,
-};
 use super::{
     each_row, encode_key_into, BatchContext, KeyRange, Operator, OutputMode, QueryableState,
 };
@@ -65,7 +61,6 @@ pub struct WindowAggregate {
     late_in_batch: BTreeSet<(TimestampMicros, TimestampMicros, Vec<u8>)>,
     late_input_rows: u64,
     late_rows: Vec<Row>,
-    store: Option<Box<dyn StateStore>>,
     /// At most this many keys stay in memory between batches; the others
     /// are read from the store when a row needs them (not in complete mode).
     max_cached_keys: Option<usize>,
@@ -83,6 +78,8 @@ impl WindowAggregate {
         mode: OutputMode,
     ) -> Self {
         let (columns, input_slots) = referenced_columns(&keys, &time, &aggregates);
+        let fixed = FixedWindowState::new(aggregates.clone());
+        let sessions = SessionState::new(aggregates.clone());
         WindowAggregate {
             keys,
             columns,
@@ -91,14 +88,13 @@ impl WindowAggregate {
             window,
             aggregates,
             mode,
-            fixed: FixedWindowState::default(),
+            fixed,
             key_buffer: Vec::new(),
             window_buffer: Vec::new(),
-            sessions: SessionState::in_memory(),
+            sessions,
             late_in_batch: BTreeSet::new(),
             late_input_rows: 0,
             late_rows: Vec::new(),
-            store: None,
             max_cached_keys: None,
             rows_updated: 0,
             rows_removed: 0,
@@ -123,131 +119,62 @@ impl WindowAggregate {
         row
     }
 
-    fn finish_fixed(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
-        let mut fixed = std::mem::take(&mut self.fixed);
+    fn finish_fixed(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let placeholder = FixedWindowState::new(Vec::new());
+        let mut fixed = std::mem::replace(&mut self.fixed, placeholder);
+        let result = self.finish_fixed_in(&mut fixed, ctx, out);
+        self.fixed = fixed;
+        result
+    }
+
+    /// [`WindowAggregate::finish_fixed`] with the state taken out, so that
+    /// its callbacks borrow the operator to make rows.
+    fn finish_fixed_in(
+        &mut self,
+        fixed: &mut FixedWindowState,
+        ctx: &BatchContext,
+        out: &mut Vec<Row>,
+    ) -> Result<()> {
         let touched = match self.mode {
-            OutputMode::Update => fixed.drain_touched(|k, w, a| out.push(self.output_row(k, w, a))),
-            _ => fixed.drain_touched(|_, _, _| {}),
+            OutputMode::Update => {
+                fixed.drain_touched(|k, w, a| out.push(self.output_row(k, w, a)))?
+            }
+            _ => fixed.drain_touched(|_, _, _| {})?,
         };
         self.rows_updated += touched as u64;
         match self.mode {
             OutputMode::Complete => fixed.for_each(|k, w, a| out.push(self.output_row(k, w, a))),
             OutputMode::Update => {
-                self.rows_removed += fixed.evict_until(ctx.watermark, |_, _, _| {}) as u64;
+                self.rows_removed += fixed.evict_until(ctx.watermark, |_, _, _| {})? as u64;
             }
             OutputMode::Append => {
                 self.rows_removed += fixed
-                    .evict_until(ctx.watermark, |k, w, a| out.push(self.output_row(k, w, a)))
+                    .evict_until(ctx.watermark, |k, w, a| out.push(self.output_row(k, w, a)))?
                     as u64;
             }
         }
-        self.fixed = fixed;
+        Ok(())
     }
 
-    fn finish_sessions(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) {
-        let mut sessions = std::mem::take(&mut self.sessions);
+    fn finish_sessions(&mut self, ctx: &BatchContext, out: &mut Vec<Row>) -> Result<()> {
+        let placeholder = SessionState::new(Vec::new());
+        let mut sessions = std::mem::replace(&mut self.sessions, placeholder);
         let settled = sessions.settle(self.mode, ctx.watermark, |k, w, a| self.output_row(k, w, a));
         self.sessions = sessions;
+        let settled = settled?;
         self.rows_updated += settled.updated;
         self.rows_removed += settled.removed;
         out.extend(settled.rows);
-    }
-
-    /// Reads a key's windows from the store into memory, if it has any.
-    fn load_key(&mut self, key: &[u8]) -> Result<()> {
-        let Some(store) = self.store.as_ref() else {
-            return Ok(());
-        };
-        if self.window.is_session() {
-            return self.sessions.load(store.as_ref(), key, &self.aggregates);
-        }
-        if let Some(bytes) = store.get(&state_key(key))? {
-            let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
-            self.fixed.insert_loaded(key.to_vec(), key_values, windows);
-        }
         Ok(())
     }
 
-    /// Whether the key's state is in memory.
-    fn is_cached(&self, key: &[u8]) -> bool {
-        match self.window.is_session() {
-            true => self.sessions.contains(key),
-            false => self.fixed.contains(key),
-        }
-    }
-
-    /// Finds, in the store's expiry index, the windows ending at or before
-    /// `watermark` and loads their keys, so that eviction sees them.
+    /// Finds, in the store's expiry index, the windows (sessions) ending
+    /// at or before `watermark`, so that eviction sees them.
     fn schedule_stored_expiry(&mut self, watermark: TimestampMicros) -> Result<()> {
-        let Some(store) = self.store.as_ref() else {
-            return Ok(());
-        };
-        if self.window.is_session() {
-            return self
-                .sessions
-                .schedule_expiring(store.as_ref(), watermark, &self.aggregates);
+        match self.window.is_session() {
+            true => self.sessions.schedule_expiring(watermark),
+            false => self.fixed.schedule_stored_expiry(watermark),
         }
-        let expired = expired_by(store.as_ref(), watermark)?;
-        for (index_key, _) in expired {
-            let Some((end, key)) = parse_expiry_key(&index_key) else {
-                continue;
-            };
-            if !self.fixed.contains(key) {
-                self.load_key(key)?;
-            }
-            self.fixed.schedule_expiry(end, key.to_vec());
-        }
-        Ok(())
-    }
-
-    /// Writes changed keys and expiry index entries as one batch, then
-    /// flushes the store. Store keys: `K` + encoded key → the key's
-    /// windows; `E` + window end + encoded key → nothing, the expiry index
-    /// that eviction scans by range.
-    fn write_changes(&mut self, store: &mut dyn StateStore) -> Result<()> {
-        if self.window.is_session() {
-            let changes = self.sessions.write_changes(store, &self.aggregates)?;
-            tracing::debug!(
-                changes,
-                open_sessions = self.sessions.len(),
-                "session state checkpoint"
-            );
-            store.flush()?;
-            if let Some(max_keys) = self.max_cached_keys {
-                self.sessions.shrink_to(max_keys);
-            }
-            return Ok(());
-        }
-        let mut entries = Vec::new();
-        {
-            let (opened, closed) = self.fixed.take_index_changes();
-            for (end, key) in opened {
-                entries.push((expiry_key(end, &key), Some(Vec::new())));
-            }
-            for (end, key) in closed {
-                entries.push((expiry_key(end, &key), None));
-            }
-            for key in self.fixed.take_dirty() {
-                let value = match self.fixed.key_state(&key) {
-                    Some((key_values, windows)) => {
-                        Some(encode_key_state(key_values, windows, &self.aggregates)?)
-                    }
-                    None => None,
-                };
-                entries.push((state_key(&key), value));
-            }
-        }
-        tracing::debug!(
-            changes = entries.len(),
-            open_windows = self.state_rows(),
-            "window state checkpoint"
-        );
-        store.write_batch(&entries)?;
-        store.flush()?;
-        if let Some(max_keys) = self.max_cached_keys {
-            self.fixed.shrink_to(max_keys);
-        }
-        Ok(())
     }
 
     /// Folds one input row into its windows. Returns whether it was late
@@ -282,10 +209,6 @@ impl WindowAggregate {
         let mut windows = std::mem::take(&mut self.window_buffer);
         windows.clear();
         self.window.assign_into(t, row, &mut windows);
-        // A key not in memory may have windows in the store.
-        if self.max_cached_keys.is_some() && !self.is_cached(&key_buffer) {
-            self.load_key(&key_buffer)?;
-        }
         let (mut any_late, mut accepted) = (false, false);
         for window in windows.iter().copied() {
             if window.end <= ctx.late_threshold && self.drops_late_rows() {
@@ -310,14 +233,14 @@ impl WindowAggregate {
                     window,
                     aggregates,
                     |accumulators| fold(aggregates, inputs, accumulators, input, columns),
-                );
+                )?;
                 continue;
             }
             let accumulators = self
                 .fixed
                 .accumulators(&key_buffer, key_values, window, || {
                     aggregates.iter().map(|a| a.function.zero()).collect()
-                });
+                })?;
             fold(aggregates, inputs, accumulators, input, columns);
         }
         self.key_buffer = key_buffer;
@@ -432,24 +355,17 @@ impl Operator for WindowAggregate {
             self.schedule_stored_expiry(ctx.watermark)?;
         }
         if self.window.is_session() {
-            self.finish_sessions(ctx, out);
+            self.finish_sessions(ctx, out)
         } else {
-            self.finish_fixed(ctx, out);
+            self.finish_fixed(ctx, out)
         }
-        Ok(())
     }
 
     fn is_stateful(&self) -> bool {
         true
     }
 
-    fn open_state(
-        &mut self,
-        mut store: Box<dyn StateStore>,
-        cache_bytes: Option<usize>,
-    ) -> Result<()> {
-        self.fixed.track_changes();
-        self.sessions.track_changes();
+    fn open_state(&mut self, store: Box<dyn StateStore>, cache_bytes: Option<usize>) -> Result<()> {
         // Complete mode emits every window every batch: it stays in memory.
         // Otherwise a bounded set of keys is cached and the store answers
         // for the rest.
@@ -457,36 +373,23 @@ impl Operator for WindowAggregate {
         self.max_cached_keys = cache_bytes
             .filter(|_| spill)
             .map(|bytes| (bytes / (384 + 64 * self.aggregates.len())).max(16));
-        match (self.max_cached_keys.is_some(), self.window.is_session()) {
-            (true, true) => {
-                // The store's index finds the keys to close.
-                self.sessions = SessionState::default();
-                self.sessions.track_changes();
-                self.sessions
-                    .open_stored(store.as_mut(), &self.aggregates)?
-            }
-            // Every stored key has an expiry entry per window.
-            (true, false) => self.fixed.add_stored(store.approximate_len() / 2),
-            (false, true) => self.sessions.load_all(store.as_ref(), &self.aggregates)?,
-            (false, false) => {
-                for (key, bytes) in store.prefix(STATE_KEY_PREFIX)? {
-                    let key = key[STATE_KEY_PREFIX.len()..].to_vec();
-                    let (key_values, windows) = decode_key_state(&bytes, &self.aggregates)?;
-                    self.fixed.insert_key(key, key_values, windows);
-                }
-            }
+        match self.window.is_session() {
+            true => self.sessions.open(store, self.max_cached_keys),
+            false => self.fixed.open(store, self.max_cached_keys),
         }
-        self.store = Some(store);
-        Ok(())
     }
 
     fn checkpoint(&mut self) -> Result<()> {
-        let Some(mut store) = self.store.take() else {
-            return Ok(());
+        let changes = match self.window.is_session() {
+            true => self.sessions.checkpoint()?,
+            false => self.fixed.checkpoint()?,
         };
-        let result = self.write_changes(store.as_mut());
-        self.store = Some(store);
-        result
+        tracing::debug!(
+            changes,
+            open_windows = self.state_rows(),
+            "window state checkpoint"
+        );
+        Ok(())
     }
 
     fn take_late_rows(&mut self) -> Vec<Row> {
@@ -514,21 +417,13 @@ impl Operator for WindowAggregate {
                 rows.push(self.output_row(values, window, accumulators));
             }
         };
-        if self.is_cached(&encoded) {
-            if self.window.is_session() {
-                self.sessions.for_key(&encoded, keep);
-            } else if let Some((values, windows)) = self.fixed.key_state(&encoded) {
+        if !self.window.is_session() {
+            if let Some(key_windows) = self.fixed.peek(&encoded)? {
+                let (values, windows) = key_windows.windows();
                 windows.for_each(|(window, accumulators)| keep(values, window, accumulators));
             }
-        } else if let (Some(store), Some(_)) = (self.store.as_ref(), self.max_cached_keys) {
-            // Only a bounded cache leaves keys to the store; in memory
-            // otherwise, the map is the whole state.
-            if let Some(bytes) = store.get(&state_key(&encoded))? {
-                let (values, windows) = decode_key_state(&bytes, &self.aggregates)?;
-                for (window, accumulators) in windows {
-                    keep(&values, window, &accumulators);
-                }
-            }
+        } else {
+            self.sessions.for_key(&encoded, keep)?;
         }
         Ok(rows)
     }

@@ -6,9 +6,12 @@
 //! - **Whole in memory** (no bound): every value is decoded once at open;
 //!   the store only keeps what changed, written back at each checkpoint.
 //! - **Read through the store** (a bound in entries): a value not in memory
-//!   is read and decoded on demand. Past its bound, within a batch too, the
-//!   cache writes back what changed and keeps half of its entries, so that
-//!   it never holds a change the store lacks once it shrinks.
+//!   is read and decoded on demand. Past its bound in unchanged entries,
+//!   within a batch too, it drops unchanged entries down to half the
+//!   bound. What changed stays in memory until the checkpoint writes it
+//!   back, so that the store receives an operator's values together with
+//!   the entries it writes beside them (an expiry index), never apart:
+//!   memory holds the bound plus what one batch changed.
 //!
 //! Values live under one store key prefix (`K` then the key, the layout
 //! tidemark's operators have always used), so that the store's other
@@ -37,7 +40,8 @@ pub trait StateCodec: Send {
 
 struct Slot<V> {
     value: V,
-    /// Changed since the last write-back (its key is in `changed`).
+    /// Changed since the last write-back (its key is in `changed`); never
+    /// dropped from memory before it is written.
     dirty: bool,
 }
 
@@ -51,6 +55,8 @@ pub struct StateCache<C: StateCodec> {
     /// Keys changed (written or removed) since the last write-back; a key
     /// may be listed more than once.
     changed: Vec<CacheKey>,
+    /// Entries in memory marked dirty.
+    dirty_slots: usize,
     /// Keys removed since the last write-back while reading through the
     /// store, which still holds their old values: a read must not bring
     /// them back.
@@ -77,6 +83,7 @@ impl<C: StateCodec> StateCache<C> {
             store: None,
             slots: Slots::default(),
             changed: Vec::new(),
+            dirty_slots: 0,
             removed: Default::default(),
             bound: None,
             len: 0,
@@ -101,6 +108,7 @@ impl<C: StateCodec> StateCache<C> {
     pub fn open(&mut self, store: Box<dyn StateStore>, bound: Option<usize>) -> Result<()> {
         self.slots = Slots::default();
         self.changed.clear();
+        self.dirty_slots = 0;
         self.removed.clear();
         self.bound = bound.map(|b| b.max(2));
         self.len = 0;
@@ -154,6 +162,7 @@ impl<C: StateCodec> StateCache<C> {
     pub fn take_store(&mut self) -> Option<Box<dyn StateStore>> {
         self.slots = Slots::default();
         self.changed.clear();
+        self.dirty_slots = 0;
         self.removed.clear();
         self.len = 0;
         self.store.take()
@@ -209,6 +218,11 @@ impl<C: StateCodec> StateCache<C> {
         if self.slots.contains_key(key) {
             return Ok(true);
         }
+        self.load_missing(key)
+    }
+
+    /// [`StateCache::load`] of a key known not to be in memory.
+    fn load_missing(&mut self, key: &[u8]) -> Result<bool> {
         if !self.reads_through() || self.removed.contains(key) {
             return Ok(false);
         }
@@ -244,11 +258,49 @@ impl<C: StateCodec> StateCache<C> {
             return Ok(None);
         }
         let slot = self.slots.get_mut(key).expect("loaded");
-        if !slot.dirty {
-            slot.dirty = true;
-            self.changed.push(CacheKey::from_slice(key));
+        if self.store.is_some() {
+            mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
         }
         Ok(Some(&mut slot.value))
+    }
+
+    /// Changes `key`'s value, read from the store and cached if needed,
+    /// with `change`, which says whether it changed anything: only then is
+    /// it written back (a visit that finds nothing to do writes nothing).
+    /// `None` when the key has no value.
+    pub fn update(
+        &mut self,
+        key: &[u8],
+        change: impl FnOnce(&mut C::Value) -> bool,
+    ) -> Result<Option<bool>> {
+        // One probe when cached: the borrow ends with the call.
+        if let Some(slot) = self.slots.get_mut(key) {
+            let changed = change(&mut slot.value);
+            if changed && self.store.is_some() {
+                mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
+            }
+            return Ok(Some(changed));
+        }
+        if !self.load_missing(key)? {
+            return Ok(None);
+        }
+        let slot = self.slots.get_mut(key).expect("loaded");
+        let changed = change(&mut slot.value);
+        if changed && self.store.is_some() {
+            mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
+        }
+        Ok(Some(changed))
+    }
+
+    /// [`StateCache::update`] for every entry in memory (the whole state
+    /// when it is whole in memory), in no order.
+    pub fn update_all(&mut self, mut change: impl FnMut(&[u8], &mut C::Value) -> bool) {
+        let persisted = self.store.is_some();
+        for (key, slot) in self.slots.iter_mut() {
+            if change(key, &mut slot.value) && persisted {
+                mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
+            }
+        }
     }
 
     /// `key`'s value to change, made with `make` when the key has none
@@ -259,12 +311,9 @@ impl<C: StateCodec> StateCache<C> {
         key: &[u8],
         make: impl FnOnce() -> C::Value,
     ) -> Result<&mut C::Value> {
-        if self.reads_through() && !self.slots.contains_key(key) {
-            self.load(key)?;
-            // Room for the new entry, so that the bound holds after it.
-            if !self.slots.contains_key(key) {
-                self.make_room()?;
-            }
+        // Room for a new entry, so that the bound holds after it.
+        if self.reads_through() && !self.slots.contains_key(key) && !self.load_missing(key)? {
+            self.make_room()?;
         }
         let slot = match self.slots.entry_ref(key) {
             EntryRef::Occupied(entry) => entry.into_mut(),
@@ -279,9 +328,8 @@ impl<C: StateCodec> StateCache<C> {
                 )
             }
         };
-        if !slot.dirty {
-            slot.dirty = true;
-            self.changed.push(CacheKey::from_slice(key));
+        if self.store.is_some() {
+            mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
         }
         Ok(&mut slot.value)
     }
@@ -308,9 +356,8 @@ impl<C: StateCodec> StateCache<C> {
                 },
             ),
         };
-        if !slot.dirty {
-            slot.dirty = true;
-            self.changed.push(CacheKey::from_slice(key));
+        if self.store.is_some() {
+            mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
         }
         Ok(())
     }
@@ -320,7 +367,11 @@ impl<C: StateCodec> StateCache<C> {
     /// key costs a read to know).
     pub fn remove(&mut self, key: &[u8]) -> Result<bool> {
         let stored_only = self.stored_only(key)?;
-        let existed = self.slots.remove(key).is_some() || stored_only;
+        let slot = self.slots.remove(key);
+        if slot.as_ref().is_some_and(|slot| slot.dirty) {
+            self.dirty_slots -= 1;
+        }
+        let existed = slot.is_some() || stored_only;
         if existed {
             self.len = self.len.saturating_sub(1);
         }
@@ -362,11 +413,11 @@ impl<C: StateCodec> StateCache<C> {
     }
 
     /// Writes every change since the last write-back to the store (values
-    /// encoded, removed keys deleted) as one batch; the store is not
-    /// flushed (the operator may add entries of its own first). Returns
-    /// how many entries were written.
-    pub fn write_back(&mut self) -> Result<usize> {
+    /// encoded, removed keys deleted) as one batch. Returns how many
+    /// entries were written.
+    fn write_back(&mut self) -> Result<usize> {
         self.removed.clear();
+        self.dirty_slots = 0;
         let Some(store) = self.store.as_mut() else {
             self.changed.clear();
             return Ok(0);
@@ -396,8 +447,10 @@ impl<C: StateCodec> StateCache<C> {
         Ok(entries.len())
     }
 
-    /// Ends a checkpoint: writes back, flushes the store and, reading
-    /// through it, keeps at most the bound in memory.
+    /// Ends a checkpoint: writes back every change, flushes the store and,
+    /// reading through it, keeps at most the bound in memory. An operator
+    /// writes its own entries (an index, a count) to the store first, so
+    /// that the flush carries them with the values.
     pub fn checkpoint(&mut self) -> Result<usize> {
         let written = self.write_back()?;
         if let Some(store) = self.store.as_mut() {
@@ -413,31 +466,48 @@ impl<C: StateCodec> StateCache<C> {
         Ok(written)
     }
 
-    /// Reading through the store at the bound: writes back and keeps half,
-    /// so that one more entry fits.
+    /// Reading through the store with the bound reached in unchanged
+    /// entries: keeps half of them, so that one more fits.
     fn make_room(&mut self) -> Result<()> {
         let Some(bound) = self.bound else {
             return Ok(());
         };
-        if self.slots.len() < bound {
-            return Ok(());
+        if self.slots.len() - self.dirty_slots >= bound {
+            self.shrink(bound / 2);
         }
-        self.write_back()?;
-        self.shrink(bound / 2);
         Ok(())
     }
 
-    /// Keeps `keep` clean entries, in a new map: a map emptied by removals
-    /// keeps its tombstones, and every lookup of a key not cached probes
-    /// through them (measured: 4x slower).
+    /// Keeps every changed entry and `keep` unchanged ones, in a new map:
+    /// a map emptied by removals keeps its tombstones, and every lookup of
+    /// a key not cached probes through them (measured: 4x slower).
     fn shrink(&mut self, keep: usize) {
-        let capacity = self.bound.unwrap_or(keep);
+        let capacity = self.bound.unwrap_or(keep) + self.dirty_slots;
+        let mut clean = 0;
         let kept = std::mem::take(&mut self.slots)
             .into_iter()
-            .filter(|(_, slot)| !slot.dirty)
-            .take(keep);
-        self.slots = Slots::with_capacity_and_hasher(capacity, Default::default());
-        self.slots.extend(kept);
+            .filter(|(_, slot)| {
+                clean += usize::from(!slot.dirty);
+                slot.dirty || clean <= keep
+            });
+        let mut slots = Slots::with_capacity_and_hasher(capacity, Default::default());
+        slots.extend(kept);
+        self.slots = slots;
+    }
+}
+
+/// Marks `key`'s slot to write back, once: counted among the dirty slots
+/// and listed among the keys changed.
+fn mark_changed<V>(
+    slot: &mut Slot<V>,
+    key: &[u8],
+    dirty_slots: &mut usize,
+    changed: &mut Vec<CacheKey>,
+) {
+    if !slot.dirty {
+        slot.dirty = true;
+        *dirty_slots += 1;
+        changed.push(CacheKey::from_slice(key));
     }
 }
 
@@ -626,7 +696,9 @@ mod tests {
                     }
                 }
                 if let Some(bound) = bound {
-                    prop_assert!(cache.cached_len() <= bound);
+                    prop_assert!(cache.cached_len() <= bound + cache.dirty_slots);
+                    let dirty = cache.slots.values().filter(|slot| slot.dirty).count();
+                    prop_assert_eq!(dirty, cache.dirty_slots);
                 }
                 prop_assert_eq!(cache.len(), model.len() as u64);
                 for k in 0..40u8 {
