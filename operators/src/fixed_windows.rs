@@ -26,7 +26,7 @@ use crate::window::TimeWindow;
 use crate::AggregateSpec;
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
-use tidemark_state::{PeekedValue, StateCache, StateCodec, StateStore};
+use tidemark_state::{PeekedValue, StateCache, StateCodec, StateStore, StoreEntries};
 
 struct OpenWindow {
     window: TimeWindow,
@@ -120,6 +120,8 @@ impl FixedWindowState {
     ) -> Result<()> {
         self.expiry.clear();
         self.touched.clear();
+        self.opened.clear();
+        self.closed.clear();
         // Every stored key has an expiry entry per window.
         self.open = store.approximate_len() / 2;
         self.keys.open(store, max_cached_keys)?;
@@ -185,17 +187,14 @@ impl FixedWindowState {
     }
 
     /// Writes the expiry index's changes and every changed key to the
-    /// store, then flushes it; reading through the store, forgets the
+    /// store in one batch, then flushes it; reading through the store, forgets the
     /// in-memory expiry index (the store's answers for it) and keeps at
     /// most the bound of keys in memory. Returns how many entries changed.
     pub(super) fn checkpoint(&mut self) -> Result<usize> {
         let opened = std::mem::take(&mut self.opened);
         let closed = std::mem::take(&mut self.closed);
         let reads_through = self.keys.reads_through();
-        let Some(store) = self.keys.store_mut() else {
-            return Ok(0);
-        };
-        let mut index: Vec<(Vec<u8>, Option<Vec<u8>>)> = opened
+        let mut index: StoreEntries = opened
             .into_iter()
             .map(|(end, key)| (expiry_key(end, &key), Some(Vec::new())))
             .collect();
@@ -204,12 +203,11 @@ impl FixedWindowState {
                 .into_iter()
                 .map(|(end, key)| (expiry_key(end, &key), None)),
         );
-        store.write_batch(&index)?;
-        let written = self.keys.checkpoint()?;
+        let written = self.keys.checkpoint_with(index)?;
         if reads_through {
             self.expiry.clear();
         }
-        Ok(index.len() + written)
+        Ok(written)
     }
 
     /// Finds, in the store's expiry index, the windows ending at or before

@@ -3,9 +3,9 @@
 //!
 //! In a store, through the engine's cache of decoded state
 //! ([`tidemark_state::StateCache`]): `K` + key → the key's sessions (the
-//! fixed windows' layout); beside them one expiry index entry per key, `E` + its first session's end + key (a
-//! key's sessions are disjoint, so the first one closes first), and `N`,
-//! the number of open sessions. The end of a batch visits only the keys
+//! fixed windows' layout); beside them one expiry index entry per key,
+//! `E` + its first session's end + key (a key's sessions are disjoint, so
+//! the first one closes first), and `N`, the number of open sessions. The end of a batch visits only the keys
 //! touched in the batch and the keys whose first session may have closed:
 //! reading through the store, those its index names; in memory, those an
 //! in-memory index of session ends names (complete mode visits every key).
@@ -20,7 +20,7 @@ use crate::row::{Row, Value};
 use crate::time::TimestampMicros;
 use crate::window::TimeWindow;
 use std::collections::BTreeMap;
-use tidemark_state::{StateCache, StateCodec, StateStore};
+use tidemark_state::{StateCache, StateCodec, StateStore, StoreEntries};
 
 /// The store entry counting open sessions.
 const SESSION_COUNT: &[u8] = b"N";
@@ -359,24 +359,17 @@ impl SessionState {
             .into_iter()
             .filter_map(|(index_key, _)| parse_expiry_key(&index_key).map(|(_, k)| k.to_vec()))
             .collect();
-        for key in expiring {
-            let candidates = &mut self.candidates;
-            self.groups.update(&key, |group| {
-                if !group.candidate {
-                    group.candidate = true;
-                    candidates.push(key.clone());
-                }
-                false
-            })?;
-        }
+        // Read at the batch's end, once: loading them here could drop the
+        // first before the last is read, and read them all twice.
+        self.candidates.extend(expiring);
         Ok(())
     }
 
     /// Writes the expiry index entries of the keys changed since the last
-    /// checkpoint and the session count beside the cached keys, then the
-    /// keys themselves, and flushes the store; returns the entries written.
+    /// checkpoint and the session count with the changed keys, in one
+    /// batch, and flushes the store; returns the entries written.
     pub(super) fn checkpoint(&mut self) -> Result<usize> {
-        let mut entries: Vec<(Vec<u8>, Option<Vec<u8>>)> = std::mem::take(&mut self.unindexed)
+        let mut entries: StoreEntries = std::mem::take(&mut self.unindexed)
             .into_iter()
             .map(|(end, key)| (expiry_key(end, &key), None))
             .collect();
@@ -400,13 +393,12 @@ impl SessionState {
                 false
             })?;
         }
-        let Some(store) = self.groups.store_mut() else {
+        if self.groups.store().is_none() {
             return Ok(0);
-        };
+        }
         let count = (self.open as u64).to_le_bytes().to_vec();
         entries.push((SESSION_COUNT.to_vec(), Some(count)));
-        store.write_batch(&entries)?;
-        Ok(entries.len() + self.groups.checkpoint()?)
+        self.groups.checkpoint_with(entries)
     }
 }
 

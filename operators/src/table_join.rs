@@ -13,8 +13,9 @@
 //! The table's rows are the engine's cached state (`tidemark_state::StateCache`:
 //! `K` + key → the row, `N` → the row count). With a disk store and a
 //! memory bound (`open_state` with `cache_bytes`) the table is read through
-//! the store and memory caches a bounded number of rows; otherwise the
-//! whole table is held in memory as well. Either way the store keeps the
+//! the store and memory caches a bounded number of rows (plus the rows a
+//! batch upserts, which stay in memory until its checkpoint writes them);
+//! otherwise the whole table is held in memory as well. Either way the store keeps the
 //! columns seen (`C`): the nulls of an unmatched row after a restart.
 //!
 //! Keys are compared in their record-key form (the text of a single key

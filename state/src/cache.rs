@@ -6,12 +6,13 @@
 //! - **Whole in memory** (no bound): every value is decoded once at open;
 //!   the store only keeps what changed, written back at each checkpoint.
 //! - **Read through the store** (a bound in entries): a value not in memory
-//!   is read and decoded on demand. Past its bound in unchanged entries,
-//!   within a batch too, it drops unchanged entries down to half the
-//!   bound. What changed stays in memory until the checkpoint writes it
-//!   back, so that the store receives an operator's values together with
-//!   the entries it writes beside them (an expiry index), never apart:
-//!   memory holds the bound plus what one batch changed.
+//!   is read and decoded on demand. Past its bound in unchanged entries
+//!   (and past the changed ones' number), within a batch too, it drops
+//!   unchanged entries down to half the bound. What changed stays in
+//!   memory until the checkpoint writes it back, in one batch with the
+//!   entries the operator keeps beside the values (an expiry index, a
+//!   count), never apart: memory holds the bound plus what one batch
+//!   changed (at most twice that while the batch reads more keys).
 //!
 //! Values live under one store key prefix (`K` then the key, the layout
 //! tidemark's operators have always used), so that the store's other
@@ -70,6 +71,10 @@ pub struct StateCache<C: StateCodec> {
     count_key: Option<&'static [u8]>,
     store_key: Vec<u8>,
 }
+
+/// Puts (`Some`) and deletes (`None`) by store key, as
+/// [`StateStore::write_batch`] takes them.
+pub type StoreEntries = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
 /// The prefix of a value's store key.
 pub const VALUE_PREFIX: &[u8] = b"K";
@@ -200,16 +205,19 @@ impl<C: StateCodec> StateCache<C> {
         if !self.reads_through() || self.slots.contains_key(key) || self.removed.contains(key) {
             return Ok(false);
         }
-        let store_key = self.store_key(key).to_vec();
-        let store = self.store.as_ref().expect("reads through a store");
-        Ok(store.get(&store_key)?.is_some())
+        Ok(self.read_stored(key)?.is_some())
     }
 
-    fn store_key(&mut self, key: &[u8]) -> &[u8] {
+    /// `key`'s bytes in the store, through a reused buffer for its store
+    /// key.
+    fn read_stored(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.store_key.clear();
         self.store_key.extend_from_slice(VALUE_PREFIX);
         self.store_key.extend_from_slice(key);
-        &self.store_key
+        match self.store.as_ref() {
+            Some(store) => Ok(store.get(&self.store_key)?),
+            None => Ok(None),
+        }
     }
 
     /// Reads `key`'s value from the store into memory when it is neither
@@ -226,9 +234,7 @@ impl<C: StateCodec> StateCache<C> {
         if !self.reads_through() || self.removed.contains(key) {
             return Ok(false);
         }
-        let store_key = self.store_key(key).to_vec();
-        let store = self.store.as_ref().expect("reads through a store");
-        let Some(bytes) = store.get(&store_key)? else {
+        let Some(bytes) = self.read_stored(key)? else {
             return Ok(false);
         };
         let value = self.codec.decode(&bytes)?;
@@ -245,6 +251,9 @@ impl<C: StateCodec> StateCache<C> {
 
     /// `key`'s value, read from the store and cached if needed.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<&C::Value>> {
+        if !self.reads_through() {
+            return Ok(self.slots.get(key).map(|slot| &slot.value));
+        }
         if !self.load(key)? {
             return Ok(None);
         }
@@ -369,19 +378,22 @@ impl<C: StateCodec> StateCache<C> {
         let stored_only = self.stored_only(key)?;
         let slot = self.slots.remove(key);
         if slot.as_ref().is_some_and(|slot| slot.dirty) {
-            self.dirty_slots -= 1;
+            self.dirty_slots = self.dirty_slots.saturating_sub(1);
         }
         let existed = slot.is_some() || stored_only;
-        if existed {
-            self.len = self.len.saturating_sub(1);
+        // A key without a value writes nothing (a tombstone of a key never
+        // seen, say); one already removed is listed already.
+        if !existed {
+            return Ok(false);
         }
+        self.len = self.len.saturating_sub(1);
         if self.reads_through() {
             self.removed.insert(CacheKey::from_slice(key));
         }
-        if self.store.is_some() && (existed || self.bound.is_some()) {
+        if self.store.is_some() {
             self.changed.push(CacheKey::from_slice(key));
         }
-        Ok(existed)
+        Ok(true)
     }
 
     /// `key`'s value as it stands, for a reader: from memory, or decoded
@@ -412,10 +424,10 @@ impl<C: StateCodec> StateCache<C> {
             .map(|(k, slot)| (k.as_slice(), &slot.value))
     }
 
-    /// Writes every change since the last write-back to the store (values
-    /// encoded, removed keys deleted) as one batch. Returns how many
-    /// entries were written.
-    fn write_back(&mut self) -> Result<usize> {
+    /// Writes `entries` (the operator's own) and every change since the
+    /// last write-back (values encoded, removed keys deleted) to the store
+    /// as one batch. Returns how many entries were written.
+    fn write_back(&mut self, mut entries: StoreEntries) -> Result<usize> {
         self.removed.clear();
         self.dirty_slots = 0;
         let Some(store) = self.store.as_mut() else {
@@ -425,7 +437,7 @@ impl<C: StateCodec> StateCache<C> {
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort_unstable();
         changed.dedup();
-        let mut entries = Vec::with_capacity(changed.len());
+        entries.reserve(changed.len() + 1);
         for key in changed {
             let mut store_key = Vec::with_capacity(VALUE_PREFIX.len() + key.len());
             store_key.extend_from_slice(VALUE_PREFIX);
@@ -448,11 +460,17 @@ impl<C: StateCodec> StateCache<C> {
     }
 
     /// Ends a checkpoint: writes back every change, flushes the store and,
-    /// reading through it, keeps at most the bound in memory. An operator
-    /// writes its own entries (an index, a count) to the store first, so
-    /// that the flush carries them with the values.
+    /// reading through it, keeps at most the bound in memory.
     pub fn checkpoint(&mut self) -> Result<usize> {
-        let written = self.write_back()?;
+        self.checkpoint_with(Vec::new())
+    }
+
+    /// [`StateCache::checkpoint`], writing `entries` (the operator's own
+    /// beside the values: an expiry index, a count; `None` deletes) in
+    /// the same batch as the values, so that a store that writes a batch
+    /// atomically never holds one without the other.
+    pub fn checkpoint_with(&mut self, entries: StoreEntries) -> Result<usize> {
+        let written = self.write_back(entries)?;
         if let Some(store) = self.store.as_mut() {
             store.flush()?;
         }
@@ -467,12 +485,16 @@ impl<C: StateCodec> StateCache<C> {
     }
 
     /// Reading through the store with the bound reached in unchanged
-    /// entries: keeps half of them, so that one more fits.
+    /// entries: keeps half the bound of them, so that one more fits. Not
+    /// before they also number the changed ones, which a shrink copies
+    /// too: a batch that changes many keys while reading others would
+    /// otherwise rebuild its whole map every few reads.
     fn make_room(&mut self) -> Result<()> {
         let Some(bound) = self.bound else {
             return Ok(());
         };
-        if self.slots.len() - self.dirty_slots >= bound {
+        let clean = self.slots.len() - self.dirty_slots;
+        if clean >= bound.max(self.dirty_slots) {
             self.shrink(bound / 2);
         }
         Ok(())
@@ -622,6 +644,28 @@ mod tests {
     }
 
     #[test]
+    fn the_operators_entries_go_with_the_values_and_a_missing_key_writes_nothing() {
+        let store = Shared(Arc::new(Mutex::new(InMemoryStore::new("t"))));
+        let mut cache = StateCache::counted(U32Codec, b"N");
+        cache.open(Box::new(store.clone()), Some(4)).unwrap();
+        cache.insert(b"a", 1).unwrap();
+        let index = vec![(b"E1a".to_vec(), Some(Vec::new()))];
+        assert_eq!(cache.checkpoint_with(index).unwrap(), 3, "index, value, count");
+        assert_eq!(store.get(b"E1a").unwrap(), Some(Vec::new()));
+        assert_eq!(stored(&store), BTreeMap::from([(b"a".to_vec(), 1)]));
+        // A tombstone of a key never seen: nothing to delete, nothing
+        // counted.
+        assert!(!cache.remove(b"zz").unwrap());
+        assert_eq!(cache.checkpoint().unwrap(), 0);
+        assert_eq!(cache.len(), 1);
+        assert!(cache.remove(b"a").unwrap());
+        assert!(!cache.remove(b"a").unwrap(), "removed already");
+        assert_eq!(cache.get(b"a").unwrap(), None, "not read back from the store");
+        assert_eq!(cache.checkpoint().unwrap(), 2, "the delete and the count");
+        assert!(stored(&store).is_empty());
+    }
+
+    #[test]
     fn an_unknown_layout_fails_the_open() {
         let mut store = InMemoryStore::new("t");
         store.put(b"Ka", &[9, 0, 0, 0, 0]).unwrap();
@@ -659,6 +703,7 @@ mod tests {
             cache.open(Box::new(store.clone()), bound).unwrap();
             let mut model: BTreeMap<Vec<u8>, u32> = BTreeMap::new();
             let mut checkpointed = model.clone();
+            let mut peak_dirty = 0;
             for step in steps {
                 match step {
                     Step::Add(k, v) => {
@@ -675,6 +720,7 @@ mod tests {
                     }
                     Step::Checkpoint => {
                         cache.checkpoint().unwrap();
+                        peak_dirty = 0;
                         checkpointed = model.clone();
                         prop_assert_eq!(stored(&store), model.clone());
                         let count = store.get(b"N").unwrap().map(|b| u64::from_le_bytes(b.try_into().unwrap()));
@@ -693,10 +739,15 @@ mod tests {
                         }
                         cache.open(Box::new(store.clone()), bound).unwrap();
                         model = checkpointed.clone();
+                        peak_dirty = 0;
                     }
                 }
                 if let Some(bound) = bound {
-                    prop_assert!(cache.cached_len() <= bound + cache.dirty_slots);
+                    // Unchanged entries stay within the bound, or within the
+                    // most changed ones since the last write-back.
+                    peak_dirty = peak_dirty.max(cache.dirty_slots);
+                    let clean = cache.cached_len() - cache.dirty_slots;
+                    prop_assert!(clean <= bound.max(peak_dirty), "{clean} unchanged cached");
                     let dirty = cache.slots.values().filter(|slot| slot.dirty).count();
                     prop_assert_eq!(dirty, cache.dirty_slots);
                 }

@@ -17,7 +17,7 @@ mod changelog;
 mod keyed;
 mod rocks;
 
-pub use cache::{CacheKey, PeekedValue, StateCache, StateCodec, VALUE_PREFIX};
+pub use cache::{CacheKey, PeekedValue, StateCache, StateCodec, StoreEntries, VALUE_PREFIX};
 pub use caching::CachingStore;
 pub use changelog::{
     ChangeLoggingStore, ChangelogChunk, ChangelogRecord, ChangelogWriter, VecChangelog,
