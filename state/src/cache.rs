@@ -650,7 +650,11 @@ mod tests {
         cache.open(Box::new(store.clone()), Some(4)).unwrap();
         cache.insert(b"a", 1).unwrap();
         let index = vec![(b"E1a".to_vec(), Some(Vec::new()))];
-        assert_eq!(cache.checkpoint_with(index).unwrap(), 3, "index, value, count");
+        assert_eq!(
+            cache.checkpoint_with(index).unwrap(),
+            3,
+            "index, value, count"
+        );
         assert_eq!(store.get(b"E1a").unwrap(), Some(Vec::new()));
         assert_eq!(stored(&store), BTreeMap::from([(b"a".to_vec(), 1)]));
         // A tombstone of a key never seen: nothing to delete, nothing
@@ -660,7 +664,11 @@ mod tests {
         assert_eq!(cache.len(), 1);
         assert!(cache.remove(b"a").unwrap());
         assert!(!cache.remove(b"a").unwrap(), "removed already");
-        assert_eq!(cache.get(b"a").unwrap(), None, "not read back from the store");
+        assert_eq!(
+            cache.get(b"a").unwrap(),
+            None,
+            "not read back from the store"
+        );
         assert_eq!(cache.checkpoint().unwrap(), 2, "the delete and the count");
         assert!(stored(&store).is_empty());
     }
