@@ -317,7 +317,7 @@ struct DriverSource {
     uncommitted: Vec<DriverPoll>,
     clock: ManualClock,
     /// The next offset of each partition handed out, for progress reports.
-    next_offsets: BTreeMap<String, BTreeMap<String, i64>>,
+    next_offsets: crate::runtime::PartitionOffsets,
     /// The checkpoints stored with the last commit, handed back after a
     /// rewind as Kafka hands back committed offsets' metadata.
     checkpoints: BTreeMap<i32, TaskCheckpoint>,
@@ -344,7 +344,7 @@ impl Source for DriverSource {
             self.next_offsets
                 .entry(position.topic.to_string())
                 .or_default()
-                .insert(position.partition.to_string(), position.offset + 1);
+                .insert(position.partition, position.offset + 1);
         }
         self.uncommitted.push(poll.clone());
         Ok(SourceBatch {
@@ -370,8 +370,8 @@ impl Source for DriverSource {
         Ok(true)
     }
 
-    fn offsets(&self) -> serde_json::Value {
-        serde_json::json!(self.next_offsets)
+    fn offsets(&self) -> crate::runtime::SourceOffsets {
+        crate::runtime::SourceOffsets::Partitions(self.next_offsets.clone())
     }
 }
 

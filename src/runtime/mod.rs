@@ -16,6 +16,7 @@ pub mod retry;
 mod routed;
 mod router;
 mod run_status;
+mod source_offsets;
 pub(crate) mod stages;
 mod state_query;
 mod task;
@@ -31,6 +32,7 @@ pub use plan::{
 };
 pub use query::{default_query_id, Query, RunSummary, StopHandle};
 pub use run_status::{RunState, RunStateListener, RunStatus, StageStatus};
+pub use source_offsets::{PartitionOffsets, SourceOffsets};
 pub use stages::{Stage, StageInput, StageOutput, Topology};
 pub use state_query::{
     KeyLookup, KeyValues, StateQueryError, StateReader, StateService, StoreDescription, StoreHandle,
@@ -108,8 +110,8 @@ pub trait Source: Send {
     /// source that can keep it (Kafka: commit metadata) hands it back in
     /// [`SourceBatch::restored_checkpoints`] after a restart or rebalance.
     fn commit(&mut self, checkpoints: &BTreeMap<i32, TaskCheckpoint>) -> Result<()>;
-    /// Current position, for progress (`{"topic": {"0": 42}}`).
-    fn offsets(&self) -> serde_json::Value;
+    /// Current position, for progress (Spark's `{"topic": {"0": 42}}`).
+    fn offsets(&self) -> SourceOffsets;
     /// The watermark input a record's topic and partition belong to: each
     /// input keeps its own maximum event time. Default: `topic/partition`.
     fn watermark_input(&self, topic: &str, partition: i32) -> String {
@@ -150,7 +152,7 @@ pub trait Source: Send {
     /// was not committed here (its offsets are behind, or the checkpoints
     /// committed with them name an earlier batch: a batch without input).
     /// Sources that cannot return `false`.
-    fn replay_until(&mut self, _batch_id: u64, _end: &serde_json::Value) -> Result<bool> {
+    fn replay_until(&mut self, _batch_id: u64, _end: &SourceOffsets) -> Result<bool> {
         Ok(false)
     }
     /// The task partitions the last planned batch
@@ -176,9 +178,9 @@ pub trait Source: Send {
         None
     }
     /// How far the input goes, shaped as [`Source::offsets`] (Spark's
-    /// `latestOffset`), or null when the source does not know.
-    fn latest_offsets(&self) -> serde_json::Value {
-        serde_json::Value::Null
+    /// `latestOffset`), or unknown when the source does not know.
+    fn latest_offsets(&self) -> SourceOffsets {
+        SourceOffsets::Unknown
     }
     /// What the source's own batch log says, read when the query starts: a
     /// source that numbers its batches (the files source, as Spark's commit
@@ -286,14 +288,14 @@ pub trait Sink: Send {
     /// The source's offsets at the end of the batch about to commit
     /// (`Source::offsets`); called before [`Sink::commit`]. A sink that
     /// records its own progress (Delta's `txn`) keeps them with the batch.
-    fn source_offsets(&mut self, _offsets: &serde_json::Value) {}
+    fn source_offsets(&mut self, _offsets: &SourceOffsets) {}
     /// The last batch this sink committed in an earlier run, with the source
     /// offsets recorded at its end: the query numbers its batches after it,
     /// and first replays exactly that batch's input when the source's
     /// committed offsets are behind (a crash between the sink's commit and
     /// the offset commit), so the sink can recognise and skip it. `None`
     /// for sinks that keep no such record.
-    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+    fn recovered_batch(&mut self) -> Result<Option<(u64, SourceOffsets)>> {
         Ok(None)
     }
     /// Writes the batch's rows, `tasks` saying which task partition
@@ -396,10 +398,10 @@ impl<T: Sink + ?Sized> Sink for Box<T> {
     fn event_time_progress(&mut self, max_event_time: &BTreeMap<String, TimestampMicros>) {
         (**self).event_time_progress(max_event_time)
     }
-    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+    fn source_offsets(&mut self, offsets: &SourceOffsets) {
         (**self).source_offsets(offsets)
     }
-    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+    fn recovered_batch(&mut self) -> Result<Option<(u64, SourceOffsets)>> {
         (**self).recovered_batch()
     }
     fn abort(&mut self, batch_id: u64) {

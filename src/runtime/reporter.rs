@@ -4,7 +4,7 @@
 
 use super::routed::{EventTimeStats, RoutedBatch};
 use super::task_manager::{Backend, BatchEnd, TaskManager};
-use super::{Sink, Source};
+use super::{Sink, Source, SourceOffsets};
 use crate::progress::{
     ProgressListener, QueryProgress, SinkProgress, SourceProgress, StateOperatorProgress,
 };
@@ -17,7 +17,7 @@ use std::time::Instant;
 /// since the last checkpoint in real-time mode.
 pub(super) struct OpenBatch {
     pub(super) trigger_start: Instant,
-    start_offsets: serde_json::Value,
+    start_offsets: SourceOffsets,
     get_batch_ms: u64,
     add_batch_ms: u64,
     pub(super) num_input: u64,
@@ -87,7 +87,7 @@ pub(super) struct PollOutcome<'a> {
 
 impl OpenBatch {
     /// A batch starting now from the source's `start_offsets`.
-    pub(super) fn new(start_offsets: serde_json::Value, real_time: bool) -> Self {
+    pub(super) fn new(start_offsets: SourceOffsets, real_time: bool) -> Self {
         OpenBatch {
             trigger_start: Instant::now(),
             start_offsets,
@@ -310,7 +310,7 @@ impl ProgressReporter {
             source_metrics.insert("offsetsBehindLatest".into(), lag.to_string());
         }
         let asked = Instant::now();
-        let latest_offset = source.latest_offsets();
+        let latest_offset = source.latest_offsets().to_json();
         let latest_offset_ms = asked.elapsed().as_millis() as u64;
         QueryProgress {
             id: self.id.clone(),
@@ -337,8 +337,8 @@ impl ProgressReporter {
             state_operators: committed.state_operators,
             sources: vec![SourceProgress {
                 description: source.describe(),
-                start_offset: open.start_offsets.clone(),
-                end_offset: source.offsets(),
+                start_offset: open.start_offsets.to_json(),
+                end_offset: source.offsets().to_json(),
                 latest_offset,
                 num_input_rows: num_input,
                 input_rows_per_second: input_rate,

@@ -137,8 +137,8 @@ impl Source for VecSource {
         self.restore = self.checkpoints.clone().into_iter().collect();
         Ok(true)
     }
-    fn offsets(&self) -> serde_json::Value {
-        serde_json::json!({"input": {"0": self.offset}})
+    fn offsets(&self) -> super::SourceOffsets {
+        super::SourceOffsets::of_partitions([("input", 0, self.offset)])
     }
     fn assigned_inputs(&self) -> Vec<(String, i32)> {
         self.assigned.clone()

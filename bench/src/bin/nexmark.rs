@@ -121,8 +121,8 @@ impl Source for GeneratorSource {
     ) -> tidemark::Result<()> {
         Ok(())
     }
-    fn offsets(&self) -> serde_json::Value {
-        serde_json::json!({ "generated": self.generator.generated() })
+    fn offsets(&self) -> tidemark::runtime::SourceOffsets {
+        tidemark::runtime::SourceOffsets::sequence("generated", self.generator.generated() as i64)
     }
 }
 

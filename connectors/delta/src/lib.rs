@@ -38,7 +38,7 @@ use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::row::Row;
-use tidemark::runtime::{BatchOutput, OutputPart, Sink};
+use tidemark::runtime::{BatchOutput, OutputPart, Sink, SourceOffsets};
 
 /// What a commit does with the batch's rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,7 +140,7 @@ pub struct DeltaSink {
     /// Commit latencies in microseconds (for benchmarks).
     commit_micros: Vec<u64>,
     /// The source's offsets at the end of the batch being committed.
-    source_offsets: Option<serde_json::Value>,
+    source_offsets: Option<SourceOffsets>,
     /// Append tables: compaction on a thread of its own.
     compactor: Option<compaction::Background>,
     /// Task commits: the open batch's rows per partition, and what was
@@ -343,7 +343,7 @@ impl DeltaSink {
     }
 
     /// The end offsets recorded with batch `batch_id`'s commit.
-    fn recorded_offsets(&self, batch_id: u64) -> Result<Option<serde_json::Value>> {
+    fn recorded_offsets(&self, batch_id: u64) -> Result<Option<SourceOffsets>> {
         use futures::StreamExt;
         let Some(table) = &self.table else {
             return Ok(None);
@@ -353,7 +353,12 @@ impl DeltaSink {
             while let Some(info) = history.next().await {
                 let info = info.map_err(|e| delta_error("reading the table history", e))?;
                 if info.info.get(BATCH_ID_KEY).and_then(|v| v.as_u64()) == Some(batch_id) {
-                    return Ok(info.info.get(END_OFFSETS_KEY).cloned());
+                    let Some(offsets) = info.info.get(END_OFFSETS_KEY) else {
+                        return Ok(None);
+                    };
+                    let what =
+                        format!("the commit of batch {batch_id} in the Delta table's history");
+                    return SourceOffsets::from_stored(offsets, &what).map(Some);
                 }
             }
             Ok(None)
@@ -556,7 +561,7 @@ impl DeltaSink {
         if let Some(version) = txn_version {
             let mut metadata = vec![(BATCH_ID_KEY.to_string(), serde_json::json!(version))];
             if let Some(offsets) = &self.source_offsets {
-                metadata.push((END_OFFSETS_KEY.to_string(), offsets.clone()));
+                metadata.push((END_OFFSETS_KEY.to_string(), offsets.to_stored()));
             }
             properties = properties
                 .with_application_transaction(Transaction::new(&app_id, version as i64))
@@ -962,11 +967,11 @@ impl Sink for DeltaSink {
         );
     }
 
-    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+    fn source_offsets(&mut self, offsets: &SourceOffsets) {
         self.source_offsets = Some(offsets.clone());
     }
 
-    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+    fn recovered_batch(&mut self) -> Result<Option<(u64, SourceOffsets)>> {
         if self.config.commit_interval.is_some() || self.config.task_commits {
             // Task commits recover per partition (`recover_task`).
             // Real-time commits carry no batch record: at-least-once.

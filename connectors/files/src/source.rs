@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidemark::error::{Error, Result};
 use tidemark::record::Record;
-use tidemark::runtime::{BatchLog, BatchRequest, Source, SourceBatch, TaskCheckpoint};
+use tidemark::runtime::{
+    BatchLog, BatchRequest, Source, SourceBatch, SourceOffsets, TaskCheckpoint,
+};
 use tidemark::schema::Schema;
 
 /// Where a files source starts when its checkpoint holds nothing yet.
@@ -354,8 +356,8 @@ impl Source for FilesSource {
         }
     }
 
-    fn offsets(&self) -> serde_json::Value {
-        serde_json::json!({ "logOffset": self.log_offset })
+    fn offsets(&self) -> SourceOffsets {
+        SourceOffsets::sequence("logOffset", self.log_offset)
     }
 
     fn watermark_input(&self, topic: &str, _partition: i32) -> String {
@@ -376,7 +378,7 @@ impl Source for FilesSource {
         Ok(true)
     }
 
-    fn replay_until(&mut self, batch_id: u64, _end: &serde_json::Value) -> Result<bool> {
+    fn replay_until(&mut self, batch_id: u64, _end: &SourceOffsets) -> Result<bool> {
         self.start()?;
         // The sink holds `batch_id` and this log does not: that batch runs
         // again over its logged files (none, for a no-data batch).
@@ -483,7 +485,7 @@ mod tests {
         land(dir.path(), "d", &["5"]);
         let mut second = source(dir.path(), checkpoint.path(), 2);
         assert_eq!(second.batch_log().unwrap(), BatchLog::Committed(0));
-        assert!(second.replay_until(1, &serde_json::Value::Null).unwrap());
+        assert!(second.replay_until(1, &SourceOffsets::Unknown).unwrap());
         let replayed = second.next_batch(&request(1)).unwrap();
         assert_eq!(values(&replayed), ["4"], "batch 1 as it was, without `d`");
         assert!(!replayed.exhausted, "`d` follows the replayed batch");
@@ -498,7 +500,7 @@ mod tests {
 
         let mut third = source(dir.path(), checkpoint.path(), 2);
         assert_eq!(third.batch_log().unwrap(), BatchLog::Committed(2));
-        assert!(!third.replay_until(2, &serde_json::Value::Null).unwrap());
+        assert!(!third.replay_until(2, &SourceOffsets::Unknown).unwrap());
         let nothing = third.next_batch(&request(3)).unwrap();
         assert!(nothing.records.is_empty() && nothing.exhausted);
         assert_eq!(
@@ -519,7 +521,7 @@ mod tests {
         drop(first); // stopped before its commit
         land(dir.path(), "a", &["1", "2", "3"]);
         let mut second = source(dir.path(), checkpoint.path(), 1);
-        assert!(second.replay_until(0, &serde_json::Value::Null).unwrap());
+        assert!(second.replay_until(0, &SourceOffsets::Unknown).unwrap());
         let Err(error) = second.next_batch(&request(0)) else {
             panic!("a changed file read");
         };

@@ -361,13 +361,13 @@ impl Sink for KafkaSink {
         Ok(())
     }
 
-    fn source_offsets(&mut self, offsets: &serde_json::Value) {
+    fn source_offsets(&mut self, offsets: &tidemark::runtime::SourceOffsets) {
         if let Some(progress) = self.progress.as_mut() {
             progress.set_end(offsets);
         }
     }
 
-    fn recovered_batch(&mut self) -> Result<Option<(u64, serde_json::Value)>> {
+    fn recovered_batch(&mut self) -> Result<Option<(u64, tidemark::runtime::SourceOffsets)>> {
         match &self.progress {
             Some(progress) => {
                 let last = progress.last_batch()?;

@@ -13,32 +13,20 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 use tidemark::error::{Error, Result};
+use tidemark::runtime::SourceOffsets;
 
-/// The encoding of the record's metadata this release writes:
-/// `{"v": 1, "end": <the source's end position>}`. The release before
-/// versions wrote the bare position.
-const PROGRESS_VERSION: u32 = 1;
-
-/// The source's end position in the record's metadata `text`, of either
-/// encoding; a newer one, or text that is not JSON, is an error: a guess
-/// would replay the wrong batch or none.
-fn end_of(text: &str, group: &str) -> Result<serde_json::Value> {
+/// The source's end position in the record's metadata `text`
+/// ([`SourceOffsets::to_stored`]'s form, or the bare position the releases
+/// before versions wrote); a newer one, or text that is not JSON, is an
+/// error: a guess would replay the wrong batch or none.
+fn end_of(text: &str, group: &str) -> Result<SourceOffsets> {
     if text.is_empty() {
-        return Ok(serde_json::Value::Null);
+        return Ok(SourceOffsets::Unknown);
     }
-    let what = || format!("the progress record of sink group `{group}`");
+    let what = format!("the progress record of sink group `{group}`");
     let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| Error::sink_failed(format!("{} is unreadable", what()), e))?;
-    match value {
-        // A number under "v" marks the versioned form: a bare position
-        // never has one at its top (the files source's is `logOffset`, a
-        // Kafka position maps topics to partitions).
-        serde_json::Value::Object(mut fields) if fields.get("v").is_some_and(|v| v.is_number()) => {
-            tidemark::encoding::check_json_version(what, text.as_bytes(), PROGRESS_VERSION)?;
-            Ok(fields.remove("end").unwrap_or_default())
-        }
-        before_versions => Ok(before_versions),
-    }
+        .map_err(|e| Error::sink_failed(format!("{what} is unreadable"), e))?;
+    SourceOffsets::from_stored(&value, &what)
 }
 
 /// How long reading the record may take before the start fails.
@@ -50,7 +38,7 @@ pub(crate) struct SinkProgress {
     topic: String,
     group: String,
     /// The source's position at the end of the batch being committed.
-    end: serde_json::Value,
+    end: SourceOffsets,
 }
 
 impl SinkProgress {
@@ -68,12 +56,12 @@ impl SinkProgress {
             consumer,
             topic: topic.to_string(),
             group: group.to_string(),
-            end: serde_json::Value::Null,
+            end: SourceOffsets::Unknown,
         })
     }
 
     /// Remembers the source's end position for the next commit.
-    pub(crate) fn set_end(&mut self, end: &serde_json::Value) {
+    pub(crate) fn set_end(&mut self, end: &SourceOffsets) {
         self.end = end.clone();
     }
 
@@ -88,8 +76,7 @@ impl SinkProgress {
         entry
             .set_offset(Offset::Offset(batch_id as i64 + 1))
             .map_err(|e| Error::sink_failed(format!("progress of `{}`", self.group), e))?;
-        entry
-            .set_metadata(serde_json::json!({"v": PROGRESS_VERSION, "end": &self.end}).to_string());
+        entry.set_metadata(self.end.to_stored().to_string());
         let group = self
             .consumer
             .group_metadata()
@@ -99,7 +86,7 @@ impl SinkProgress {
 
     /// The last batch committed, with the source position recorded at its
     /// end.
-    pub(crate) fn last_batch(&self) -> Result<Option<(u64, serde_json::Value)>> {
+    pub(crate) fn last_batch(&self) -> Result<Option<(u64, SourceOffsets)>> {
         let mut wanted = TopicPartitionList::new();
         wanted.add_partition(&self.topic, 0);
         let committed = self
@@ -130,14 +117,17 @@ mod tests {
     /// itself; this release's reads back; newer or unreadable is an error.
     #[test]
     fn the_end_position_of_each_encoding_reads_or_is_refused() {
-        let end = serde_json::json!({"logOffset": 7});
+        let end = SourceOffsets::sequence("logOffset", 7);
         assert_eq!(end_of(r#"{"logOffset":7}"#, "g").unwrap(), end);
-        let written = serde_json::json!({"v": PROGRESS_VERSION, "end": &end}).to_string();
+        let written = end.to_stored().to_string();
         assert_eq!(end_of(&written, "g").unwrap(), end);
-        assert_eq!(end_of("", "g").unwrap(), serde_json::Value::Null);
+        assert_eq!(end_of("", "g").unwrap(), SourceOffsets::Unknown);
         // A Kafka position of a topic named `v` is a bare position.
         let topic_v = serde_json::json!({"v": {"0": 12}});
-        assert_eq!(end_of(&topic_v.to_string(), "g").unwrap(), topic_v);
+        assert_eq!(
+            end_of(&topic_v.to_string(), "g").unwrap(),
+            SourceOffsets::of_partitions([("v", 0, 12)])
+        );
         let e = end_of(r#"{"v":2,"end":{}}"#, "g").unwrap_err();
         assert!(
             matches!(&e, Error::UnknownEncoding { found, .. } if found == "2"),

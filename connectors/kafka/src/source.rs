@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tidemark::error::{Error, Result};
 use tidemark::record::{Record, SourcePosition};
 use tidemark::runtime::retry::{Backoff, RepeatedWarning, WARNING_INTERVAL};
-use tidemark::runtime::{BatchRequest, Source, SourceBatch, TaskCheckpoint};
+use tidemark::runtime::{BatchRequest, Source, SourceBatch, SourceOffsets, TaskCheckpoint};
 
 /// Settings of a [`KafkaSource`].
 #[derive(Debug, Clone)]
@@ -1418,7 +1418,7 @@ impl Source for KafkaSource {
             .map_err(|e| Error::source_failed(format!("resuming partition {partition}"), e))
     }
 
-    fn replay_until(&mut self, batch_id: u64, end: &serde_json::Value) -> Result<bool> {
+    fn replay_until(&mut self, batch_id: u64, end: &SourceOffsets) -> Result<bool> {
         self.join(Instant::now() + Duration::from_secs(60))?;
         let assigned = self.assigned();
         let committed = self.committed_offsets(&assigned)?;
@@ -1436,7 +1436,7 @@ impl Source for KafkaSource {
                 .find_partition(&topic, partition)
                 .and_then(|e| e.offset().to_raw())
                 .filter(|o| *o >= 0);
-            let bound = end[&topic][partition.to_string()].as_i64();
+            let bound = end.offset_of(&topic, partition);
             let key = topic_partition(&topic, partition);
             match (start, bound) {
                 (Some(start), Some(bound)) if start < bound => {
@@ -1543,28 +1543,20 @@ impl Source for KafkaSource {
         Ok(true)
     }
 
-    fn offsets(&self) -> serde_json::Value {
-        let mut by_topic: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
-        for ((topic, partition), offset) in &self.next_offsets {
-            by_topic
-                .entry(topic.to_string())
-                .or_default()
-                .insert(partition.to_string(), *offset);
-        }
-        serde_json::to_value(by_topic).unwrap_or_default()
+    fn offsets(&self) -> SourceOffsets {
+        SourceOffsets::of_partitions(
+            self.next_offsets
+                .iter()
+                .map(|((topic, partition), offset)| (&**topic, *partition, *offset)),
+        )
     }
 
-    fn latest_offsets(&self) -> serde_json::Value {
-        let mut by_topic: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
-        for (topic, partition) in self.assigned() {
-            if let Some(high) = cached_high_watermark(&self.consumer, &topic, partition) {
-                by_topic
-                    .entry(topic)
-                    .or_default()
-                    .insert(partition.to_string(), high);
-            }
-        }
-        serde_json::to_value(by_topic).unwrap_or_default()
+    fn latest_offsets(&self) -> SourceOffsets {
+        let assigned = self.assigned();
+        SourceOffsets::of_partitions(assigned.iter().filter_map(|(topic, partition)| {
+            cached_high_watermark(&self.consumer, topic, *partition)
+                .map(|high| (topic.as_str(), *partition, high))
+        }))
     }
 
     fn partitions_caught_up(&self) -> BTreeSet<i32> {
