@@ -329,8 +329,9 @@ fn upgrade_layout(store: &mut KeyedStateStore) -> Result<()> {
 
 /// A key's eviction time as stored: 8 bytes, little-endian.
 pub(crate) fn decode_time(bytes: &[u8]) -> Result<TimestampMicros> {
-    let bytes: [u8; 8] = bytes.try_into().map_err(|_| {
-        Error::Source("corrupt deduplication state: an 8-byte time expected".into())
+    let bytes: [u8; 8] = bytes.try_into().map_err(|_| Error::Corrupt {
+        what: "deduplication state".into(),
+        reason: "an 8-byte time expected".into(),
     })?;
     Ok(i64::from_le_bytes(bytes))
 }

@@ -155,7 +155,7 @@ pub trait Operator: Send {
     /// when [`Operator::maps_columns`]; like `on_columns`, it returns no
     /// per-row error.
     fn map_columns(&mut self, batch: &RecordBatch, _ctx: &BatchContext) -> Result<RecordBatch> {
-        Err(crate::error::Error::Source(format!(
+        Err(crate::error::Error::Internal(format!(
             "{} does not map columns ({} rows given)",
             self.describe(),
             batch.num_rows()

@@ -11,8 +11,13 @@ use std::sync::Arc;
 
 const VERSION: u8 = 1;
 
+/// Stored operator state that is not what its layout says: an error that
+/// ends the run (reading again meets the same bytes).
 pub(crate) fn corrupt(what: &str) -> Error {
-    Error::Source(format!("corrupt operator state: {what}"))
+    Error::Corrupt {
+        what: "operator state".into(),
+        reason: what.into(),
+    }
 }
 
 /// Appends one value.

@@ -660,7 +660,7 @@ impl<'a> TriggerLoop<'a> {
         }
         let add_batch_ms = started.elapsed().as_millis() as u64;
         let Some(open) = self.open_batch.as_mut() else {
-            return Err(Error::Source("a batch ran without being opened".into()));
+            return Err(Error::Internal("a batch ran without being opened".into()));
         };
         open.record_latency(&batch.records);
         open.add(PollOutcome {

@@ -204,7 +204,7 @@ impl Task {
         out: &mut Vec<Row>,
     ) -> Result<Option<RecordBatch>> {
         let Some(route) = column_route(&self.operators) else {
-            return Err(Error::Source(
+            return Err(Error::Internal(
                 "columns routed to a task without a step that reads them".into(),
             ));
         };
@@ -222,7 +222,7 @@ impl Task {
             return Ok(Some(mapped));
         }
         let (Some(op), Some(ctx)) = (self.operators.get_mut(mappers), contexts.get(mappers)) else {
-            return Err(Error::Source(
+            return Err(Error::Internal(
                 "columns routed to a task without a step that reads them".into(),
             ));
         };

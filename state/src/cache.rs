@@ -120,10 +120,10 @@ impl<C: StateCodec> StateCache<C> {
         if let (Some(count_key), Some(_)) = (self.count_key, self.bound) {
             if let Some(bytes) = store.get(count_key)? {
                 let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| {
-                    tidemark_types::error::Error::Source(format!(
-                        "corrupt state in store `{}`: the entry count is not 8 bytes",
-                        store.name()
-                    ))
+                    tidemark_types::error::Error::Corrupt {
+                        what: format!("the entry count of state store `{}`", store.name()),
+                        reason: "not 8 bytes".into(),
+                    }
                 })?;
                 self.len = u64::from_le_bytes(bytes);
             }
@@ -345,12 +345,14 @@ impl<C: StateCodec> StateCache<C> {
 
     /// Sets `key`'s value (written back at the next checkpoint).
     pub fn insert(&mut self, key: &[u8], value: C::Value) -> Result<()> {
-        let stored_only = self.stored_only(key)?;
-        if self.reads_through() && !self.slots.contains_key(key) {
-            self.make_room()?;
+        if !self.slots.contains_key(key) {
+            // New to memory: new to the state unless the store holds it.
+            let stored_only = self.stored_only(key)?;
+            if self.reads_through() {
+                self.make_room()?;
+            }
+            self.len += u64::from(!stored_only);
         }
-        let new = !stored_only && !self.slots.contains_key(key);
-        self.len += u64::from(new);
         let slot = match self.slots.entry_ref(key) {
             EntryRef::Occupied(entry) => {
                 let slot = entry.into_mut();
@@ -408,9 +410,7 @@ impl<C: StateCodec> StateCache<C> {
         if self.removed.contains(key) {
             return Ok(None);
         }
-        let mut store_key = VALUE_PREFIX.to_vec();
-        store_key.extend_from_slice(key);
-        match store.get(&store_key)? {
+        match store.get(&value_store_key(key))? {
             Some(bytes) => Ok(Some(PeekedValue::Stored(self.codec.decode(&bytes)?))),
             None => Ok(None),
         }
@@ -439,9 +439,7 @@ impl<C: StateCodec> StateCache<C> {
         changed.dedup();
         entries.reserve(changed.len() + 1);
         for key in changed {
-            let mut store_key = Vec::with_capacity(VALUE_PREFIX.len() + key.len());
-            store_key.extend_from_slice(VALUE_PREFIX);
-            store_key.extend_from_slice(&key);
+            let store_key = value_store_key(&key);
             match self.slots.get_mut(key.as_slice()) {
                 Some(slot) => {
                     slot.dirty = false;
@@ -516,6 +514,14 @@ impl<C: StateCodec> StateCache<C> {
         slots.extend(kept);
         self.slots = slots;
     }
+}
+
+/// The store key of `key`'s value.
+fn value_store_key(key: &[u8]) -> Vec<u8> {
+    let mut store_key = Vec::with_capacity(VALUE_PREFIX.len() + key.len());
+    store_key.extend_from_slice(VALUE_PREFIX);
+    store_key.extend_from_slice(key);
+    store_key
 }
 
 /// Marks `key`'s slot to write back, once: counted among the dirty slots

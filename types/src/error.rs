@@ -95,6 +95,18 @@ pub enum Error {
     /// would fail the same way, so the run ends with it, never retried.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Stored bytes that do not hold what their layout says (a truncated
+    /// operator state, a count of the wrong size): never read as a guess.
+    /// Retried like a source failure within the task timeout, since a
+    /// rebuild can restore a corrupt local store from its changelog.
+    #[error("{what} is corrupt: {reason}")]
+    Corrupt {
+        /// What was read, with where it is (a store and its entry, a
+        /// record).
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Stored bytes (operator state, a changelog record, a checkpoint, a
     /// log entry) in an encoding newer than this release reads: written by
     /// a later release. Never read as if it were an older encoding, and

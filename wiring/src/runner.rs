@@ -380,6 +380,9 @@ impl Progress {
 /// Whether rebuilding the query may succeed: configuration and expression
 /// errors, output the broker refuses for good, a failed internal invariant
 /// and stored bytes of a newer encoding will fail the same way again.
+/// Corrupt stored bytes ([`Error::Corrupt`]) are retried within the task
+/// timeout: a rebuild whose task was left mid-batch restores its store from
+/// the changelog, which can mend a corrupt local copy.
 pub fn is_transient(error: &Error) -> bool {
     !matches!(
         error,

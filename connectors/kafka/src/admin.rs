@@ -45,7 +45,10 @@ pub fn ensure_topic_with_config(
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((name, code)) => {
-                return Err(Error::Source(format!("creating topic `{name}`: {code}")))
+                return Err(Error::source_failed(
+                    format!("creating topic `{name}`"),
+                    code,
+                ))
             }
         }
     }

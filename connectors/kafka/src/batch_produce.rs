@@ -123,7 +123,10 @@ impl BatchTopic {
                             reason: code.to_string(),
                         });
                     }
-                    return Err(Error::Sink(format!("producing to `{}`: {code}", self.name)));
+                    return Err(Error::sink_failed(
+                        format!("producing to `{}`", self.name),
+                        code,
+                    ));
                 }
             }
         }

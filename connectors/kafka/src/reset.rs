@@ -222,7 +222,10 @@ fn each_deleted(
             Ok(_) => {}
             Err((_, code)) if code == absent => {}
             Err((name, code)) => {
-                return Err(Error::Source(format!("deleting {what} `{name}`: {code}")))
+                return Err(Error::source_failed(
+                    format!("deleting {what} `{name}`"),
+                    code,
+                ))
             }
         }
     }
