@@ -263,10 +263,13 @@ impl<C: StateCodec> StateCache<C> {
     /// `key`'s value to change, read from the store and cached if needed;
     /// marked changed, so that the next write-back stores it.
     pub fn get_mut(&mut self, key: &[u8]) -> Result<Option<&mut C::Value>> {
-        if !self.load(key)? {
+        // Whole in memory, one probe: nothing to load.
+        if self.reads_through() && !self.load(key)? {
             return Ok(None);
         }
-        let slot = self.slots.get_mut(key).expect("loaded");
+        let Some(slot) = self.slots.get_mut(key) else {
+            return Ok(None);
+        };
         if self.store.is_some() {
             mark_changed(slot, key, &mut self.dirty_slots, &mut self.changed);
         }
