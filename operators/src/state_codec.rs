@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 const VERSION: u8 = 1;
 
-/// Stored operator state that is not what its layout says: an error that
-/// ends the run (reading again meets the same bytes).
+/// Stored operator state that is not what its layout says
+/// ([`Error::Corrupt`]).
 pub(crate) fn corrupt(what: &str) -> Error {
     Error::Corrupt {
         what: "operator state".into(),

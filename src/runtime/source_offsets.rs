@@ -112,7 +112,7 @@ impl SourceOffsets {
             Value::Object(fields) => fields,
             other => return SourceOffsets::Other(other.clone()),
         };
-        if let [(name, position)] = fields.iter().collect::<Vec<_>>()[..] {
+        if let (1, Some((name, position))) = (fields.len(), fields.iter().next()) {
             if let Some(position) = position.as_i64() {
                 return SourceOffsets::sequence(name.clone(), position);
             }
@@ -151,32 +151,23 @@ impl SourceOffsets {
     /// the releases before versions; a newer version is
     /// [`Error::UnknownEncoding`], naming `what` (where it was stored).
     pub fn from_stored(value: &serde_json::Value, what: &str) -> Result<Self> {
-        use serde_json::Value;
         // A number under "v" marks the versioned form: a bare position
         // never has one at its top (a sequence's name is not `v`, a
         // partitioned position maps a topic, even one named `v`, to an
         // object).
-        let Value::Object(fields) = value else {
+        let Some(fields) = value
+            .as_object()
+            .filter(|fields| fields.get("v").is_some_and(|v| v.is_number()))
+        else {
             return Ok(SourceOffsets::from_json(value));
         };
-        let Some(version) = fields.get("v").filter(|v| v.is_number()) else {
-            return Ok(SourceOffsets::from_json(value));
-        };
-        let described = || format!("the source position in {what}");
-        match version.as_u64().and_then(|v| u32::try_from(v).ok()) {
-            Some(found) if found >= 1 => {
-                tidemark_types::encoding::check_version(described, found, STORED_VERSION)?
-            }
-            _ => {
-                return Err(tidemark_types::encoding::unknown(
-                    described,
-                    version.to_string(),
-                    STORED_VERSION,
-                ))
-            }
-        }
+        tidemark_types::encoding::check_fields_version(
+            || format!("the source position in {what}"),
+            fields,
+            STORED_VERSION,
+        )?;
         Ok(SourceOffsets::from_json(
-            fields.get("end").unwrap_or(&Value::Null),
+            fields.get("end").unwrap_or(&serde_json::Value::Null),
         ))
     }
 }

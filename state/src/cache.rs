@@ -212,8 +212,7 @@ impl<C: StateCodec> StateCache<C> {
     /// key.
     fn read_stored(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.store_key.clear();
-        self.store_key.extend_from_slice(VALUE_PREFIX);
-        self.store_key.extend_from_slice(key);
+        push_value_key(&mut self.store_key, key);
         match self.store.as_ref() {
             Some(store) => Ok(store.get(&self.store_key)?),
             None => Ok(None),
@@ -522,9 +521,14 @@ impl<C: StateCodec> StateCache<C> {
 /// The store key of `key`'s value.
 fn value_store_key(key: &[u8]) -> Vec<u8> {
     let mut store_key = Vec::with_capacity(VALUE_PREFIX.len() + key.len());
-    store_key.extend_from_slice(VALUE_PREFIX);
-    store_key.extend_from_slice(key);
+    push_value_key(&mut store_key, key);
     store_key
+}
+
+/// Appends the store key of `key`'s value to `out`.
+fn push_value_key(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(VALUE_PREFIX);
+    out.extend_from_slice(key);
 }
 
 /// Marks `key`'s slot to write back, once: counted among the dirty slots

@@ -44,6 +44,15 @@ pub fn check_json_version(
     let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(text) else {
         return Ok(());
     };
+    check_fields_version(what, &fields, supported)
+}
+
+/// [`check_json_version`] of a JSON object already parsed.
+pub fn check_fields_version(
+    what: impl FnOnce() -> String,
+    fields: &serde_json::Map<String, serde_json::Value>,
+    supported: u32,
+) -> Result<()> {
     let Some(v) = fields.get("v") else {
         return Ok(());
     };
